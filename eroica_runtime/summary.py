@@ -51,8 +51,9 @@ def decode(data: bytes, *, origin: str = "?", max_bytes: int = MAX_SUMMARY_BYTES
     if len(data) > max_bytes:
         raise SummaryError(f"summary from {origin}: {len(data)} bytes exceeds the {max_bytes}-byte limit")
     try:
-        obj = msgpack.unpackb(bytes(data), raw=False, strict_map_key=False,
-                              max_buffer_size=max_bytes)
+        # (unpackb takes no max_buffer_size; the length was checked above and msgpack derives
+        # its max_*_len limits from the input length)
+        obj = msgpack.unpackb(bytes(data), raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types for garbage
         raise SummaryError(f"summary from {origin}: not valid msgpack ({type(exc).__name__}: {exc})") from None
     validate(obj, origin=origin)
@@ -137,3 +138,442 @@ def decode_capture(data: bytes, *, origin: str = "capture",
             errors.append(str(exc))
     meta = {k: doc.get(k) for k in ("step", "trigger", "world_size", "missing", "extra")}
     return meta, good, errors
+
+
+# ---------------------------------------------------------------------------------------------
+# Builder: torch.profiler events -> one summary dict.
+#
+# Why a timeline and not the op tree: on CPU with gloo DDP (and for a plain ``dist.all_reduce``)
+# the main thread's wait for a collective is *not* inside any profiled op. ``Work.wait`` and
+# DDP's ``Reducer::finalize_backward`` run unrecorded; only the launch (``c10d::allreduce_``,
+# well under a millisecond) is on the main thread, while ``gloo:all_reduce`` records the whole
+# life of the collective (enqueue -> completion) on a gloo worker thread. So the builder lays
+# out the main thread's step time as a timeline: op self time goes to the op's phase, and time
+# with no op running is split into "waiting for a collective" (a collective was in flight) and
+# host_gap (nothing was). The same rule covers NCCL on a GPU: the host blocks in a
+# synchronize call (or in no op at all) while an NCCL kernel runs.
+# ---------------------------------------------------------------------------------------------
+
+MAX_FUNCTIONS = 64
+SIZE_BUDGET = 16 * 1024
+NAME_LIMIT = 96
+OTHER = "<other>"
+
+_STEP_PREFIX = "ProfilerStep"
+_GPU_DEVICE_TYPES = ("CUDA", "HIP", "XPU", "PrivateUse1", "MTIA")
+# (DDP's own reducer ops, "torch.distributed.ddp.reducer::copy_bucket_to_grad" and friends, are
+# local copies after the allreduce, not collectives: they keep the phase they run in.)
+_COLLECTIVE_PREFIXES = ("gloo:", "nccl:", "c10d::", "c10d_functional::", "_c10d_functional::",
+                        "record_param_comms")
+_COLLECTIVE_KERNEL_PREFIXES = ("nccl", "ncclDevKernel", "ncclKernel", "rccl")
+# CPU calls in which the host blocks on the device (time in them that overlaps a running
+# collective is counted as comm).
+_SYNC_NAMES = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+               "cudaStreamWaitEvent", "cuStreamSynchronize", "cuCtxSynchronize",
+               "hipStreamSynchronize", "hipDeviceSynchronize", "aten::_local_scalar_dense",
+               "aten::item", "c10d::wait", "aten::wait", "_c10d_functional::wait_tensor")
+_OPTIMIZER_PREFIXES = ("Optimizer.step#", "Optimizer.zero_grad#", "Optimizer.")
+_DATALOADER_MARKERS = ("DataLoader", "DataLoaderIter")
+_MEMORY_NAMES = ("[memory]", "[OutOfMemory]")
+
+
+class _Ev:
+    """One profiler event reduced to what the builder needs (plain floats, milliseconds)."""
+
+    __slots__ = ("name", "start", "end", "thread", "gpu", "annotation", "scope", "corr",
+                 "linked", "kind", "marker", "phase", "self_ms", "blocking_self")
+
+    def __init__(self, name: str, start: float, end: float, thread: int, gpu: bool,
+                 annotation: bool, scope: int, corr: int, linked: int) -> None:
+        self.name = name
+        self.start = start
+        self.end = max(end, start)
+        self.thread = thread
+        self.gpu = gpu
+        self.annotation = annotation
+        self.scope = scope
+        self.corr = corr
+        self.linked = linked
+        self.kind = "other"
+        self.marker: str | None = None
+        self.phase: str | None = None
+        self.self_ms = self.end - self.start
+        self.blocking_self = False
+
+
+def _device_type_name(value: Any) -> str:
+    """'CUDA' for DeviceType.CUDA (or the string form a raw kineto event gives)."""
+    text = str(getattr(value, "name", value))
+    return text.rsplit(".", 1)[-1]
+
+
+def _normalize(events: Any) -> list[_Ev]:
+    """Read FunctionEvents defensively (fields have moved between torch versions)."""
+    out: list[_Ev] = []
+    for fe in events:
+        name = getattr(fe, "trace_name", None) or getattr(fe, "name", "") or ""
+        if name in _MEMORY_NAMES:
+            continue
+        tr = getattr(fe, "time_range", None)
+        if tr is None:
+            continue
+        start = float(tr.start) / 1000.0
+        end = float(tr.end) / 1000.0
+        dev = _device_type_name(getattr(fe, "device_type", "CPU"))
+        gpu = dev in _GPU_DEVICE_TYPES
+        thread = getattr(fe, "thread", 0)
+        if gpu:  # streams share small ids with CPU threads: keep them apart
+            thread = ("gpu", getattr(fe, "device_index", 0), getattr(fe, "device_resource_id", thread))
+        out.append(_Ev(str(name), start, end, thread, gpu,
+                       bool(getattr(fe, "is_user_annotation", False)),
+                       int(getattr(fe, "scope", 0) or 0), int(getattr(fe, "id", 0) or 0),
+                       int(getattr(fe, "linked_correlation_id", 0) or 0)))
+    return out
+
+
+def _classify(ev: _Ev) -> None:
+    """Set the function kind and, for events that define a phase by themselves, the marker."""
+    name = ev.name
+    if ev.gpu:
+        low = name.lower()
+        if name.startswith(_COLLECTIVE_KERNEL_PREFIXES) or "nccl" in low:
+            ev.kind, ev.marker = "collective", "comm"
+        elif low.startswith("memcpy") or "memcpy" in low[:16]:
+            ev.kind = "memcpy"
+        elif low.startswith("memset") or "memset" in low[:16]:
+            ev.kind = "memset"
+        else:
+            ev.kind = "kernel"
+        return
+    if name.startswith(_COLLECTIVE_PREFIXES) or ("nccl" in name.lower() and not name.startswith("cuda")):
+        ev.kind, ev.marker = "collective", "comm"
+    elif name.startswith(_OPTIMIZER_PREFIXES):
+        ev.kind, ev.marker = "optimizer", "optimizer"
+    elif ev.annotation and any(m in name for m in _DATALOADER_MARKERS):
+        ev.kind, ev.marker = "dataloader", "data"
+    elif name.startswith("autograd::engine::evaluate_function") or ev.scope == 1:
+        ev.kind, ev.marker = "cpu_op", "backward"
+    elif ev.annotation:
+        ev.kind = "annotation"
+    else:
+        ev.kind = "cpu_op"
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Merge overlapping intervals (sorted result)."""
+    merged: list[tuple[float, float]] = []
+    for s, e in sorted(intervals):
+        if e <= s:
+            continue
+        if merged and s <= merged[-1][1]:
+            if e > merged[-1][1]:
+                merged[-1] = (merged[-1][0], e)
+        else:
+            merged.append((s, e))
+    return merged
+
+
+def _length(intervals: list[tuple[float, float]]) -> float:
+    return sum(e - s for s, e in intervals)
+
+
+def _intersect(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Intersection of two merged, sorted interval lists."""
+    out: list[tuple[float, float]] = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        s = max(a[i][0], b[j][0])
+        e = min(a[i][1], b[j][1])
+        if e > s:
+            out.append((s, e))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def _subtract(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """a minus b, both merged and sorted."""
+    out: list[tuple[float, float]] = []
+    j = 0
+    for s, e in a:
+        cur = s
+        while j < len(b) and b[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < e:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < e:
+            out.append((cur, e))
+    return out
+
+
+def _nest(thread_events: list[_Ev]) -> list[tuple[float, float, _Ev]]:
+    """Self-time segments of one thread's (properly nested) events; also sets phase and self_ms.
+
+    A child inherits its parent's phase unless it carries a marker of its own (a collective
+    launched from a backward hook is comm, an op under the optimizer annotation is optimizer).
+    """
+    segments: list[tuple[float, float, _Ev]] = []
+    stack: list[list[Any]] = []  # [end, cursor, event]
+
+    def pop() -> None:
+        end, cursor, ev = stack.pop()
+        if end > cursor:
+            segments.append((cursor, end, ev))
+        if stack:
+            stack[-1][1] = max(stack[-1][1], end)
+
+    for ev in sorted(thread_events, key=lambda e: (e.start, -e.end)):
+        while stack and stack[-1][0] <= ev.start:
+            pop()
+        end = ev.end
+        if stack:
+            parent = stack[-1]
+            if ev.start > parent[1]:
+                segments.append((parent[1], ev.start, parent[2]))
+            parent[1] = ev.start
+            end = min(end, parent[0])  # clamp a child that outlives its parent (async records)
+            ev.phase = ev.marker or parent[2].phase
+        else:
+            ev.phase = ev.marker
+        stack.append([end, ev.start, ev])
+    while stack:
+        pop()
+    for ev in thread_events:
+        ev.self_ms = 0.0
+    for s, e, ev in segments:
+        ev.self_ms += e - s
+    return segments
+
+
+def _quantile(sorted_vals: list[float], q: float) -> float:
+    """Nearest-rank quantile of a sorted, non-empty list."""
+    idx = min(len(sorted_vals) - 1, max(0, int(round(q * (len(sorted_vals) - 1)))))
+    return sorted_vals[idx]
+
+
+def _num(x: float) -> float | int:
+    """Round for readability; integral values become ints (smaller in msgpack)."""
+    r = round(float(x), 4)
+    return int(r) if r == int(r) and abs(r) < 2**31 else r
+
+
+def _fn_stats(name: str, kind: str, phase: str, durs: list[float], self_total: float,
+              steps: int) -> dict[str, Any]:
+    durs = sorted(durs)
+    n = len(durs)
+    total = sum(durs)
+    mean = total / n if n else 0.0
+    var = sum((d - mean) ** 2 for d in durs) / n if n else 0.0
+    return {"name": name, "kind": kind, "phase": phase, "count": _num(n / steps),
+            "ms": _num(total / steps), "self": _num(self_total / steps), "mean": _num(mean),
+            "p50": _num(_quantile(durs, 0.5)) if n else 0, "p90": _num(_quantile(durs, 0.9)) if n else 0,
+            "p99": _num(_quantile(durs, 0.99)) if n else 0, "max": _num(durs[-1]) if n else 0,
+            "std": _num(var ** 0.5)}
+
+
+def _pick_main_thread(evs: list[_Ev], step_evs: list[_Ev], main_tid: int | None) -> Any:
+    """The training thread: the one holding ProfilerStep annotations, else main_tid, else the busiest."""
+    if step_evs:
+        counts: dict[Any, int] = {}
+        for ev in step_evs:
+            counts[ev.thread] = counts.get(ev.thread, 0) + 1
+        return max(counts, key=counts.__getitem__)
+    threads = {ev.thread for ev in evs if not ev.gpu}
+    if main_tid is not None and main_tid in threads:
+        return main_tid
+    busy: dict[Any, list[tuple[float, float]]] = {}
+    for ev in evs:
+        if not ev.gpu and ev.kind != "collective":
+            busy.setdefault(ev.thread, []).append((ev.start, ev.end))
+    if not busy:
+        return None
+    return max(busy, key=lambda t: _length(_union(busy[t])))
+
+
+def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], steps: list[dict[str, Any]],
+          gc: dict[str, Any], telemetry: dict[str, Any], main_tid: int | None = None,
+          max_functions: int = MAX_FUNCTIONS, size_budget: int = SIZE_BUDGET) -> dict[str, Any]:
+    """Boil one rank's profiled window (``prof.events()``) down to an ``eroica.summary/1`` dict.
+
+    Reads only the events it is given (never calls the profiler). Steps are the
+    ``ProfilerStep#N`` annotations when present, else the whole window counted as
+    ``len(steps)`` steps. The result is shrunk (fewer top functions) until its encoding fits
+    ``size_budget`` bytes, so the summary stays small whatever the model.
+    """
+    import time as _time
+
+    t0 = _time.perf_counter()
+    evs = _normalize(events)
+    for ev in evs:
+        _classify(ev)
+    step_evs = [ev for ev in evs if not ev.gpu and ev.name.startswith(_STEP_PREFIX)]
+    main = _pick_main_thread(evs, step_evs, main_tid)
+    step_evs = [ev for ev in step_evs if ev.thread == main]
+    evs = [ev for ev in evs if not (not ev.gpu and ev.name.startswith(_STEP_PREFIX))]
+
+    by_thread: dict[Any, list[_Ev]] = {}
+    for ev in evs:
+        if not ev.gpu:
+            by_thread.setdefault(ev.thread, []).append(ev)
+    segments_by_thread = {t: _nest(tevs) for t, tevs in by_thread.items()}
+    main_evs = by_thread.get(main, [])
+
+    # Step spans.
+    if step_evs:
+        spans = _union([(ev.start, ev.end) for ev in step_evs])
+        n_steps = len(step_evs)
+        step_source = "profiler"
+    else:
+        if main_evs:
+            spans = [(min(e.start for e in main_evs), max(e.end for e in main_evs))]
+        else:
+            spans = []
+        n_steps = max(1, len(steps) or int(capture.get("k", 1) or 1))
+        step_source = "window"
+
+    # Collectives in flight: gloo/nccl records on any thread, NCCL kernels on the device.
+    inflight = _union([(ev.start, ev.end) for ev in evs if ev.kind == "collective"])
+    inflight_in = _intersect(inflight, spans)
+    # Backward running on a thread other than main (the autograd engine's device threads).
+    side_bwd = _union([(ev.start, ev.end) for t, tevs in by_thread.items() if t != main
+                       for ev in tevs if ev.marker == "backward"])
+    gpu_compute = _union([(ev.start, ev.end) for ev in evs if ev.gpu and ev.kind == "kernel"])
+
+    # Positional phases for main-thread work outside any marker: before the step's first
+    # backward op -> forward, after its last -> optimizer (loss, grad clipping, user code).
+    bwd_marks = _union([(ev.start, ev.end) for ev in main_evs if ev.marker == "backward"] + side_bwd)
+
+    def positional(t: float) -> str:
+        for s, e in spans:
+            if s <= t <= e:
+                inside = [iv for iv in bwd_marks if iv[1] >= s and iv[0] <= e]
+                if not inside:
+                    return "forward"
+                if t < inside[0][0]:
+                    return "forward"
+                if t > inside[-1][1]:
+                    return "optimizer"
+                return "backward"
+        return "other"
+
+    busy_by_phase: dict[str, list[tuple[float, float]]] = {}
+    blocking: dict[str, list[tuple[float, float]]] = {}  # phase-owned blocking (sync calls)
+    gap_like: list[tuple[float, float]] = []
+    for s, e, ev in segments_by_thread.get(main, []):
+        if ev.phase is None:
+            ev.phase = positional(ev.start)
+        if ev.kind == "annotation" and ev.marker is None:
+            # self time of a record_function region (DDP.forward, a user's "train_step"
+            # wrapper) is Python or an unrecorded wait, never an op: treat it like a gap
+            gap_like.append((s, e))
+        elif ev.name in _SYNC_NAMES or ev.name.startswith(("cudaStreamSynchronize", "cudaDeviceSynchronize")):
+            blocking.setdefault(ev.phase, []).append((s, e))
+        else:
+            busy_by_phase.setdefault(ev.phase, []).append((s, e))
+    for ev in main_evs:
+        if ev.phase is None:
+            ev.phase = positional(ev.start)
+    main_union = _union([(ev.start, ev.end) for ev in main_evs])
+    gaps = _union(_subtract(spans, main_union) + gap_like)
+
+    phases = dict.fromkeys(PHASES, 0.0)
+    for ph, ivs in busy_by_phase.items():
+        key = ph if ph in ("data", "forward", "backward", "optimizer", "comm") else "host_gap"
+        phases[key] += _length(_intersect(_union(ivs), spans))
+    for ph, ivs in blocking.items():
+        ivs = _intersect(_union(ivs), spans)
+        waiting = _intersect(ivs, inflight)
+        phases["comm"] += _length(waiting)
+        key = ph if ph in ("data", "forward", "backward", "optimizer", "comm") else "host_gap"
+        phases[key] += _length(ivs) - _length(waiting)
+    gaps = _intersect(gaps, spans)
+    in_bwd = _intersect(gaps, side_bwd)
+    phases["backward"] += _length(in_bwd)
+    rest = _subtract(gaps, in_bwd)
+    waiting = _intersect(rest, inflight)
+    phases["comm"] += _length(waiting)
+    gap_ms = _length(rest) - _length(waiting)
+    gc_ms = float(gc.get("ms", 0.0) or 0.0)
+    gc_count = float(gc.get("count", 0.0) or 0.0)
+    phases["host_gap"] += max(0.0, gap_ms - gc_ms * n_steps)
+    compute = _union([iv for ph in ("forward", "backward", "optimizer") for iv in busy_by_phase.get(ph, [])]
+                     + gpu_compute)
+    phases["comm_total"] = _length(inflight_in)
+    phases["overlap"] = _length(_intersect(inflight_in, compute))
+    for key in phases:
+        phases[key] /= n_steps
+    phases["gc"] = gc_ms
+    phases["io"] = 0.0
+    if step_evs:
+        phases["step"] = sum(ev.end - ev.start for ev in step_evs) / n_steps
+    elif steps:
+        phases["step"] = sum(float(s.get("ms", 0.0)) for s in steps) / len(steps)
+    else:
+        phases["step"] = _length(spans) / n_steps
+
+    # Phases of non-main CPU threads and of device work (through the launching op).
+    by_corr = {ev.corr: ev for ev in main_evs if ev.corr}
+    for tevs in (v for t, v in by_thread.items() if t != main):
+        for ev in tevs:
+            if ev.phase is None:
+                ev.phase = "other"
+            by_corr.setdefault(ev.corr, ev)
+    for ev in evs:
+        if ev.gpu:
+            ev.self_ms = ev.end - ev.start
+            if ev.marker == "comm":
+                ev.phase = "comm"
+            else:
+                launcher = by_corr.get(ev.linked)
+                ev.phase = launcher.phase if launcher is not None else "other"
+        if ev.phase not in FUNCTION_PHASES:
+            ev.phase = "other"
+
+    groups: dict[tuple[str, str, str], tuple[list[float], list[float]]] = {}
+    for ev in evs:
+        key = (ev.name[:NAME_LIMIT], ev.kind, ev.phase or "other")
+        durs, selfs = groups.setdefault(key, ([], []))
+        durs.append(ev.end - ev.start)
+        selfs.append(ev.self_ms)
+    ranked = sorted(groups.items(), key=lambda kv: -sum(kv[1][0]))
+
+    host = str(identity.get("host", ""))
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "rank": int(identity.get("rank", 0)), "local_rank": int(identity.get("local_rank", 0)),
+        "world_size": int(identity.get("world_size", 1)), "pid": int(identity.get("pid", 0)),
+        "host": host,
+        "device": dict(identity.get("device") or {"index": None, "uuid": None, "name": None}),
+        "groups": list(identity.get("groups") or []),
+        "versions": dict(identity.get("versions") or {}),
+        "capture": {"step": int(capture.get("step", 0)), "trigger": str(capture.get("trigger", "")),
+                    "k": int(capture.get("k", n_steps))},
+        "steps": [{"step": int(s["step"]), "ms": _num(s["ms"])} for s in steps],
+        "functions": [],
+        "phases": {k: _num(v) for k, v in phases.items()},
+        "gc": {"count": _num(gc_count), "ms": _num(gc_ms)},
+        "telemetry": dict(telemetry),
+        "profile": {"events": len(evs), "steps": n_steps, "step_source": step_source,
+                    "threads": len(by_thread), "build_ms": 0.0},
+    }
+    limit = max(0, int(max_functions))
+    while True:
+        top, rest_items = ranked[:limit], ranked[limit:]
+        fns = [_fn_stats(n, k, p, d, sum(sf), n_steps) for (n, k, p), (d, sf) in top]
+        if rest_items:
+            durs = [x for _, (d, _) in rest_items for x in d]
+            selfs = sum(x for _, (_, sf) in rest_items for x in sf)
+            fns.append(_fn_stats(OTHER, "other", "other", durs, selfs, n_steps))
+        doc["functions"] = fns
+        doc["profile"]["build_ms"] = _num((_time.perf_counter() - t0) * 1000.0)
+        if limit == 0 or len(msgpack.packb(doc, use_bin_type=True)) <= size_budget:
+            break
+        limit = limit * 3 // 4
+    validate(doc, origin=f"rank {doc['rank']}")
+    return doc

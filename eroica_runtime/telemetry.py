@@ -1,0 +1,264 @@
+"""Host and GPU telemetry sampled at the start and end of a capture window, plus a GC monitor.
+
+This is the only module that talks to NVML: the summary carries hardware counters (clocks vs
+maximum, throttle reasons, PCIe link, NVLink errors) so the diagnosis can tell a throttled or
+degraded device from slow code. Every field is read on its own and turns into ``None`` when the
+driver, the device or the library cannot give it; a sample never raises.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import psutil
+
+# NVML clock event / throttle reason bits (stable across driver versions; named here so a
+# reason list is readable in a report without the library).
+_THROTTLE_BITS: tuple[tuple[int, str], ...] = (
+    (0x001, "gpu_idle"), (0x002, "applications_clocks"), (0x004, "sw_power_cap"),
+    (0x008, "hw_slowdown"), (0x010, "sync_boost"), (0x020, "sw_thermal"), (0x040, "hw_thermal"),
+    (0x080, "hw_power_brake"), (0x100, "display_clocks"), (0x200, "board_limit"),
+    (0x400, "reliability"),
+)
+
+_PROC: psutil.Process | None = None
+
+
+def decode_throttle(mask: int | None) -> list[str] | None:
+    """Reason names for an NVML clocks-event bitmask (unknown bits as hex)."""
+    if mask is None:
+        return None
+    names = [name for bit, name in _THROTTLE_BITS if mask & bit]
+    known = 0
+    for bit, _ in _THROTTLE_BITS:
+        known |= bit
+    if mask & ~known:
+        names.append(hex(mask & ~known))
+    return names
+
+
+def _read_tcp_retrans() -> int | None:
+    """TCP RetransSegs from /proc/net/snmp (host-wide): a lossy network shows up here first."""
+    try:
+        with open("/proc/net/snmp", encoding="ascii") as fh:
+            lines = [line.split() for line in fh if line.startswith("Tcp:")]
+        if len(lines) >= 2:
+            return int(lines[1][lines[0].index("RetransSegs")])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _guard(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except Exception:
+        return None
+
+
+def host_sample() -> dict[str, Any]:
+    """Process and host counters (cheap: a handful of /proc reads)."""
+    global _PROC
+    if _PROC is None:
+        _PROC = psutil.Process()
+    proc = _PROC
+    out: dict[str, Any] = {"wall_s": time.time()}
+    cpu = _guard(proc.cpu_times)
+    out["cpu_s"] = (cpu.user + cpu.system) if cpu is not None else None
+    ctx = _guard(proc.num_ctx_switches)
+    out["ctx_vol"] = ctx.voluntary if ctx is not None else None
+    out["ctx_invol"] = ctx.involuntary if ctx is not None else None
+    load = _guard(os.getloadavg)
+    out["load1"] = load[0] if load is not None else None
+    freq = _guard(psutil.cpu_freq)
+    out["cpu_mhz"] = freq.current if freq is not None else None
+    mem = _guard(proc.memory_info)
+    out["mem_rss_mb"] = mem.rss / 2**20 if mem is not None else None
+    vm = _guard(psutil.virtual_memory)
+    out["mem_avail_mb"] = vm.available / 2**20 if vm is not None else None
+    out["tcp_retrans"] = _read_tcp_retrans()
+    net = _guard(psutil.net_io_counters)
+    out["net_bytes_sent"] = net.bytes_sent if net is not None else None
+    out["net_bytes_recv"] = net.bytes_recv if net is not None else None
+    out["net_drops"] = (net.dropin + net.dropout) if net is not None else None
+    return out
+
+
+class _Nvml:
+    """Lazy, once-only NVML state for this process's device; disabled for good on any init failure."""
+
+    def __init__(self) -> None:
+        self.tried = False
+        self.nv: Any = None
+        self.handle: Any = None
+        self.links: list[int] = []
+        self.static: dict[str, Any] = {}
+        self.lock = threading.Lock()
+
+    def _device_handle(self, nv: Any) -> Any:
+        """The NVML handle of the GPU this rank uses (current CUDA device, else LOCAL_RANK)."""
+        torch = sys.modules.get("torch")  # never import torch here; use it only if loaded
+        if torch is not None:
+            try:
+                if torch.cuda.is_available() and torch.cuda.is_initialized():
+                    uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+                    return nv.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith(("GPU-", "MIG-"))
+                                                        else "GPU-" + uuid)
+            except Exception:
+                pass
+        local = int(os.environ.get("LOCAL_RANK", "0") or 0)
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible:
+            entries = [v.strip() for v in visible.split(",") if v.strip()]
+            if entries:
+                entry = entries[local % len(entries)]
+                if entry.isdigit():
+                    return nv.nvmlDeviceGetHandleByIndex(int(entry))
+                return nv.nvmlDeviceGetHandleByUUID(entry)
+        return nv.nvmlDeviceGetHandleByIndex(local % max(1, nv.nvmlDeviceGetCount()))
+
+    def ensure(self) -> bool:
+        if self.tried:
+            return self.handle is not None
+        with self.lock:
+            if self.tried:
+                return self.handle is not None
+            self.tried = True
+            try:
+                import pynvml as nv
+
+                nv.nvmlInit()
+                handle = self._device_handle(nv)
+            except Exception:
+                return False
+            self.nv, self.handle = nv, handle
+            self.static = {
+                "sm_max_mhz": _guard(nv.nvmlDeviceGetMaxClockInfo, handle, nv.NVML_CLOCK_SM),
+                "mem_max_mhz": _guard(nv.nvmlDeviceGetMaxClockInfo, handle, nv.NVML_CLOCK_MEM),
+                "pcie_gen_max": _guard(nv.nvmlDeviceGetMaxPcieLinkGeneration, handle),
+                "pcie_width_max": _guard(nv.nvmlDeviceGetMaxPcieLinkWidth, handle),
+                "name": _guard(nv.nvmlDeviceGetName, handle),
+                "uuid": _guard(nv.nvmlDeviceGetUUID, handle),
+                "index": _guard(nv.nvmlDeviceGetIndex, handle),
+            }
+            for key in ("name", "uuid"):
+                if isinstance(self.static[key], bytes):
+                    self.static[key] = self.static[key].decode(errors="replace")
+            for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
+                if _guard(nv.nvmlDeviceGetNvLinkState, handle, link) == 1:
+                    self.links.append(link)
+            return True
+
+    def sample(self) -> dict[str, Any] | None:
+        if not self.ensure():
+            return None
+        nv, h = self.nv, self.handle
+        power = _guard(nv.nvmlDeviceGetPowerUsage, h)
+        limit = _guard(nv.nvmlDeviceGetEnforcedPowerLimit, h)
+        reasons_fn = (getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                      or getattr(nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None))
+        out: dict[str, Any] = {
+            "sm_mhz": _guard(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM),
+            "sm_max_mhz": self.static.get("sm_max_mhz"),
+            "mem_mhz": _guard(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM),
+            "mem_max_mhz": self.static.get("mem_max_mhz"),
+            "throttle": decode_throttle(_guard(reasons_fn, h) if reasons_fn else None),
+            "temp_c": _guard(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU),
+            "power_w": power / 1000.0 if power is not None else None,
+            "power_limit_w": limit / 1000.0 if limit is not None else None,
+            "pcie_gen": _guard(nv.nvmlDeviceGetCurrPcieLinkGeneration, h),
+            "pcie_gen_max": self.static.get("pcie_gen_max"),
+            "pcie_width": _guard(nv.nvmlDeviceGetCurrPcieLinkWidth, h),
+            "pcie_width_max": self.static.get("pcie_width_max"),
+            "nvlink_crc": self._nvlink_sum(nv.NVML_NVLINK_ERROR_DL_CRC_FLIT, nv.NVML_NVLINK_ERROR_DL_CRC_DATA),
+            "nvlink_replay": self._nvlink_sum(nv.NVML_NVLINK_ERROR_DL_REPLAY),
+            "ecc_corrected": _guard(nv.nvmlDeviceGetTotalEccErrors, h,
+                                    nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_VOLATILE_ECC),
+            "ecc_uncorrected": _guard(nv.nvmlDeviceGetTotalEccErrors, h,
+                                      nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC),
+        }
+        return out
+
+    def _nvlink_sum(self, *counters: int) -> int | None:
+        """Sum of NVLink error counters over the active links (None: no NVLink or unreadable)."""
+        if not self.links:
+            return None
+        total, seen = 0, False
+        for link in self.links:
+            for counter in counters:
+                value = _guard(self.nv.nvmlDeviceGetNvLinkErrorCounter, self.handle, link, counter)
+                if value is not None:
+                    total += int(value)
+                    seen = True
+        return total if seen else None
+
+
+_NVML = _Nvml()
+
+
+def gpu_sample() -> dict[str, Any] | None:
+    """NVML counters of this rank's GPU, or None without a GPU / NVML."""
+    try:
+        return _NVML.sample()
+    except Exception:
+        return None
+
+
+def gpu_identity() -> dict[str, Any]:
+    """{index, uuid, name} of this rank's GPU as NVML sees it (all None without one)."""
+    if not _guard(_NVML.ensure):
+        return {"index": None, "uuid": None, "name": None}
+    return {k: _NVML.static.get(k) for k in ("index", "uuid", "name")}
+
+
+def sample() -> dict[str, Any]:
+    """One telemetry sample ``{host: {...}, gpu: {...} | None}``; never raises."""
+    try:
+        host = host_sample()
+    except Exception:
+        host = {}
+    return {"host": host, "gpu": gpu_sample()}
+
+
+class GcMonitor:
+    """Running count and total pause time of Python garbage collections (via gc.callbacks).
+
+    Cheap enough to stay installed for the whole job: two perf_counter calls per collection.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.ns = 0
+        self._started: int | None = None
+        self._installed = False
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter_ns()
+        elif phase == "stop" and self._started is not None:
+            self.ns += time.perf_counter_ns() - self._started
+            self.count += 1
+            self._started = None
+
+    def install(self) -> GcMonitor:
+        if not self._installed:
+            gc.callbacks.append(self._callback)
+            self._installed = True
+        return self
+
+    def uninstall(self) -> None:
+        if self._installed:
+            try:
+                gc.callbacks.remove(self._callback)
+            except ValueError:
+                pass
+            self._installed = False
+
+    def snapshot(self) -> tuple[int, float]:
+        """(collections so far, total pause ms so far); take differences around a window."""
+        return self.count, self.ns / 1e6
