@@ -172,13 +172,13 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--extra", type=int, default=40)
     ap.add_argument("--sleep-ms", type=float, default=3.0)
-    ap.add_argument("--gc-collects", type=int, default=2)
+    ap.add_argument("--gc-collects", type=int, default=1)
     ap.parse_args(namespace=ARGS)
     os.makedirs(ARGS.out, exist_ok=True)
     dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=60))
     gcmon = telemetry.GcMonitor().install()
     if rank == ARGS.slow_rank:
-        _HEAP.extend({"i": i} for i in range(100_000))  # makes each full collection expensive
+        _HEAP.extend({"i": i} for i in range(60_000))  # makes each full collection expensive
     model = torch.nn.parallel.DistributedDataParallel(MLP(), bucket_cap_mb=1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for scenario in ARGS.scenarios.split(","):
