@@ -1,0 +1,195 @@
+"""Diagnosis engine: pure functions over decoded summaries (no MPI, no torch).
+
+Called online on rank 0 (in a background thread) and offline by ``eroica analyze``::
+
+    from eroica_runtime.engine import diagnose, consolidate
+    d = diagnose(summaries, step=500, trigger="slow_step", world_size=64,
+                 missing=[], baseline=baseline_summaries, topology="pp=4,tp=8,dp=*",
+                 link_probe=None, errors=decode_errors)
+    d.findings            # tuple[Finding], sorted by impact; empty when the capture is healthy
+    d.to_json()           # -> diagnosis-<step>.json
+    job_findings = consolidate([d1, d2, ...])   # merged across captures, sorted by impact
+
+``summaries`` is a list (or any iterable, consumed once) of decoded ``eroica.summary/1`` dicts, or a
+prebuilt ``Table`` (``build_table``) when the caller streams decoding to keep memory low. ``baseline``
+takes the summaries (or Table) of the job's healthy baseline capture and enables the common-mode
+checks (regression, communication slow everywhere). ``topology`` ("pp=4,tp=8,dp=*", row-major, last
+dim fastest) overrides recorded groups for forming peers. ``link_probe`` maps host -> {latency_us,
+bandwidth_gbps} and names the slow host of a communication finding. ``errors`` are one-line decode
+errors (bad ranks) carried into the diagnosis. ``thresholds`` tunes sensitivity (``Thresholds``).
+
+Pipeline: table (arrays, once) → peers → culprits (own work up, wait not up) → category and function
+→ victims → impact; then baseline/common-mode, local communication excess and hang checks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from eroica_runtime.engine.attribution import Culprit, attribute, find_culprits, find_victims
+from eroica_runtime.engine.baseline import Thresholds
+from eroica_runtime.engine.categories import ACTIONS, telemetry_refinement
+from eroica_runtime.engine.commonmode import common_mode, hang_findings, local_comm_excess
+from eroica_runtime.engine.impact import culprit_what_if
+from eroica_runtime.engine.model import CATEGORIES, Diagnosis, Finding
+from eroica_runtime.engine.peers import Peers, form_peers, parse_topology
+from eroica_runtime.engine.table import Table, build_table
+
+__all__ = ["CATEGORIES", "Diagnosis", "Finding", "Table", "Thresholds", "build_table", "consolidate",
+           "diagnose", "parse_topology"]
+
+HEAT_COLUMNS = ("step", "data", "forward", "backward", "optimizer", "host_gap", "gc", "io", "comm")
+HEAT_MAX_ROWS = 40
+
+
+def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float) -> Finding:
+    row = c.row
+    rank = int(table.rank[row])
+    host = table.hosts[int(table.host_idx[row])]
+    tele_ev, hint = telemetry_refinement(table, row, peers.groups[c.group], c.category)
+    ev: dict[str, Any] = {
+        "excess_ms": c.excess_ms, "z": c.z,
+        "own_work_ms": [c.own, c.own_ref], "comm_wait_ms": [c.comm, c.comm_ref],
+        "step_ms": [c.step, c.step_ref],
+        "phase_ms": {p: [c.phase_ref[p] + c.phase_excess[p], c.phase_ref[p]] for p in c.phase_excess
+                     if abs(c.phase_excess[p]) >= 0.05 or c.phase_ref[p] >= 0.05},
+        "functions": c.functions, "peers": {"source": peers.source, "size": int(len(peers.groups[c.group]))},
+        "victims_count": int(len(c.victims)), **tele_ev,
+    }
+    action = (hint + " " if hint else "") + ACTIONS.get(c.category, "")
+    title = (f"rank {rank} on {host}: {c.category} in {c.function} "
+             f"(+{c.excess_ms:.1f} ms/step own work, {len(c.victims)} ranks waiting on it)")
+    return Finding(category=c.category, rank=rank, host=host, function=c.function, phase=c.phase,
+                   impact_ms_per_step=c.excess_ms, what_if_step_ms=what_if,
+                   victims=tuple(int(v) for v in c.victims), evidence=ev, action=action.strip(), title=title)
+
+
+def _merge_hosts(table: Table, findings: list[Finding]) -> list[Finding]:
+    """Several culprits of one category on one host, covering most of its ranks, are one host finding."""
+    by_key: dict[tuple[str | None, str], list[Finding]] = {}
+    for f in findings:
+        by_key.setdefault((f.host, f.category), []).append(f)
+    out: list[Finding] = []
+    host_sizes = np.bincount(table.host_idx, minlength=len(table.hosts))
+    for (host, cat), fs in by_key.items():
+        on_host = int(host_sizes[table.hosts.index(host)]) if host in table.hosts else 0
+        if len(fs) < 2 or len(fs) < 0.5 * on_host:
+            out.extend(fs)
+            continue
+        worst = max(fs, key=lambda f: f.impact_ms_per_step)
+        ranks = sorted(int(f.rank) for f in fs if f.rank is not None)
+        victims = tuple(sorted(set().union(*(f.victims for f in fs)) - set(ranks)))
+        ev = {**worst.evidence, "ranks": ranks, "ranks_on_host": on_host}
+        out.append(Finding(category=cat, rank=worst.rank, host=host, function=worst.function,
+                           phase=worst.phase, impact_ms_per_step=worst.impact_ms_per_step,
+                           what_if_step_ms=worst.what_if_step_ms, victims=victims, evidence=ev,
+                           action=f"{len(ranks)} of {on_host} ranks on {host} are slow alike: suspect the host. "
+                           + worst.action,
+                           title=f"host {host}: {len(ranks)} ranks slow in {cat} ({worst.function}), "
+                                 f"worst rank {worst.rank} +{worst.impact_ms_per_step:.1f} ms/step"))
+    return out
+
+
+def _phase_table(table: Table, peers: Peers, findings: Sequence[Finding]) -> dict[str, Any]:
+    """A compact ranks × phases matrix for the HTML heatmap: all ranks of small jobs; otherwise the
+    culprits, the most deviating ranks and one median row per peer group."""
+    from eroica_runtime.engine.table import PHASE_INDEX
+    cols = [PHASE_INDEX[c] for c in HEAT_COLUMNS]
+    rows: list[dict[str, Any]] = []
+    flagged = {int(f.rank) for f in findings if f.rank is not None}
+
+    def add(row: int, kind: str) -> None:
+        r = int(table.rank[row])
+        rows.append({"label": f"rank {r} ({table.hosts[int(table.host_idx[row])]})", "rank": r,
+                     "kind": "culprit" if r in flagged else kind,
+                     "values": table.phases[row, cols].tolist()})
+
+    if table.n <= HEAT_MAX_ROWS:
+        for row in range(table.n):
+            add(row, "rank")
+    else:
+        for gi, g in enumerate(peers.groups[:8]):
+            rows.append({"label": f"peer group {gi} median (n={len(g)})", "rank": None, "kind": "median",
+                         "values": np.median(table.phases[g][:, cols], axis=0).tolist()})
+        chosen = list(table.rows_of(sorted(flagged)))
+        dev = table.own - np.median(table.own)
+        for row in np.argsort(-dev)[: HEAT_MAX_ROWS].tolist():
+            if len(chosen) >= HEAT_MAX_ROWS - len(rows):
+                break
+            if row not in chosen:
+                chosen.append(row)
+        for row in sorted(int(x) for x in chosen):
+            add(row, "rank")
+    return {"columns": list(HEAT_COLUMNS), "rows": rows}
+
+
+def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger: str, world_size: int,
+             missing: Sequence[int] = (), baseline: Iterable[dict[str, Any]] | Table | None = None,
+             topology: str | None = None, link_probe: dict[str, Any] | None = None,
+             errors: Sequence[str] = (), thresholds: Thresholds | None = None) -> Diagnosis:
+    """Diagnose one capture; see the module docstring for the arguments. Never mutates its input."""
+    t0 = time.perf_counter()
+    th = thresholds or Thresholds()
+    table = summaries if isinstance(summaries, Table) else build_table(summaries)
+    errs = list(errors) + table.errors
+    miss = sorted({int(m) for m in missing})
+    notes: list[str] = []
+    if table.n == 0:
+        return Diagnosis(step=step, trigger=trigger, world_size=world_size, ranks_analysed=0,
+                         findings=tuple(hang_findings(trigger, miss, 0.0)), missing=tuple(miss),
+                         errors=tuple(errs), notes=("no usable summaries in this capture",),
+                         engine_s=time.perf_counter() - t0)
+    peers = form_peers(table, topology=topology, world_size=world_size)
+    notes.extend(peers.notes)
+    if any(len(g) == 1 for g in peers.groups):
+        notes.append(f"{sum(len(g) == 1 for g in peers.groups)} rank(s) have no peers to compare with")
+    step_col = table.col("step")
+    step_med = float(np.median(step_col))
+
+    culprits = find_culprits(table, peers, th)
+    attribute(table, peers, culprits, th)
+    find_victims(table, culprits, th)
+    excesses = [c.excess_ms for c in culprits]
+    findings = [_culprit_finding(table, peers, c, culprit_what_if(step_med, excesses, i))
+                for i, c in enumerate(culprits)]
+    findings = _merge_hosts(table, findings)
+
+    if baseline is not None:
+        base = baseline if isinstance(baseline, Table) else build_table(baseline)
+        if base.n:
+            extra, more_notes = common_mode(table, base, th, max(excesses, default=0.0), link_probe)
+            findings.extend(extra)
+            notes.extend(more_notes)
+    if not culprits and not any(f.category == "communication" for f in findings):
+        findings.extend(local_comm_excess(table, peers, th, link_probe))
+    findings.extend(hang_findings(trigger, miss, step_med))
+    findings.sort(key=lambda f: -f.impact_ms_per_step)
+    findings = [Finding(**{**f.__dict__, "captures": (int(step),)}) for f in findings]
+
+    step_ms = {"median": step_med, "p99": float(np.percentile(step_col, 99)),
+               "max": float(step_col.max()), "max_rank": int(table.rank[int(np.argmax(step_col))]),
+               "what_if_all_fixed": max(step_med - max((f.impact_ms_per_step for f in findings
+                                                        if f.category != "hang"), default=0.0), 0.0)}
+    return Diagnosis(step=int(step), trigger=str(trigger), world_size=int(world_size),
+                     ranks_analysed=table.n, findings=tuple(findings), missing=tuple(miss),
+                     errors=tuple(errs), notes=tuple(notes), peers=peers.describe(), step_ms=step_ms,
+                     phase_table=_phase_table(table, peers, findings), engine_s=time.perf_counter() - t0)
+
+
+def consolidate(diagnoses: Sequence[Diagnosis]) -> list[Finding]:
+    """Merge findings across captures (same category, rank, host, function) into job-level findings,
+    sorted by impact (the worst capture's cost per step; ``captures`` lists where it was seen)."""
+    merged: dict[tuple[Any, ...], Finding] = {}
+    for d in diagnoses:
+        for f in d.findings:
+            key = (f.category, f.rank, f.host, f.function)
+            prev = merged.get(key)
+            caps = tuple(sorted(set((prev.captures if prev else ()) + (f.captures or (d.step,)))))
+            victims = tuple(sorted(set(prev.victims if prev else ()) | set(f.victims)))
+            best = f if prev is None or f.impact_ms_per_step >= prev.impact_ms_per_step else prev
+            merged[key] = Finding(**{**best.__dict__, "captures": caps, "victims": victims})
+    return sorted(merged.values(), key=lambda f: -f.impact_ms_per_step)

@@ -1,0 +1,120 @@
+"""Culprits versus victims inside each peer group, and the function that grew most on a culprit.
+
+In synchronous training a late rank makes everyone else wait in the next collective. Against the
+peers' median the culprit therefore shows MORE own work (data+forward+backward+optimizer+host_gap+
+gc+io) and LESS communication wait, while its victims show the opposite: normal own work, a wait
+that grew by about the culprit's excess. Only culprits become findings; victims are listed on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from eroica_runtime.engine.baseline import Thresholds, center, column_reference, significant
+from eroica_runtime.engine.categories import (
+    function_candidates,
+    is_memory_function,
+    pick_category,
+)
+from eroica_runtime.engine.peers import Peers
+from eroica_runtime.engine.table import PHASE_INDEX, Table
+from eroica_runtime.summary import OWN_WORK_PHASES
+
+
+@dataclass
+class Culprit:
+    """A rank whose own work grew against its peers while its wait did not."""
+
+    row: int
+    group: int
+    excess_ms: float
+    z: float
+    own: float
+    own_ref: float
+    comm: float
+    comm_ref: float
+    step: float
+    step_ref: float
+    phase_excess: dict[str, float]
+    phase_ref: dict[str, float]
+    category: str = "compute"
+    phase: str = "forward"
+    function: str | None = None
+    functions: list[dict] = field(default_factory=list)
+    victims: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+
+def find_culprits(table: Table, peers: Peers, th: Thresholds) -> list[Culprit]:
+    """Scan every peer group (vectorised within a group) for culprits."""
+    own_all = table.own
+    comm_all = table.col("comm")
+    step_all = table.col("step")
+    own_cols = [PHASE_INDEX[p] for p in OWN_WORK_PHASES]
+    out: list[Culprit] = []
+    for gi, rows in enumerate(peers.groups):
+        if len(rows) < 2:
+            continue
+        own = own_all[rows]
+        c_own = center(own, th.sigma_floor_rel)
+        step_ref = float(np.median(step_all[rows]))
+        limit = max(th.abs_ms, th.rel_step * step_ref)
+        cand = np.flatnonzero(own - c_own.ref >= limit)
+        if len(cand) == 0:
+            continue
+        c_comm = center(comm_all[rows], th.sigma_floor_rel)
+        ph_ref = column_reference(table.phases[:, own_cols], rows)
+        for k in cand.tolist():
+            row = int(rows[k])
+            excess = float(own[k] - c_own.ref)
+            z = excess / c_own.sigma if c_own.sigma > 0 else float("inf")
+            d_comm = float(comm_all[row] - c_comm.ref)
+            if not significant(excess, z, step_ref, th) or d_comm >= excess:
+                continue
+            pex = {p: float(table.phases[row, PHASE_INDEX[p]] - ph_ref[i]) for i, p in enumerate(OWN_WORK_PHASES)}
+            out.append(Culprit(row=row, group=gi, excess_ms=excess, z=float(z), own=float(own[k]),
+                               own_ref=c_own.ref, comm=float(comm_all[row]), comm_ref=c_comm.ref,
+                               step=float(step_all[row]), step_ref=step_ref, phase_excess=pex,
+                               phase_ref={p: float(ph_ref[i]) for i, p in enumerate(OWN_WORK_PHASES)}))
+    return out
+
+
+def attribute(table: Table, peers: Peers, culprits: list[Culprit], th: Thresholds) -> None:
+    """Fill category, phase, named function and top grown functions of each culprit (in place)."""
+    fn_ref_cache: dict[int, np.ndarray] = {}
+    for c in culprits:
+        c.category, c.phase = pick_category(c.phase_excess)
+        if table.fn_names:
+            ref = fn_ref_cache.get(c.group)
+            if ref is None:
+                ref = fn_ref_cache[c.group] = column_reference(table.fn_ms, peers.groups[c.group])
+            delta = table.fn_ms[c.row] - ref
+            cols = function_candidates(table, c.category)
+            top = np.argsort(-delta)[: th.top_functions]
+            c.functions = [{"name": table.fn_names[j], "phase": table.fn_phase[j], "kind": table.fn_kind[j],
+                            "rank_ms": float(table.fn_ms[c.row, j]), "peers_ms": float(ref[j]),
+                            "rank_calls": float(table.fn_count[c.row, j])} for j in top.tolist() if delta[j] > 0]
+            if len(cols):
+                best = int(cols[np.argmax(delta[cols])])
+                if delta[best] >= th.fn_share * c.excess_ms:
+                    c.function = table.fn_names[best]
+                    c.phase = table.fn_phase[best] if table.fn_phase[best] in c.phase_excess else c.phase
+            if c.category == "compute" and c.function is None:
+                best = int(np.argmax(delta))
+                if delta[best] >= th.fn_share * c.excess_ms and is_memory_function(table.fn_names[best]):
+                    c.function = table.fn_names[best]
+            if c.category == "compute" and is_memory_function(c.function):
+                c.category = "memory"
+        if c.function is None:
+            c.function = f"({c.phase})"
+
+
+def find_victims(table: Table, culprits: list[Culprit], th: Thresholds) -> None:
+    """Ranks that waited about the culprit's excess longer than the culprit did (in place)."""
+    comm = table.col("comm")
+    culprit_rows = np.asarray([c.row for c in culprits], dtype=np.int64)
+    for c in culprits:
+        waited = comm - c.comm >= th.victim_frac * c.excess_ms
+        waited[culprit_rows] = False
+        c.victims = table.rank[waited]

@@ -1,0 +1,67 @@
+"""Robust per-peer-group baselines and the thresholds that keep jitter from becoming findings.
+
+A deviation only counts when it is large in three ways at once: in robust z-score against the
+peers (median and MAD, so a few slow ranks do not move the yardstick), in absolute milliseconds
+(sub-millisecond noise never matters) and relative to the peers' step time (a function that is 3x
+slower but costs 0.2% of the step is not what makes the job slow).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+MAD_TO_SIGMA = 1.4826
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Knobs of the engine; the defaults keep ±10% per-phase jitter on a noisy machine quiet."""
+
+    abs_ms: float = 1.0            # an excess below this many ms per step is noise
+    rel_step: float = 0.08         # ... and so is one below this fraction of the peers' median step
+    z: float = 5.0                 # robust z-score a culprit must reach against its peers
+    sigma_floor_rel: float = 0.02  # MAD floor, relative to the peers' median (identical peers)
+    victim_frac: float = 0.5       # a victim waited at least this fraction of the culprit's excess
+    regression_rel: float = 0.10   # common-mode growth vs the baseline capture, fraction of its step
+    fn_share: float = 0.2          # a function must explain this share of the excess to be named
+    top_functions: int = 5         # functions listed in the evidence
+
+
+@dataclass(frozen=True)
+class Center:
+    """Reference value and robust spread of one quantity across a peer group."""
+
+    ref: float
+    sigma: float
+    n: int
+
+
+def center(values: np.ndarray, floor_rel: float = 0.02, floor_abs: float = 0.05) -> Center:
+    """Median/MAD for 3+ peers; for 2 peers the faster one is the reference (the median of two
+    would split a culprit's excess in half)."""
+    n = int(values.shape[0])
+    if n == 0:
+        return Center(float("nan"), float("nan"), 0)
+    if n == 1:
+        return Center(float(values[0]), float("inf"), 1)
+    if n == 2:
+        ref = float(values.min())
+        return Center(ref, max(floor_rel * abs(ref), floor_abs), 2)
+    med = float(np.median(values))
+    mad = float(np.median(np.abs(values - med)))
+    return Center(med, max(MAD_TO_SIGMA * mad, floor_rel * abs(med), floor_abs), n)
+
+
+def column_reference(matrix: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Per-column reference over ``rows`` (median for 3+, min for 2), vectorised over columns."""
+    sub = matrix[rows]
+    if len(rows) == 2:
+        return sub.min(axis=0)
+    return np.median(sub, axis=0)
+
+
+def significant(excess: float, z: float, step_ref: float, th: Thresholds) -> bool:
+    """The triple test: robust z, absolute ms, share of the step."""
+    return excess >= max(th.abs_ms, th.rel_step * step_ref) and z >= th.z

@@ -1,0 +1,122 @@
+"""Which kind of fault: the phase holding the culprit's excess, refined by names and telemetry."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import numpy as np
+
+from eroica_runtime.engine.table import Table
+
+# phase of own work -> category (forward/backward/optimizer are compared as one compute bucket)
+PHASE_CATEGORY = {"data": "dataloader", "gc": "gc", "io": "io", "host_gap": "host",
+                  "forward": "compute", "backward": "compute", "optimizer": "compute"}
+COMPUTE_PHASES = ("forward", "backward", "optimizer")
+_MEMORY_RE = re.compile(r"malloc|free|empty_cache|caching_allocator|\[memory\]|cudaHostAlloc|mem_alloc",
+                        re.IGNORECASE)
+_IO_RE = re.compile(r"\bread\b|\bwrite\b|save|load|checkpoint|torch\.load|torch\.save|fsync|open", re.I)
+_BENIGN_THROTTLE = {"gpu_idle", "none", "applications_clocks_setting", "clocks_event_reason_gpu_idle"}
+
+ACTIONS = {
+    "compute": "Compare this rank's GPU/CPU with its peers (clocks, thermals, co-located jobs); "
+               "drain the node if it stays slow.",
+    "dataloader": "The input pipeline on this rank is slow: check its storage/network path to the "
+                  "dataset, num_workers, CPU load on the host and per-sample transforms.",
+    "gc": "Python GC pauses on this rank: look for objects piling up (freeze long-lived state with "
+          "gc.freeze(), raise gc thresholds, or collect manually at a fixed step on all ranks).",
+    "host": "CPU-side stalls on this rank (launch gaps / Python overhead / contention): check other "
+            "processes on the host, CPU pinning and cgroup limits.",
+    "io": "Storage reads/writes stall this rank: check the filesystem and checkpoint settings.",
+    "memory": "Allocator stalls on this rank: look for fragmentation / empty_cache calls; consider "
+              "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.",
+    "communication": "Collectives are slow with no late rank to blame: check the NICs, links and "
+                     "switch ports of the named host(s) (error counters, link speed, retransmits).",
+    "regression": "Every rank is slower than this job's own healthy baseline: check what changed "
+                  "(code, input shapes, library versions, clocks) in the functions that grew.",
+    "hang": "Ranks stopped making progress: collect stacks (py-spy dump) on the named rank(s).",
+}
+
+
+def pick_category(phase_excess: dict[str, float]) -> tuple[str, str]:
+    """(category, phase) holding the largest excess; compute phases count together."""
+    buckets: dict[str, float] = {}
+    for ph, ex in phase_excess.items():
+        cat = PHASE_CATEGORY.get(ph)
+        if cat:
+            buckets[cat] = buckets.get(cat, 0.0) + max(ex, 0.0)
+    cat = max(buckets, key=lambda c: buckets[c]) if buckets else "compute"
+    phases = [p for p in phase_excess if PHASE_CATEGORY.get(p) == cat]
+    phase = max(phases, key=lambda p: phase_excess[p]) if phases else "forward"
+    return cat, phase
+
+
+def function_candidates(table: Table, category: str) -> np.ndarray:
+    """Columns whose functions can explain an excess of ``category``."""
+    ok = []
+    for name, ph, kind in zip(table.fn_names, table.fn_phase, table.fn_kind, strict=True):
+        if name == "<other>" or kind == "collective" or ph == "comm":
+            continue
+        if category == "compute":
+            good = ph in COMPUTE_PHASES or kind in ("kernel", "cpu_op", "optimizer", "memcpy", "memset")
+        elif category == "dataloader":
+            good = ph == "data" or kind == "dataloader"
+        elif category == "io":
+            good = bool(_IO_RE.search(name))
+        elif category == "host":
+            good = kind in ("cpu_op", "annotation", "other")
+        else:  # gc: no profiled function represents a GC pause
+            good = False
+        ok.append(good)
+    return np.flatnonzero(np.asarray(ok, dtype=bool)) if ok else np.zeros(0, dtype=np.int64)
+
+
+def is_memory_function(name: str | None) -> bool:
+    """Allocator calls (cudaMalloc/cudaFree/empty_cache...) turn a compute excess into `memory`."""
+    return bool(name) and bool(_MEMORY_RE.search(name or ""))
+
+
+def _rate(t: dict[str, np.ndarray], key: str, rows: np.ndarray) -> np.ndarray:
+    wall = t["wall_s"][rows]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(wall > 0, t[key][rows] / wall, np.nan)
+
+
+def telemetry_refinement(table: Table, row: int, peer_rows: np.ndarray,
+                         category: str) -> tuple[dict[str, Any], str]:
+    """Evidence and action from telemetry: GPU throttling, CPU contention / CPU share below peers."""
+    t = table.telemetry
+    ev: dict[str, Any] = {}
+    hints: list[str] = []
+    peers = peer_rows[peer_rows != row]
+    if category in ("compute", "memory"):
+        sm, smax = t["sm_mhz"][row], t["sm_max_mhz"][row]
+        reasons = [r for r in table.throttle.get(row, []) if r.lower() not in _BENIGN_THROTTLE]
+        if math.isfinite(sm) and math.isfinite(smax) and smax > 0:
+            peer_sm = float(np.nanmedian(t["sm_mhz"][peers])) if len(peers) else float("nan")
+            ev["sm_mhz"] = [float(sm), peer_sm]
+            ev["sm_max_mhz"] = float(smax)
+            if sm < 0.85 * smax and (reasons or (math.isfinite(peer_sm) and sm < 0.85 * peer_sm)):
+                ev["hardware_throttle"] = reasons or ["clock below peers"]
+                hints.append(f"GPU clock {sm:.0f} MHz of {smax:.0f} MHz max (peers {peer_sm:.0f})"
+                             + (f", throttle reasons: {', '.join(reasons)}" if reasons else "")
+                             + ": hardware throttling — check cooling/power capping, drain the node.")
+    if category in ("compute", "host", "dataloader", "gc"):
+        inv = _rate(t, "ctx_invol", np.asarray([row]))[0]
+        peer_inv = float(np.nanmedian(_rate(t, "ctx_invol", peers))) if len(peers) else float("nan")
+        if math.isfinite(inv) and math.isfinite(peer_inv):
+            ev["ctx_invol_per_s"] = [float(inv), peer_inv]
+            if inv > 3.0 * peer_inv and inv - peer_inv > 50.0:
+                ev["cpu_contention"] = True
+                hints.append(f"{inv:.0f} involuntary context switches/s vs peers' {peer_inv:.0f}: "
+                             "CPU contention — another process shares this rank's cores.")
+        share = _rate(t, "cpu_s", np.asarray([row]))[0]
+        peer_share = float(np.nanmedian(_rate(t, "cpu_s", peers))) if len(peers) else float("nan")
+        if math.isfinite(share) and math.isfinite(peer_share) and peer_share > 0:
+            ev["cpu_s_per_wall_s"] = [float(share), peer_share]
+            if share < 0.7 * peer_share:
+                ev["cpu_throttled"] = True
+                hints.append(f"the process got {share:.2f} CPU-s per second vs peers' {peer_share:.2f}: "
+                             "CPU throttling (cgroup quota / frequency) or contention.")
+    return ev, " ".join(hints)

@@ -1,0 +1,229 @@
+"""Problems peers agree on: regression against the job's healthy baseline capture, and slow
+communication with no late rank to blame (localized to hosts with a link probe or telemetry).
+
+``link_probe`` (optional, attached by the runtime) maps host -> measurements, either directly
+``{host: {...}}`` or under ``{"hosts": {host: {...}}}``; recognised keys are ``latency_us`` /
+``latency_ms`` (higher is worse) and ``bandwidth_gbps`` / ``bandwidth_mbps`` (lower is worse).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from eroica_runtime.engine.baseline import Thresholds, center
+from eroica_runtime.engine.categories import ACTIONS, COMPUTE_PHASES
+from eroica_runtime.engine.model import Finding
+from eroica_runtime.engine.peers import Peers
+from eroica_runtime.engine.table import Table
+from eroica_runtime.summary import OWN_WORK_PHASES
+
+
+def _others_median(values: np.ndarray) -> np.ndarray:
+    """Per-entry reference: the median of the OTHER entries (exact for few hosts, where one outlier
+    moves the median a lot), the plain median when there are many."""
+    finite = np.where(np.isfinite(values), values, np.nan)
+    if len(values) >= 5:
+        return np.full(len(values), float(np.nanmedian(finite)))
+    return np.asarray([float(np.nanmedian(np.delete(finite, i))) if np.isfinite(np.delete(finite, i)).any()
+                       else float("nan") for i in range(len(values))])
+
+
+def _aligned(cur: Table, base: Table) -> tuple[np.ndarray, np.ndarray]:
+    common = np.intersect1d(cur.rank, base.rank)
+    return cur.rows_of(common), base.rows_of(common)
+
+
+def slow_hosts_from_probe(link_probe: dict[str, Any] | None) -> tuple[list[str], dict[str, Any]]:
+    """Hosts whose probe latency is far above (or bandwidth far below) the other hosts'."""
+    if not isinstance(link_probe, dict):
+        return [], {}
+    hosts = link_probe.get("hosts", link_probe)
+    if not isinstance(hosts, dict) or len(hosts) < 2:
+        return [], {}
+    names = [h for h, v in hosts.items() if isinstance(v, dict)]
+
+    def col(*keys: str, scale: tuple[float, ...]) -> np.ndarray:
+        out = []
+        for h in names:
+            v = float("nan")
+            for k, s in zip(keys, scale, strict=True):
+                x = hosts[h].get(k)
+                if isinstance(x, (int, float)):
+                    v = float(x) * s
+                    break
+            out.append(v)
+        return np.asarray(out, dtype=np.float64)
+
+    lat = col("latency_us", "latency_ms", scale=(1.0, 1000.0))
+    bw = col("bandwidth_gbps", "bandwidth_mbps", scale=(1.0, 0.001))
+    bad: list[str] = []
+    ev: dict[str, Any] = {}
+    if np.isfinite(lat).sum() >= 2:
+        for h, v, med in zip(names, lat, _others_median(lat), strict=True):
+            if math.isfinite(v) and math.isfinite(med) and v > 3.0 * med and v - med > 5.0:
+                bad.append(h)
+                ev.setdefault("probe", {})[h] = {"latency_us": v, "hosts_median_latency_us": med}
+    if np.isfinite(bw).sum() >= 2:
+        for h, v, med in zip(names, bw, _others_median(bw), strict=True):
+            if math.isfinite(v) and math.isfinite(med) and v < 0.5 * med:
+                if h not in bad:
+                    bad.append(h)
+                ev.setdefault("probe", {}).setdefault(h, {}).update(
+                    {"bandwidth_gbps": v, "hosts_median_bandwidth_gbps": med})
+    return bad, ev
+
+
+def slow_hosts_from_telemetry(table: Table) -> tuple[list[str], dict[str, Any]]:
+    """Hosts whose TCP retransmits / packet drops during the window stand out from the others."""
+    t = table.telemetry
+    errs = np.nan_to_num(t["tcp_retrans"]) + np.nan_to_num(t["net_drops"])
+    if not np.any(errs > 0) or len(table.hosts) < 2:
+        return [], {}
+    per_host = np.zeros(len(table.hosts))
+    np.maximum.at(per_host, table.host_idx, errs)
+    ref = _others_median(per_host)
+    hit = np.flatnonzero((per_host > 10.0 * np.maximum(ref, 1.0)) & (per_host >= 20))
+    bad = [table.hosts[i] for i in hit]
+    ev = {"net_errors": {table.hosts[i]: [float(per_host[i]), float(ref[i])] for i in hit}} if bad else {}
+    return bad, ev
+
+
+def localize(table: Table, link_probe: dict[str, Any] | None,
+             suspects: list[str] | None = None) -> tuple[list[str], dict[str, Any]]:
+    """Name the slow host(s): a link probe first, then network error counters, then ``suspects``."""
+    bad, ev = slow_hosts_from_probe(link_probe)
+    if bad:
+        ev["localized_by"] = "link_probe"
+        return bad, ev
+    bad, ev = slow_hosts_from_telemetry(table)
+    if bad:
+        ev["localized_by"] = "network error counters (tcp_retrans + net_drops)"
+        return bad, ev
+    if suspects:
+        return suspects, {"localized_by": "ranks with excess communication wait"}
+    return [], {}
+
+
+def _comm_finding(table: Table, hosts: list[str], impact: float, step_ms: float,
+                  ev: dict[str, Any], title: str) -> Finding:
+    host = hosts[0] if len(hosts) == 1 else (",".join(hosts) if hosts else None)
+    where = f" on {host}" if host else " (no host could be singled out)"
+    return Finding(category="communication", rank=None, host=host, function="(comm)", phase="comm",
+                   impact_ms_per_step=impact, what_if_step_ms=max(step_ms - impact, 0.0),
+                   evidence={**ev, "hosts": hosts}, action=ACTIONS["communication"],
+                   title=title + where)
+
+
+def local_comm_excess(table: Table, peers: Peers, th: Thresholds,
+                      link_probe: dict[str, Any] | None) -> list[Finding]:
+    """Ranks that wait much longer in communication than their peers while nobody is late."""
+    comm = table.col("comm")
+    step = table.col("step")
+    hit = np.zeros(table.n, dtype=bool)
+    excess = np.zeros(table.n)
+    for rows in peers.groups:
+        if len(rows) < 3:
+            continue
+        c = center(comm[rows], th.sigma_floor_rel)
+        step_ref = float(np.median(step[rows]))
+        d = comm[rows] - c.ref
+        ok = (d >= max(th.abs_ms, th.rel_step * step_ref)) & (d / c.sigma >= th.z)
+        hit[rows[ok]] = True
+        excess[rows[ok]] = d[ok]
+    if not hit.any():
+        return []
+    host_hits = np.bincount(table.host_idx[hit], minlength=len(table.hosts))
+    host_all = np.bincount(table.host_idx, minlength=len(table.hosts))
+    suspects = [table.hosts[i] for i in np.flatnonzero(host_hits >= np.maximum(1, 0.5 * host_all))]
+    hosts, ev = localize(table, link_probe, suspects)
+    ev.update({"ranks": table.rank[hit][:64].tolist(), "ranks_count": int(hit.sum()),
+               "comm_wait_ms": [float(np.median(comm[hit])), float(np.median(comm[~hit]))
+                                if (~hit).any() else float("nan")]})
+    impact = float(excess[hit].max())
+    return [_comm_finding(table, hosts, impact, float(np.median(step)), ev,
+                          "Communication wait far above peers with no late rank")]
+
+
+def common_mode(cur: Table, base: Table, th: Thresholds, culprit_excess: float,
+                link_probe: dict[str, Any] | None) -> tuple[list[Finding], list[str]]:
+    """Regression / common-mode communication findings against the baseline capture."""
+    notes: list[str] = []
+    rc, rb = _aligned(cur, base)
+    if len(rc) == 0:
+        return [], ["baseline capture shares no ranks with this capture; regression check skipped"]
+    step_c, step_b = cur.col("step")[rc], base.col("step")[rb]
+    base_step = float(np.median(step_b))
+    now_step = float(np.median(cur.col("step")))
+    limit = max(th.abs_ms, th.regression_rel * base_step)
+    d_own = cur.own[rc] - base.own[rb]
+    d_comm = cur.col("comm")[rc] - base.col("comm")[rb]
+    m_own, m_comm = float(np.median(d_own)), float(np.median(d_comm)) - culprit_excess
+    findings: list[Finding] = []
+    common = {"step_ms": [now_step, base_step], "baseline_step": base.capture_step,
+              "ranks_compared": int(len(rc)), "step_delta_ms": float(np.median(step_c - step_b))}
+    if m_own >= limit:
+        phase_d = {p: float(np.median(cur.col(p)[rc] - base.col(p)[rb])) for p in OWN_WORK_PHASES}
+        phase = max(phase_d, key=lambda p: phase_d[p])
+        fns = _function_growth(cur, base, rc, rb, th)
+        share = float(np.mean(d_own >= limit))
+        ev = {**common, "own_work_ms": [float(np.median(cur.own[rc])), float(np.median(base.own[rb]))],
+              "phase_delta_ms": phase_d, "functions": fns, "ranks_affected_share": share}
+        top = fns[0]["name"] if fns else f"({phase})"
+        if phase in COMPUTE_PHASES and fns and fns[0]["phase"] in COMPUTE_PHASES:
+            phase = fns[0]["phase"]
+        findings.append(Finding(
+            category="regression", rank=None, host=None, function=top, phase=phase,
+            impact_ms_per_step=m_own, what_if_step_ms=max(now_step - m_own, 0.0), evidence=ev,
+            action=ACTIONS["regression"] + (" Grew most: " + ", ".join(f["name"] for f in fns[:3]) if fns else ""),
+            title=f"All ranks slower than the baseline capture: own work +{m_own:.1f} ms/step"))
+    if m_comm >= limit:
+        hosts, ev = localize(cur, link_probe)
+        ev.update(common)
+        ev["comm_wait_ms"] = [float(np.median(cur.col("comm")[rc])), float(np.median(base.col("comm")[rb]))]
+        findings.append(_comm_finding(cur, hosts, m_comm, now_step, ev,
+                                      f"Communication wait +{m_comm:.1f} ms/step vs the baseline capture"))
+    if not findings and now_step - base_step >= limit and culprit_excess == 0.0:
+        notes.append(f"step {now_step:.1f} ms vs baseline {base_step:.1f} ms, but neither own work nor "
+                     "communication wait explains it on most ranks")
+    return findings, notes
+
+
+def _function_growth(cur: Table, base: Table, rc: np.ndarray, rb: np.ndarray,
+                     th: Thresholds) -> list[dict[str, Any]]:
+    """Functions whose median ms per step grew most against the baseline (matched by name)."""
+    bidx = {n: i for i, n in enumerate(base.fn_names)}
+    pairs = [(i, bidx[n]) for i, n in enumerate(cur.fn_names) if n in bidx and n != "<other>"]
+    new = [i for i, n in enumerate(cur.fn_names) if n not in bidx]
+    out: list[tuple[float, dict[str, Any]]] = []
+    if pairs:
+        ci = np.asarray([p[0] for p in pairs])
+        bi = np.asarray([p[1] for p in pairs])
+        now = np.median(cur.fn_ms[np.ix_(rc, ci)], axis=0)
+        was = np.median(base.fn_ms[np.ix_(rb, bi)], axis=0)
+        for k in np.argsort(-(now - was))[: th.top_functions].tolist():
+            if now[k] - was[k] > th.abs_ms:
+                j = int(ci[k])
+                out.append((float(now[k] - was[k]), {"name": cur.fn_names[j], "phase": cur.fn_phase[j],
+                                                      "now_ms": float(now[k]), "baseline_ms": float(was[k])}))
+    for j in new:
+        now_j = float(np.median(cur.fn_ms[rc, j]))
+        if now_j > th.abs_ms:
+            out.append((now_j, {"name": cur.fn_names[j], "phase": cur.fn_phase[j], "now_ms": now_j,
+                                "baseline_ms": 0.0}))
+    out.sort(key=lambda x: -x[0])
+    return [d for _, d in out[: th.top_functions]]
+
+
+def hang_findings(trigger: str, missing: list[int], step_ms: float) -> list[Finding]:
+    """Ranks that never sent a summary during a hang-triggered capture are the prime suspects."""
+    if not missing or not any(w in trigger.lower() for w in ("hang", "stall", "timeout", "stuck")):
+        return []
+    rank = int(missing[0]) if len(missing) == 1 else None
+    return [Finding(category="hang", rank=rank, host=None, function=None, phase=None,
+                    impact_ms_per_step=step_ms, what_if_step_ms=None,
+                    evidence={"missing_ranks": list(missing)[:256], "missing_count": len(missing)},
+                    action=ACTIONS["hang"],
+                    title=f"{len(missing)} rank(s) sent no summary during a {trigger} capture")]

@@ -1,0 +1,20 @@
+"""What each finding costs per step, and the step time if it were fixed.
+
+In synchronous training the job runs at the pace of its slowest rank, so a culprit's own-work
+excess is what every rank pays per step. With several culprits in one job, fixing one only helps
+down to the next-worst one: ``what_if`` accounts for that, ``impact`` is the finding's own cost.
+"""
+
+from __future__ import annotations
+
+
+def culprit_what_if(step_ms: float, excesses: list[float], i: int) -> float:
+    """Step time if culprit ``i`` alone were fixed (the others still gate the step)."""
+    worst = max(excesses) if excesses else 0.0
+    others = max((e for j, e in enumerate(excesses) if j != i), default=0.0)
+    return max(step_ms - (worst - others), 0.0)
+
+
+def all_fixed(step_ms: float, impacts: list[float]) -> float:
+    """Step time if every finding were fixed (the gating costs do not add up; the largest does)."""
+    return max(step_ms - max(impacts, default=0.0), 0.0)

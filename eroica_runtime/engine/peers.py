@@ -1,0 +1,190 @@
+"""Peer groups: which ranks are expected to behave alike (the unit of differential comparison).
+
+Sources, in order of trust:
+
+1. ``topology`` string such as ``"pp=4,tp=8,dp=*"``: dims in the order given, ranks laid out row-major
+   with the LAST dim fastest (like torch's DeviceMesh: rank = ((pp * TP) + tp) * DP + dp for the example).
+   One ``*`` is allowed and is inferred from the world size. Ranks are peers when they share the
+   coordinates of every role dim (pp/pipe/pipeline/stage); tp/dp/cp/ep... ranks are interchangeable.
+2. Recorded process groups (``summary["groups"]``): a rank's stage is its position in its "pp" group;
+   otherwise ranks joined by dp/tp/... groups form one peer set. Groups with unknown names are not
+   trusted on their own and are intersected with signature clusters.
+3. Signature clustering: ranks that run the same significant functions the same number of times
+   per step. Small clusters that differ from a big one in only a few calls (a culprit running an
+   extra op) are merged into it, so a culprit is not hidden in a group of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from eroica_runtime.engine.table import ROLE_DIMS, Table
+
+
+@dataclass(frozen=True)
+class Peers:
+    """A partition of the table's rows into peer groups."""
+
+    labels: np.ndarray          # (R,) group label per row
+    groups: list[np.ndarray]    # rows of each group (index = label)
+    source: str                 # "topology" | "groups" | "signature" | "groups+signature" | "single"
+    notes: tuple[str, ...] = ()
+
+    def describe(self, limit: int = 32) -> dict:
+        """Small JSON description (sizes of at most ``limit`` groups)."""
+        sizes = [int(len(g)) for g in self.groups]
+        return {"source": self.source, "count": len(sizes), "sizes": sizes[:limit],
+                "truncated": len(sizes) > limit}
+
+
+def parse_topology(topology: str, world_size: int) -> list[tuple[str, int]]:
+    """Parse ``"pp=4,tp=8,dp=*"`` into [(dim, size)]; raise ValueError when it cannot fit the world."""
+    dims: list[tuple[str, int | None]] = []
+    for part in topology.replace(" ", "").split(","):
+        if not part:
+            continue
+        name, sep, size = part.partition("=")
+        if not sep or not name:
+            raise ValueError(f"topology {topology!r}: expected dim=size items, got {part!r}")
+        if size == "*":
+            dims.append((name.lower(), None))
+        elif size.isdigit() and int(size) > 0:
+            dims.append((name.lower(), int(size)))
+        else:
+            raise ValueError(f"topology {topology!r}: bad size {size!r} for dim {name!r}")
+    if not dims:
+        raise ValueError(f"topology {topology!r}: no dims")
+    if sum(1 for _, s in dims if s is None) > 1:
+        raise ValueError(f"topology {topology!r}: at most one '*' dim")
+    known = int(np.prod([s for _, s in dims if s is not None])) if any(s for _, s in dims) else 1
+    out: list[tuple[str, int]] = []
+    for name, s in dims:
+        if s is None:
+            if world_size % known:
+                raise ValueError(f"topology {topology!r}: world size {world_size} is not a multiple of {known}")
+            s = world_size // known
+        out.append((name, s))
+    total = int(np.prod([s for _, s in out]))
+    if total != world_size:
+        raise ValueError(f"topology {topology!r} describes {total} ranks, the job has {world_size}")
+    return out
+
+
+def _from_labels(labels: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Relabel to 0..G-1 and split rows per label (one argsort, no per-group scans)."""
+    uniq, dense = np.unique(labels, return_inverse=True, axis=0 if labels.ndim > 1 else None)
+    dense = dense.reshape(-1)
+    order = np.argsort(dense, kind="stable")
+    bounds = np.searchsorted(dense[order], np.arange(len(uniq) + 1))
+    return dense, [order[bounds[i]:bounds[i + 1]] for i in range(len(uniq))]
+
+
+def _topology_labels(table: Table, dims: list[tuple[str, int]]) -> np.ndarray:
+    stride = 1
+    strides = []
+    for _, size in reversed(dims):
+        strides.append(stride)
+        stride *= size
+    strides.reverse()
+    role = [(i, s) for i, (name, s) in enumerate(dims) if name in ROLE_DIMS]
+    labels = np.zeros(table.n, dtype=np.int64)
+    for i, size in role:
+        labels = labels * size + (table.rank // strides[i]) % size
+    return labels
+
+
+def _union_labels(table: Table) -> np.ndarray:
+    parent = np.arange(table.n)
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for g in table.alike_groups:
+        rows = table.rows_of(g)
+        if len(rows) < 2:
+            continue
+        root = find(int(rows[0]))
+        for r in rows[1:].tolist():
+            other = find(r)
+            if other != root:
+                parent[other] = root
+    return np.array([find(i) for i in range(table.n)], dtype=np.int64)
+
+
+def signature_labels(table: Table, merge_below: float = 0.25) -> np.ndarray:
+    """Cluster rows by which significant functions they call and how often (see module doc)."""
+    n = table.n
+    if n == 0 or not table.fn_names:
+        return np.zeros(n, dtype=np.int64)
+    step_med = float(np.median(table.col("step"))) or 1.0
+    cand = np.flatnonzero((table.fn_ms.max(axis=0) >= 0.02 * step_med)
+                          & np.array([name != "<other>" for name in table.fn_names]))
+    if len(cand) == 0:
+        return np.zeros(n, dtype=np.int64)
+    counts = np.round(table.fn_count[:, cand].astype(np.float64), 1)
+    labels, groups = _from_labels(counts)
+    if len(groups) == 1:
+        return labels
+    sizes = np.array([len(g) for g in groups])
+    reps = np.array([counts[g[0]] for g in groups])
+    by_size = np.argsort(-sizes, kind="stable")
+    target = np.arange(len(groups))
+    largest = sizes.max()
+    for gi in by_size[::-1]:
+        if sizes[gi] >= 0.25 * largest and sizes[gi] > 1:
+            continue
+        bigger = [gj for gj in by_size if sizes[gj] > sizes[gi] and target[gj] == gj]
+        if not bigger:
+            continue
+        a = reps[gi]
+        best, best_d = -1, merge_below
+        for gj in bigger:
+            b = reps[gj]
+            denom = np.maximum(a, b).sum()
+            d = float(np.abs(a - b).sum() / denom) if denom else 0.0
+            if d < best_d:
+                best, best_d = gj, d
+        if best >= 0:
+            target[gi] = best
+    for _ in range(len(groups)):     # follow merge chains to their final cluster
+        nxt = target[target]
+        if np.array_equal(nxt, target):
+            break
+        target = nxt
+    return target[labels]
+
+
+def form_peers(table: Table, *, topology: str | None = None, world_size: int | None = None) -> Peers:
+    """Partition ranks into peer groups (see the module docstring for the rules)."""
+    notes: list[str] = []
+    if table.n == 0:
+        return Peers(np.zeros(0, dtype=np.int64), [], "single")
+    if topology:
+        try:
+            dims = parse_topology(topology, int(world_size or (int(table.rank.max()) + 1)))
+            labels, groups = _from_labels(_topology_labels(table, dims))
+            return Peers(labels, groups, "topology")
+        except ValueError as exc:
+            notes.append(f"topology ignored: {exc}")
+    if np.any(table.stage >= 0):
+        stage = table.stage.astype(np.int64)
+        if np.any(stage < 0):   # ranks without a pp group: put them in signature clusters of their own
+            sig = signature_labels(table)
+            stage = np.where(stage < 0, -1 - sig, stage)
+        labels, groups = _from_labels(stage)
+        return Peers(labels, groups, "groups", tuple(notes))
+    if table.alike_groups:
+        comp = _union_labels(table)
+        source = "groups"
+        if table.unknown_groups:
+            comp = np.stack([comp, signature_labels(table)], axis=1)
+            source = "groups+signature"
+        labels, groups = _from_labels(comp)
+        return Peers(labels, groups, source, tuple(notes))
+    labels, groups = _from_labels(signature_labels(table))
+    return Peers(labels, groups, "signature" if len(groups) > 1 else "single", tuple(notes))

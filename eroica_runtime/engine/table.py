@@ -1,0 +1,221 @@
+"""Columnar view of one capture: every rank's summary turned into numpy arrays once.
+
+The analyses then work on whole columns (vectorised over ranks) instead of looping over 100k dicts.
+Building the table is one pass over the summaries, so it can consume a generator (decode one, keep
+its numbers, drop the dict) and memory stays proportional to ranks × functions floats.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from eroica_runtime.summary import OWN_WORK_PHASES, PHASES
+
+PHASE_INDEX = {p: i for i, p in enumerate(PHASES)}
+OWN_IDX = [PHASE_INDEX[p] for p in OWN_WORK_PHASES]
+ROLE_DIMS = frozenset({"pp", "pipe", "pipeline", "stage", "pp_group", "pipeline_parallel"})
+ALIKE_DIMS = frozenset({"dp", "tp", "cp", "sp", "ep", "fsdp", "ddp", "shard", "replicate", "data",
+                        "tensor", "dp_shard", "dp_replicate", "dp_cp", "context", "expert", "world",
+                        "default", "mp", "model"})
+# telemetry counters (delta end-start) and gauges (value at the end of the window)
+_HOST_COUNTERS = ("cpu_s", "wall_s", "ctx_vol", "ctx_invol", "tcp_retrans", "net_drops")
+_GPU_GAUGES = ("sm_mhz", "sm_max_mhz", "temp_c", "power_w", "power_limit_w")
+
+
+@dataclass
+class Table:
+    """One capture as arrays; row i describes rank ``rank[i]`` (rows sorted by rank)."""
+
+    rank: np.ndarray                 # (R,) int64
+    host_idx: np.ndarray             # (R,) int32 into ``hosts``
+    hosts: list[str]
+    phases: np.ndarray               # (R, len(PHASES)) float64, columns in summary.PHASES order
+    fn_names: list[str]
+    fn_phase: list[str]
+    fn_kind: list[str]
+    fn_ms: np.ndarray                # (R, F) float64, ms per step (0 where the rank did not list it)
+    fn_count: np.ndarray             # (R, F) float32, calls per step
+    stage: np.ndarray                # (R,) int32, pipeline stage from recorded "pp" groups, -1 unknown
+    alike_groups: list[tuple[int, ...]]   # recorded groups of interchangeable ranks (dp/tp/...)
+    unknown_groups: int              # recorded groups with names we cannot interpret
+    telemetry: dict[str, np.ndarray]  # counters as deltas, gauges at window end; NaN when absent
+    throttle: dict[int, list[str]]   # row -> GPU throttle reasons (only rows that reported some)
+    gc_count: np.ndarray             # (R,) GC collections per step
+    capture_step: int | None = None
+    capture_trigger: str | None = None
+    errors: list[str] = field(default_factory=list)
+    _fn_index: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        """Number of ranks (rows)."""
+        return int(self.rank.shape[0])
+
+    def col(self, phase: str) -> np.ndarray:
+        """One phase column (ms per step)."""
+        return self.phases[:, PHASE_INDEX[phase]]
+
+    @property
+    def own(self) -> np.ndarray:
+        """Own work per rank: everything but waiting in communication (summary.own_work_ms)."""
+        return self.phases[:, OWN_IDX].sum(axis=1)
+
+    def fn(self, name: str) -> int | None:
+        """Column of function ``name`` or None."""
+        if not self._fn_index:
+            self._fn_index = {n: i for i, n in enumerate(self.fn_names)}
+        return self._fn_index.get(name)
+
+    def rows_of(self, ranks: Iterable[int]) -> np.ndarray:
+        """Row indices of the given ranks (ranks not in the table are dropped)."""
+        want = np.asarray(list(ranks), dtype=np.int64)
+        pos = np.searchsorted(self.rank, want)
+        pos = np.clip(pos, 0, max(self.n - 1, 0))
+        ok = (self.n > 0) & (self.rank[pos] == want) if self.n else np.zeros(len(want), bool)
+        return pos[ok]
+
+
+def _num(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else float("nan")
+
+
+def build_table(summaries: Iterable[dict[str, Any]]) -> Table:
+    """Turn decoded summaries (any iterable, consumed once) into a Table.
+
+    Duplicate ranks keep the first summary and add an error line; the summaries are assumed to
+    have passed ``summary.validate`` (decode does that).
+    """
+    ranks: list[int] = []
+    host_ids: dict[str, int] = {}
+    host_idx: list[int] = []
+    phase_rows: list[list[float]] = []
+    fn_ids: dict[str, int] = {}
+    fn_phase: list[str] = []
+    fn_kind: list[str] = []
+    pattern_cache: dict[tuple[str, ...], np.ndarray] = {}
+    f_row, f_col = array("q"), array("q")
+    f_ms, f_cnt = array("d"), array("d")
+    stage: list[int] = []
+    alike: dict[tuple[Any, ...], tuple[int, ...]] = {}
+    unknown: set[tuple[Any, ...]] = set()
+    tele: dict[str, list[float]] = {k: [] for k in _HOST_COUNTERS + _GPU_GAUGES}
+    throttle: dict[int, list[str]] = {}
+    gc_count: list[float] = []
+    seen: set[int] = set()
+    errors: list[str] = []
+    cap_step: int | None = None
+    cap_trigger: str | None = None
+
+    for s in summaries:
+        r = int(s["rank"])
+        if r in seen:
+            errors.append(f"summary from rank {r}: duplicate rank, kept the first one")
+            continue
+        seen.add(r)
+        row = len(ranks)
+        ranks.append(r)
+        h = str(s.get("host", "?"))
+        host_idx.append(host_ids.setdefault(h, len(host_ids)))
+        ph = s["phases"]
+        vals = [float(ph.get(p, 0.0)) for p in PHASES]
+        if vals[0] <= 0.0 and s["steps"]:
+            vals[0] = sum(float(x["ms"]) for x in s["steps"]) / len(s["steps"])
+        phase_rows.append(vals)
+        cap = s.get("capture") or {}
+        if cap_step is None and isinstance(cap.get("step"), int):
+            cap_step, cap_trigger = cap["step"], str(cap.get("trigger", ""))
+
+        fns = s["functions"]
+        names = tuple([f["name"] for f in fns])
+        cols = pattern_cache.get(names)
+        if cols is None:
+            cols_l = []
+            for f in fns:
+                c = fn_ids.get(f["name"])
+                if c is None:
+                    c = fn_ids[f["name"]] = len(fn_phase)
+                    fn_phase.append(str(f["phase"]))
+                    fn_kind.append(str(f["kind"]))
+                cols_l.append(c)
+            cols = np.asarray(cols_l, dtype=np.int64)
+            if len(pattern_cache) < 4096:
+                pattern_cache[names] = cols
+        f_col.extend(cols.tolist())
+        f_row.extend([row] * len(fns))
+        f_ms.extend([float(f["ms"]) for f in fns])
+        f_cnt.extend([float(f["count"]) for f in fns])
+
+        st = -1
+        for g in s["groups"]:
+            if not isinstance(g, dict):
+                continue
+            gname = str(g.get("name", "")).lower()
+            granks = g.get("ranks")
+            if not isinstance(granks, list) or not granks:
+                continue
+            key = (gname, granks[0], granks[-1], len(granks))
+            if gname in ROLE_DIMS:
+                if r in granks:
+                    st = granks.index(r)
+            elif gname in ALIKE_DIMS:
+                if key not in alike:
+                    alike[key] = tuple(int(x) for x in granks)
+            else:
+                unknown.add(key)
+        stage.append(st)
+
+        t = s.get("telemetry") or {}
+        t0 = (t.get("start") or {}).get("host") or {}
+        t1 = (t.get("end") or {}).get("host") or {}
+        for k in _HOST_COUNTERS:
+            tele[k].append(_num(t1.get(k)) - _num(t0.get(k)))
+        g1 = (t.get("end") or {}).get("gpu") or {}
+        for k in _GPU_GAUGES:
+            tele[k].append(_num(g1.get(k)))
+        reasons = g1.get("throttle") if isinstance(g1, dict) else None
+        if isinstance(reasons, list) and reasons:
+            throttle[row] = [str(x) for x in reasons]
+        gcd = s.get("gc") or {}
+        gc_count.append(_num(gcd.get("count")))
+
+    n, nf = len(ranks), len(fn_phase)
+    names_by_id = [""] * nf
+    for name, i in fn_ids.items():
+        names_by_id[i] = name
+    flat = np.frombuffer(f_row, dtype=np.int64) * nf + np.frombuffer(f_col, dtype=np.int64) if nf else None
+    if flat is not None and len(flat):
+        fn_ms = np.bincount(flat, weights=np.frombuffer(f_ms, dtype=np.float64), minlength=n * nf)
+        fn_cnt = np.bincount(flat, weights=np.frombuffer(f_cnt, dtype=np.float64), minlength=n * nf)
+        fn_ms = fn_ms.reshape(n, nf)
+        fn_count = fn_cnt.reshape(n, nf).astype(np.float32)
+        del fn_cnt
+    else:
+        fn_ms = np.zeros((n, nf))
+        fn_count = np.zeros((n, nf), dtype=np.float32)
+
+    rank_arr = np.asarray(ranks, dtype=np.int64)
+    order = np.argsort(rank_arr, kind="stable")
+    perm = order if not np.all(order[:-1] < order[1:]) or n < 2 else None
+    inv_throttle = throttle
+    if perm is not None:
+        pos = np.empty(n, dtype=np.int64)
+        pos[order] = np.arange(n)
+        inv_throttle = {int(pos[k]): v for k, v in throttle.items()}
+
+    def _p(a: np.ndarray) -> np.ndarray:
+        return a[perm] if perm is not None else a
+
+    return Table(
+        rank=_p(rank_arr), host_idx=_p(np.asarray(host_idx, dtype=np.int32)),
+        hosts=list(host_ids), phases=_p(np.asarray(phase_rows, dtype=np.float64).reshape(n, len(PHASES))),
+        fn_names=names_by_id, fn_phase=fn_phase, fn_kind=fn_kind, fn_ms=_p(fn_ms), fn_count=_p(fn_count),
+        stage=_p(np.asarray(stage, dtype=np.int32)), alike_groups=list(alike.values()),
+        unknown_groups=len(unknown),
+        telemetry={k: _p(np.asarray(v, dtype=np.float64)) for k, v in tele.items()},
+        throttle=inv_throttle, gc_count=_p(np.asarray(gc_count, dtype=np.float64)),
+        capture_step=cap_step, capture_trigger=cap_trigger, errors=errors)
