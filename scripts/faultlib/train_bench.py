@@ -1,0 +1,161 @@
+"""Tiny DDP training job for the fault bench: a small transformer LM on CPU with gloo.
+
+Why: the bench needs a real training loop (DataLoader, forward/backward, gradient allreduce, optimizer
+step) that runs unmodified under ``torchrun``, ``eroica-run`` or plain ``mpiexec``, with a fault planted
+by environment only (``EROICA_BENCH_FAULT``, see :mod:`faults`), so the launcher never changes.
+
+    torchrun --nproc-per-node 4 scripts/faultlib/train_bench.py --steps 60
+    EROICA_BENCH_FAULT=compute:rank=2:start=20:ms=50 torchrun --nproc-per-node 4 scripts/faultlib/train_bench.py
+
+Rank/world come from RANK/WORLD_SIZE (torchrun, eroica-run), else PMI_RANK/PMI_SIZE (bare mpiexec);
+MASTER_ADDR/MASTER_PORT default to 127.0.0.1:29500. At the end every rank prints ``BENCH_STEPS {json}``
+(its step times and fault on/off events) and rank 0 prints a per-step table and ``BENCH_SUMMARY {json}``;
+with ``--out DIR`` (or EROICA_BENCH_OUT) each rank also writes ``DIR/steps-rank<r>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # so "faultlib" imports when run as a file
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+from torch.utils.data.distributed import DistributedSampler  # noqa: E402
+
+from faultlib.faults import FaultController  # noqa: E402
+
+
+class TokenDataset(Dataset):
+    """Deterministic random token sequences (no download; the same on every run)."""
+
+    def __init__(self, n: int, seq: int, vocab: int) -> None:
+        self.n, self.seq, self.vocab = n, seq, vocab
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, idx: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(idx)
+        return torch.randint(0, self.vocab, (self.seq + 1,), generator=g)
+
+
+class TinyLM(nn.Module):
+    """Embedding + a few pre-norm transformer encoder layers + LM head."""
+
+    def __init__(self, vocab: int, d: int, layers: int, heads: int, seq: int) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.pos = nn.Parameter(torch.zeros(seq, d))
+        layer = nn.TransformerEncoderLayer(d, heads, dim_feedforward=2 * d, dropout=0.0, batch_first=True, norm_first=True)
+        self.body = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.emb(x) + self.pos[: x.shape[1]]
+        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+        return self.head(self.body(h, mask=mask, is_causal=True))
+
+
+def _env_int(names: tuple[str, ...], default: int) -> int:
+    for n in names:
+        if os.environ.get(n):
+            return int(os.environ[n])
+    return default
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    e = os.environ.get
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=int(e("EROICA_BENCH_STEPS", "60")))
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=32)
+    ap.add_argument("--vocab", type=int, default=1000)
+    ap.add_argument("--d-model", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--workers", type=int, default=int(e("EROICA_BENCH_WORKERS", "0")))
+    ap.add_argument("--threads", type=int, default=int(e("EROICA_BENCH_THREADS", "1")))
+    ap.add_argument("--out", default=e("EROICA_BENCH_OUT"))
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rank = _env_int(("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK"), 0)
+    world = _env_int(("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"), 1)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
+    ctl = FaultController.from_env(rank)
+    try:
+        model = DDP(TinyLM(args.vocab, args.d_model, args.layers, args.heads, args.seq))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        n_items = args.batch_size * world * (args.steps + 1)
+        ds = ctl.wrap_dataset(TokenDataset(n_items, args.seq, args.vocab), batch_size=args.batch_size)
+        sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=False)
+        loader = DataLoader(ds, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers)
+        it = iter(loader)
+        loss_fn = nn.CrossEntropyLoss()
+        step_ms: list[float] = []
+        for step in range(args.steps):
+            t0 = time.perf_counter()
+            ctl.step(step)
+            batch = next(it)
+            logits = model(batch[:, :-1])
+            loss = loss_fn(logits.reshape(-1, args.vocab), batch[:, 1:].reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            step_ms.append((time.perf_counter() - t0) * 1e3)
+        ctl.close()
+        report(rank, world, step_ms, ctl, float(loss.item()), args.out)
+        dist.barrier()  # gloo aborts a rank that tears down while a peer still talks to it
+    finally:
+        ctl.close()
+        dist.destroy_process_group()
+    return 0
+
+
+def report(rank: int, world: int, step_ms: list[float], ctl: FaultController, loss: float, out: str | None) -> None:
+    """Print (and optionally write) per-step timings; rank 0 also prints the job view."""
+    mine = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "step_ms": [round(x, 3) for x in step_ms],
+            "fault_events": ctl.events, "loss": loss}
+    print("BENCH_STEPS " + json.dumps(mine), flush=True)
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        Path(out, f"steps-rank{rank}.json").write_text(json.dumps(mine))
+    gathered: list[dict | None] = [None] * world
+    dist.all_gather_object(gathered, mine)
+    if rank != 0:
+        return
+    rows = [g for g in gathered if g]
+    per_step = [max(r["step_ms"][s] for r in rows) for s in range(len(step_ms))]
+    print("step " + " ".join(f"{'r' + str(r['rank']):>8}" for r in rows) + "      max")
+    for s, m in enumerate(per_step):
+        print(f"{s:4d} " + " ".join(f"{r['step_ms'][s]:8.1f}" for r in rows) + f" {m:8.1f}")
+    starts = [e[0] for r in rows for e in r["fault_events"] if e[2] == "on"]
+    first = min(starts) if starts else None
+    warm = per_step[min(3, len(per_step) - 1):]  # skip warm-up steps
+    summary = {"world": world, "steps": len(per_step), "median_step_ms": statistics.median(warm) if warm else None,
+               "fault_start": first, "hosts": sorted({r["host"] for r in rows})}
+    if first is not None and 3 < first < len(per_step):
+        summary["median_before_ms"] = statistics.median(per_step[3:first])
+        summary["median_after_ms"] = statistics.median(per_step[first:])
+    print("BENCH_SUMMARY " + json.dumps(summary), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
