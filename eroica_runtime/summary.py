@@ -503,7 +503,7 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
     gc_count = float(gc.get("count", 0.0) or 0.0)
     phases["host_gap"] += max(0.0, gap_ms - gc_ms * n_steps)
     compute = _union([iv for ph in ("forward", "backward", "optimizer") for iv in busy_by_phase.get(ph, [])]
-                     + gpu_compute)
+                     + side_bwd + gpu_compute)
     phases["comm_total"] = _length(inflight_in)
     phases["overlap"] = _length(_intersect(inflight_in, compute))
     for key in phases:

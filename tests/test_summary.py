@@ -1,0 +1,238 @@
+"""summary.build from real torch.profiler events (single process), synthetic GPU timelines, and the codec."""
+
+from __future__ import annotations
+
+import copy
+import socket
+import warnings
+from typing import Any
+
+import msgpack
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+
+from eroica_runtime import summary
+from eroica_runtime.summary import SummaryError
+
+IDENTITY = {"rank": 3, "local_rank": 1, "world_size": 8, "pid": 1234, "host": socket.gethostname(),
+            "device": {"index": None, "uuid": None, "name": None}, "groups": [],
+            "versions": {"eroica": "test", "torch": torch.__version__}}
+TELEMETRY = {"start": {"host": {"cpu_s": 1.0}, "gpu": None}, "end": {"host": {"cpu_s": 2.0}, "gpu": None}}
+
+
+def _profile(step_fn: Any, k: int) -> Any:
+    """Profile k steps the way capture.py does: start at a boundary, step() inside, stop after k."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prof = profile(activities=[ProfilerActivity.CPU], record_shapes=False, with_stack=False,
+                       schedule=schedule(wait=0, warmup=0, active=k))
+        prof.start()
+        for i in range(k):
+            step_fn()
+            if i < k - 1:
+                prof.step()
+        prof.stop()
+    return prof.events()
+
+
+def _build(events: Any, k: int, **kw: Any) -> dict[str, Any]:
+    return summary.build(events, identity=IDENTITY, capture={"step": 10, "trigger": "test", "k": k},
+                         steps=[{"step": 10 + i, "ms": 5.0} for i in range(k)], gc={"count": 0, "ms": 0.0},
+                         telemetry=TELEMETRY, **kw)
+
+
+@pytest.fixture(scope="module")
+def mlp_events() -> Any:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ds = torch.utils.data.TensorDataset(torch.randn(1024, 256), torch.randint(0, 10, (1024,)))
+    it = iter(torch.utils.data.DataLoader(ds, batch_size=32))
+
+    def step() -> None:
+        x, y = next(it)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    step()
+    return _profile(step, 3)
+
+
+@pytest.fixture(scope="module")
+def transformer_events() -> Any:
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(d_model=128, nhead=4, dim_feedforward=256, batch_first=True)
+    model = torch.nn.Sequential(torch.nn.Embedding(1000, 128),
+                                torch.nn.TransformerEncoder(layer, num_layers=12, enable_nested_tensor=False),
+                                torch.nn.Linear(128, 1000))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tokens = torch.randint(0, 1000, (4, 32))
+
+    def step() -> None:
+        logits = model(tokens)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 1000), tokens.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    step()
+    return _profile(step, 2)
+
+
+def test_build_from_real_profile(mlp_events: Any) -> None:
+    doc = _build(mlp_events, 3)
+    summary.validate(doc)
+    ph = doc["phases"]
+    assert doc["profile"]["step_source"] == "profiler" and doc["profile"]["steps"] == 3
+    for p in ("data", "forward", "backward", "optimizer"):
+        assert ph[p] > 0, (p, ph)
+    assert ph["comm"] == 0 and ph["comm_total"] == 0 and ph["overlap"] == 0
+    # the timeline partitions the step exactly (no gc here)
+    assert summary.own_work_ms(doc) + ph["comm"] == pytest.approx(ph["step"], rel=0.02, abs=0.05)
+    kinds = {(f["kind"], f["phase"]) for f in doc["functions"]}
+    assert ("dataloader", "data") in kinds and ("optimizer", "optimizer") in kinds
+    assert ("cpu_op", "backward") in kinds and ("cpu_op", "forward") in kinds
+    for f in doc["functions"]:
+        assert f["kind"] in summary.KINDS and f["phase"] in summary.FUNCTION_PHASES
+        assert 0 <= f["p50"] <= f["p90"] <= f["p99"] <= f["max"] + 1e-9
+        assert not f["name"].startswith("ProfilerStep")
+    assert doc["rank"] == 3 and doc["host"] == IDENTITY["host"] and doc["capture"]["k"] == 3
+
+
+def test_transformer_summary_fits_16k(transformer_events: Any) -> None:
+    doc = _build(transformer_events, 2)
+    data = summary.encode(doc)
+    assert len(data) <= 16 * 1024, len(data)
+    assert len(doc["functions"]) <= summary.MAX_FUNCTIONS + 1
+    assert doc["functions"][-1]["name"] == summary.OTHER  # a 12-layer model has > 64 (name, phase) pairs
+    # clip_grad_norm_ after backward lands in the optimizer phase, attention in forward and backward
+    assert doc["phases"]["optimizer"] > 0 and doc["phases"]["backward"] > doc["phases"]["forward"] * 0.5
+
+
+def test_top_n_and_other_bucket_conserve_totals(transformer_events: Any) -> None:
+    full = _build(transformer_events, 2, max_functions=10_000, size_budget=1 << 30)
+    assert all(f["name"] != summary.OTHER for f in full["functions"])
+    top = _build(transformer_events, 2, max_functions=5)
+    assert len(top["functions"]) == 6 and top["functions"][-1]["name"] == summary.OTHER
+    assert [f["name"] for f in top["functions"][:5]] == [f["name"] for f in full["functions"][:5]]
+    total = sum(f["ms"] for f in full["functions"])
+    assert sum(f["ms"] for f in top["functions"]) == pytest.approx(total, rel=1e-3)
+    assert sum(f["count"] for f in top["functions"]) == pytest.approx(sum(f["count"] for f in full["functions"]))
+    ranked = [f["ms"] for f in full["functions"]]
+    assert ranked == sorted(ranked, reverse=True)
+
+
+def test_size_budget_shrinks_function_list(transformer_events: Any) -> None:
+    doc = _build(transformer_events, 2, size_budget=4096)
+    assert len(summary.encode(doc)) <= 4096
+    assert doc["functions"][-1]["name"] == summary.OTHER
+
+
+def test_round_trip_and_decode_errors(mlp_events: Any) -> None:
+    doc = _build(mlp_events, 3)
+    data = summary.encode(doc)
+    back = summary.decode(data, origin="rank 3")
+    assert back["phases"] == doc["phases"] and back["functions"] == doc["functions"]
+    with pytest.raises(SummaryError, match="rank 5.*not valid msgpack"):
+        summary.decode(b"\xc1garbage", origin="rank 5")
+    with pytest.raises(SummaryError, match="rank 5"):
+        summary.decode(data[: len(data) // 2], origin="rank 5")
+    with pytest.raises(SummaryError, match="rank 6.*exceeds"):
+        summary.decode(data, origin="rank 6", max_bytes=len(data) - 1)
+    foreign = copy.deepcopy(doc)
+    foreign["schema"] = "eroica.summary/2"
+    with pytest.raises(SummaryError, match="rank 7.*unsupported schema"):
+        summary.decode(msgpack.packb(foreign, use_bin_type=True), origin="rank 7")
+    bad = copy.deepcopy(doc)
+    bad["functions"][0]["ms"] = "slow"
+    with pytest.raises(SummaryError, match=r"rank 8.*functions\[0\]"):
+        summary.decode(msgpack.packb(bad, use_bin_type=True), origin="rank 8")
+    with pytest.raises(SummaryError, match="rank 9"):
+        summary.decode("not bytes", origin="rank 9")  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ synthetic timelines
+
+
+class _T:
+    def __init__(self, start: float, end: float) -> None:
+        self.start, self.end = start, end
+
+
+class _E:
+    """A stand-in for FunctionEvent with the fields the builder reads (times in ms here)."""
+
+    def __init__(self, name: str, start_ms: float, end_ms: float, thread: int = 1, device: str = "CPU",
+                 annotation: bool = False, corr: int = 0, linked: int = 0, stream: int = 0, scope: int = 0) -> None:
+        self.name = self.trace_name = name
+        self.time_range = _T(start_ms * 1000, end_ms * 1000)
+        self.thread, self.device_type, self.is_user_annotation = thread, device, annotation
+        self.id, self.linked_correlation_id = corr, linked
+        self.device_index, self.device_resource_id, self.scope = 0, stream, scope
+
+
+def _gpu_step(with_step: bool = True) -> list[_E]:
+    ev = [
+        _E("DistributedDataParallel.forward", 0, 20, annotation=True),
+        _E("aten::mm", 2, 18),
+        _E("cudaLaunchKernel", 3, 4, corr=10),
+        _E("sm90_xmma_gemm_f16f16_f32", 5, 25, device="CUDA", linked=10, stream=7),
+        # the autograd engine runs backward on its device thread while main blocks in backward()
+        _E("autograd::engine::evaluate_function: MmBackward0", 22, 50, thread=2),
+        _E("MmBackward0", 22, 50, thread=2, scope=1),
+        _E("nccl:all_reduce", 40, 41, thread=2),
+        _E("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 40, 80,
+           device="CUDA", stream=9),
+        _E("cudaStreamSynchronize", 60, 85),
+        _E("Optimizer.step#AdamW.step", 85, 95, annotation=True),
+        _E("cudaMemcpyAsync", 85.5, 86, corr=20),
+        _E("Memcpy HtoD (Pageable -> Device)", 86, 87, device="CUDA", linked=20, stream=7),
+        _E("cudaMemsetAsync", 90, 90.5, corr=21),
+        _E("Memset (Device)", 91, 91.2, device="CUDA", linked=21, stream=7),
+        _E("[memory]", 50, 50),
+    ]
+    if with_step:
+        ev.insert(0, _E("ProfilerStep#7", 0, 100, annotation=True))
+    return ev
+
+
+def test_gpu_paths_synthetic() -> None:
+    doc = summary.build(_gpu_step(), identity=IDENTITY, capture={"step": 7, "trigger": "t", "k": 1},
+                        steps=[{"step": 7, "ms": 100.0}], gc={"count": 0, "ms": 0.0}, telemetry=TELEMETRY)
+    ph = doc["phases"]
+    assert ph["step"] == pytest.approx(100)
+    assert ph["forward"] == pytest.approx(16)        # DDP.forward's own 4 ms is Python: host_gap
+    assert ph["backward"] == pytest.approx(28)       # main blocked while the autograd thread worked
+    assert ph["comm"] == pytest.approx(30)           # 50-60 idle + 60-80 synchronize, NCCL running
+    assert ph["optimizer"] == pytest.approx(15)      # 80-85 synchronize tail + the optimizer step
+    assert ph["host_gap"] == pytest.approx(11)
+    assert ph["comm_total"] == pytest.approx(40)
+    assert ph["overlap"] == pytest.approx(10)        # NCCL 40-50 under the backward
+    by = {(f["name"][:16], f["kind"]): f for f in doc["functions"]}
+    assert by[("sm90_xmma_gemm_f", "kernel")]["phase"] == "forward"
+    assert by[("ncclDevKernel_Al", "collective")]["phase"] == "comm"
+    assert by[("Memcpy HtoD (Pag", "memcpy")]["phase"] == "optimizer"
+    assert by[("Memset (Device)", "memset")]["phase"] == "optimizer"
+    assert by[("nccl:all_reduce", "collective")]["phase"] == "comm"
+    assert all(len(f["name"]) <= summary.NAME_LIMIT for f in doc["functions"])
+
+
+def test_without_step_annotations_uses_window_and_step_count() -> None:
+    doc = summary.build(_gpu_step(with_step=False), identity=IDENTITY,
+                        capture={"step": 7, "trigger": "t", "k": 2},
+                        steps=[{"step": 7, "ms": 50.0}, {"step": 8, "ms": 50.0}],
+                        gc={"count": 1, "ms": 0.5}, telemetry=TELEMETRY, main_tid=1)
+    assert doc["profile"]["step_source"] == "window" and doc["profile"]["steps"] == 2
+    assert doc["phases"]["step"] == pytest.approx(50.0)
+    assert doc["phases"]["comm"] > 0 and doc["phases"]["gc"] == 0.5
+
+
+def test_empty_window_is_still_a_valid_summary() -> None:
+    doc = summary.build([], identity=IDENTITY, capture={"step": 1, "trigger": "t", "k": 3}, steps=[],
+                        gc={"count": 0, "ms": 0.0}, telemetry=TELEMETRY)
+    summary.validate(doc)
+    assert doc["functions"] == [] and doc["phases"]["step"] == 0
