@@ -1,0 +1,251 @@
+"""The per-rank wrapper: started by mpiexec/srun (or run in place), it starts the training program.
+
+Why a wrapper process: it learns the rank's identity from the MPI environment and hands the program
+torchrun's variables, prefixes/tees/redirects its output like torchrun, forwards signals, and records
+how the program ended (exit code or signal, host, pid, time, error file) so the launcher can print a
+torchrun-style failure summary naming the root-cause rank. It never initializes MPI itself.
+
+Usage (built by eroica_launch.plan): ``python -m eroica_launch.rank -- <command...>`` with the launch
+settings in ``EROICA_LAUNCH_SPEC`` (JSON).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO
+
+from eroica_launch.rankenv import Identity, RankEnvError, identity
+
+SPEC_VAR = "EROICA_LAUNCH_SPEC"
+FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+BOOTSTRAP_DIR = str(Path(__file__).resolve().parent.parent / "eroica_runtime" / "_bootstrap")
+
+
+@dataclass
+class RankSpec:
+    """What the launcher decided, shared by every rank (serialized into EROICA_LAUNCH_SPEC)."""
+
+    run_id: str
+    run_dir: str
+    attempt: int = 0
+    max_restarts: int = 0
+    nproc_per_node: int = 1
+    role: str = "default"
+    master_addr: str = "localhost"
+    master_port: int = 29500
+    enabled: bool = True
+    prefix: bool = True
+    redirects: str = "0"
+    tee: str = "0"
+    log_dir: str | None = None
+    local_ranks_filter: str = ""
+    signals_to_handle: str = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+    virtual_local_rank: bool = False
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> RankSpec:
+        return cls(**json.loads(text))
+
+
+def _std_mask(spec: str, local_rank: int) -> int:
+    """torchrun's Std spec: '3' for all ranks or '0:1,1:2' per local rank -> bitmask (1 out, 2 err)."""
+    spec = (spec or "0").strip()
+    if ":" not in spec:
+        return int(spec)
+    for part in spec.split(","):
+        r, v = part.split(":")
+        if int(r) == local_rank:
+            return int(v)
+    return 0
+
+
+def rank_env(ident: Identity, spec: RankSpec, base: dict[str, str]) -> dict[str, str]:
+    """The environment the training program sees: torchrun's variables plus eroica's own."""
+    env = dict(base)
+    env.update(spec.extra_env)
+    attempt_dir = Path(spec.run_dir) / f"attempt_{spec.attempt}" / str(ident.rank)
+    env.update({
+        "RANK": str(ident.rank),
+        "LOCAL_RANK": "0" if spec.virtual_local_rank else str(ident.local_rank),
+        "WORLD_SIZE": str(ident.world_size),
+        "LOCAL_WORLD_SIZE": str(ident.local_world_size),
+        "GROUP_RANK": str(ident.node_rank),
+        "GROUP_WORLD_SIZE": str(ident.nnodes),
+        "ROLE_NAME": spec.role,
+        "ROLE_RANK": str(ident.rank),
+        "ROLE_WORLD_SIZE": str(ident.world_size),
+        "MASTER_ADDR": spec.master_addr,
+        "MASTER_PORT": str(spec.master_port),
+        "TORCHELASTIC_RUN_ID": spec.run_id,
+        "TORCHELASTIC_RESTART_COUNT": str(spec.attempt),
+        "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+        # No elastic agent hosts a store here: rank 0's init_process_group creates the TCPStore.
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": spec.signals_to_handle,
+        "TORCHELASTIC_ERROR_FILE": str(attempt_dir / "error.json"),
+        "EROICA_OWNER_CLAIM": str(attempt_dir / "owner"),
+        "EROICA_ENABLED": "1" if spec.enabled else "0",
+    })
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    if ident.local_world_size > 1:
+        env.setdefault("OMP_NUM_THREADS", "1")
+    if spec.virtual_local_rank and "CUDA_VISIBLE_DEVICES" not in base:
+        env["CUDA_VISIBLE_DEVICES"] = str(ident.local_rank)
+    # The bootstrap folder goes first so its sitecustomize runs before the user's program.
+    pp = env.get("PYTHONPATH", "")
+    parts = [p for p in pp.split(os.pathsep) if p and p != BOOTSTRAP_DIR]
+    env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *parts])
+    return env
+
+
+def _set_pdeathsig() -> None:
+    """Child dies with its wrapper, so a killed wrapper never leaves an orphaned rank behind."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+class _Pump(threading.Thread):
+    """Copy one child stream to the console (prefixed) and/or a log file, line by line."""
+
+    def __init__(self, src: IO[bytes], console: IO[bytes] | None, logfile: IO[bytes] | None,
+                 prefix: bytes) -> None:
+        super().__init__(daemon=True)
+        self.src, self.console, self.logfile, self.prefix = src, console, logfile, prefix
+
+    def run(self) -> None:
+        for line in iter(self.src.readline, b""):
+            if self.logfile is not None:
+                self.logfile.write(line)
+                self.logfile.flush()
+            if self.console is not None:
+                # torch already prefixes some lines with "[rankN]:"; never print it twice.
+                self.console.write(line if line.startswith(self.prefix) else self.prefix + line)
+                self.console.flush()
+        self.src.close()
+
+
+def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = None) -> int:
+    """Start the training program as this rank, supervise it, record how it ended; return its code."""
+    base = dict(os.environ if env is None else env)
+    base.pop(SPEC_VAR, None)
+    try:
+        ident = identity(base)
+    except RankEnvError as exc:
+        print(f"eroica-run: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    env_out = rank_env(ident, spec, base)
+    attempt_dir = Path(env_out["TORCHELASTIC_ERROR_FILE"]).parent
+    attempt_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ("error.json", "owner", "status.json"):
+        (attempt_dir / stale).unlink(missing_ok=True)
+
+    shown = not spec.local_ranks_filter or str(ident.local_rank) in spec.local_ranks_filter.split(",")
+    redirect = _std_mask(spec.redirects, ident.local_rank)
+    tee = _std_mask(spec.tee, ident.local_rank)
+    to_file = redirect | tee
+    prefix = f"[rank{ident.rank}]:".encode() if spec.prefix and ident.world_size > 1 else b""
+    log_dir = (Path(spec.log_dir) / spec.run_id / f"attempt_{spec.attempt}" / str(ident.rank)
+               if spec.log_dir else None)
+    if to_file and log_dir is None:
+        print("eroica-run: --redirects/--tee need --log-dir; printing to the console instead",
+              file=sys.stderr)
+        to_file = redirect = tee = 0
+
+    streams: list[tuple[int, IO[bytes]]] = [(1, sys.stdout.buffer), (2, sys.stderr.buffer)]
+    pipes = {}
+    files: dict[int, IO[bytes] | None] = {}
+    for bit, _console in streams:
+        wants_file = bool(to_file & bit)
+        wants_console = shown and not (redirect & bit and not tee & bit)
+        need_pipe = wants_file or not wants_console or bool(prefix)
+        pipes[bit] = subprocess.PIPE if need_pipe else None
+        if wants_file and log_dir is not None:
+            log_dir.mkdir(parents=True, exist_ok=True)
+            files[bit] = open(log_dir / ("stdout.log" if bit == 1 else "stderr.log"), "ab")
+        else:
+            files[bit] = None
+
+    started = time.time()
+    try:
+        child = subprocess.Popen(command, env=env_out, stdout=pipes[1], stderr=pipes[2],
+                                 preexec_fn=_set_pdeathsig)
+    except OSError as exc:
+        _write_status(attempt_dir, ident, pid=None, exitcode=127, signame=None, started=started,
+                      message=f"cannot start {command[0]!r}: {exc}")
+        print(f"eroica-run: error: rank {ident.rank}: cannot start {command[0]!r}: {exc}", file=sys.stderr)
+        return 127
+
+    pumps = []
+    for bit, console in streams:
+        stream = child.stdout if bit == 1 else child.stderr
+        if stream is not None:
+            wants_console = shown and not (redirect & bit and not tee & bit)
+            pump = _Pump(stream, console if wants_console else None, files[bit], prefix)
+            pump.start()
+            pumps.append(pump)
+
+    def forward(signum: int, _frame: object) -> None:
+        try:
+            child.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    for name in FORWARDED:
+        signal.signal(getattr(signal, name), forward)
+    rc = child.wait()
+    for pump in pumps:
+        pump.join(timeout=5)
+    for f in files.values():
+        if f is not None:
+            f.close()
+    signame = None
+    if rc < 0:
+        try:
+            signame = signal.Signals(-rc).name
+        except ValueError:
+            signame = f"signal {-rc}"
+    _write_status(attempt_dir, ident, pid=child.pid, exitcode=rc, signame=signame, started=started)
+    return rc if rc >= 0 else 128 - rc
+
+
+def _write_status(attempt_dir: Path, ident: Identity, *, pid: int | None, exitcode: int,
+                  signame: str | None, started: float, message: str = "") -> None:
+    """Record how this rank ended (read by the launcher's failure summary)."""
+    doc = {"rank": ident.rank, "local_rank": ident.local_rank, "host": socket.gethostname(),
+           "pid": pid, "exitcode": exitcode, "signal": signame, "started": started, "ended": time.time(),
+           "error_file": str(attempt_dir / "error.json"), "message": message}
+    tmp = attempt_dir / "status.json.tmp"
+    tmp.write_text(json.dumps(doc))
+    tmp.replace(attempt_dir / "status.json")
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv or SPEC_VAR not in os.environ:
+        print("usage: EROICA_LAUNCH_SPEC=... python -m eroica_launch.rank -- command...", file=sys.stderr)
+        sys.exit(2)
+    spec = RankSpec.from_json(os.environ[SPEC_VAR])
+    sys.exit(run_rank(spec, argv))
+
+
+if __name__ == "__main__":
+    main()

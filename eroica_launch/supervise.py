@@ -1,0 +1,205 @@
+"""Process supervision: run the planned launch, forward signals, restart, and explain failures.
+
+Exit codes and the failure summary follow torchrun: the first rank that failed is the root cause
+(time, host, rank, local rank, exit code or signal name, pid, error file and traceback when known).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from eroica_launch.plan import Plan
+from eroica_launch.rank import SPEC_VAR, run_rank
+
+PREFIX = "eroica-run"
+_ALWAYS_FORWARDED = ("SIGUSR1", "SIGUSR2")
+
+
+def log(msg: str) -> None:
+    print(f"[{PREFIX}] {msg}", file=sys.stderr, flush=True)
+
+
+def run_plan(plan: Plan) -> int:
+    """Launch (with restarts) and return the job's exit code."""
+    for note in plan.notes:
+        log(f"note: {note}")
+    if plan.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
+        log("setting OMP_NUM_THREADS=1 for each rank (as torchrun does); tune it for your application")
+    if plan.spec.enabled:
+        log(f"{plan.world_size} ranks via {plan.mode}; eroica reports in {plan.report_dir}")
+    rc = 0
+    for attempt in range(plan.max_restarts + 1):
+        spec = replace(plan.spec, attempt=attempt)
+        env = dict(plan.env)
+        env[SPEC_VAR] = spec.to_json()
+        attempt_dir = Path(spec.run_dir) / f"attempt_{attempt}"
+        teardown: list[float] = []
+        if plan.mode == "inplace":
+            rc = run_rank(spec, plan.command, env)
+        else:
+            rc = _run_launcher(plan, env, attempt_dir, teardown)
+        if rc == 0:
+            return 0
+        failures = read_failures(attempt_dir)
+        if teardown:  # ranks we stopped after the root cause are not failures of their own
+            failures = failures[:1] + [f for f in failures[1:]
+                                       if not (f.get("signal") and (f.get("ended") or 0) >= teardown[0])]
+        print(failure_summary(plan.script, failures, launcher_rc=rc, mode=plan.mode), file=sys.stderr,
+              flush=True)
+        if failures:
+            root = failures[0]
+            rc = root["exitcode"] if root["exitcode"] > 0 else 128 + _signum(root)
+        if attempt < plan.max_restarts:
+            log(f"restarting the job ({attempt + 1}/{plan.max_restarts})")
+    return rc or 1
+
+
+def _signum(status: dict[str, Any]) -> int:
+    return -int(status["exitcode"]) if status["exitcode"] < 0 else 0
+
+
+def _run_launcher(plan: Plan, env: dict[str, str], attempt_dir: Path, teardown: list[float]) -> int:
+    """Run mpiexec/srun in its own session; forward our signals; stop the job when a rank fails.
+
+    Like torchrun's agent, one failed rank ends the whole job at once (MPI launchers wait for the
+    others when the failed process never initialized MPI).
+    """
+    try:
+        proc = subprocess.Popen(plan.argv, env=env, start_new_session=True)
+    except OSError as exc:
+        log(f"error: cannot start {plan.argv[0]!r}: {exc}")
+        return 127
+    stopping: list[float] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        sig = signum
+        if plan.mode == "srun" and signum == signal.SIGINT:
+            sig = signal.SIGTERM  # srun wants two SIGINTs within a second to stop; one SIGTERM does
+        try:
+            os.kill(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        if signal.Signals(signum).name not in _ALWAYS_FORWARDED and not stopping:
+            stopping.append(time.monotonic())
+
+    names = {n.strip() for n in plan.spec.signals_to_handle.split(",") if n.strip()} | set(_ALWAYS_FORWARDED)
+    previous = {}
+    for name in names:
+        sig = getattr(signal, name, None)
+        if sig is not None:
+            previous[sig] = signal.signal(sig, forward)
+    try:
+        while True:
+            try:
+                return proc.wait(timeout=max(plan.monitor_interval, 0.05))
+            except subprocess.TimeoutExpired:
+                if not teardown and _any_failed(attempt_dir):
+                    teardown.append(time.time())
+                    stopping.append(time.monotonic())
+                    log("a rank failed: stopping the others")
+                    try:
+                        os.kill(proc.pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+                if stopping and time.monotonic() - stopping[0] > plan.shutdown_timeout:
+                    log(f"ranks still running {plan.shutdown_timeout:.0f}s after the stop signal: killing")
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _any_failed(attempt_dir: Path) -> bool:
+    """Cheap poll: has any rank of this attempt recorded a non-zero end?"""
+    try:
+        entries = list(os.scandir(attempt_dir))
+    except OSError:
+        return False
+    for entry in entries:
+        try:
+            with open(os.path.join(entry.path, "status.json")) as f:
+                if json.load(f).get("exitcode") != 0:
+                    return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+def read_failures(attempt_dir: Path) -> list[dict[str, Any]]:
+    """Every rank that ended non-zero in this attempt, first failure first."""
+    out = []
+    for status in sorted(attempt_dir.glob("*/status.json")):
+        try:
+            doc = json.loads(status.read_text())
+        except (OSError, ValueError):
+            continue
+        if doc.get("exitcode") != 0:
+            doc["traceback"] = _traceback(doc)
+            out.append(doc)
+    out.sort(key=lambda d: (d.get("ended") or 0, d.get("rank", 0)))
+    return out
+
+
+def _traceback(status: dict[str, Any]) -> str:
+    """The error file's message (torchrun's format) or a signal line."""
+    path = status.get("error_file")
+    if path and os.path.exists(path):
+        try:
+            doc = json.loads(Path(path).read_text())
+            msg = doc.get("message", {})
+            if isinstance(msg, dict):
+                extra = msg.get("extraInfo", {})
+                return str(extra.get("py_callstack") or msg.get("message") or "")
+            return str(msg)
+        except (OSError, ValueError):
+            pass
+    if status.get("signal"):
+        return f"Signal {-status['exitcode']} ({status['signal']}) received by PID {status.get('pid')}"
+    if status.get("message"):
+        return str(status["message"])
+    return "To see the traceback, let the rank's exception reach the top level (eroica records it)."
+
+
+def _block(index: int, st: dict[str, Any]) -> str:
+    when = time.strftime("%Y-%m-%d_%H:%M:%S", time.localtime(st.get("ended") or time.time()))
+    code = st["exitcode"]
+    tb = str(st.get("traceback") or "").rstrip().replace("\n", "\n    ")
+    return "\n".join([
+        f"[{index}]:",
+        f"  time      : {when}",
+        f"  host      : {st.get('host')}",
+        f"  rank      : {st.get('rank')} (local_rank: {st.get('local_rank')})",
+        f"  exitcode  : {code} (pid: {st.get('pid')})"
+        + (f" [signal {st['signal']}]" if st.get("signal") else ""),
+        f"  error_file: {st.get('error_file') if os.path.exists(str(st.get('error_file'))) else '<N/A>'}",
+        f"  traceback : {tb}",
+    ])
+
+
+def failure_summary(script: str, failures: list[dict[str, Any]], *, launcher_rc: int, mode: str) -> str:
+    """torchrun's ChildFailedError layout: other failures, then the root cause (first failure)."""
+    bar, thin = "=" * 60, "-" * 60
+    lines = [bar, f"{script} FAILED", thin, "Failures:"]
+    if len(failures) > 1:
+        lines += [_block(i, f) for i, f in enumerate(failures[1:], start=1)]
+    else:
+        lines.append("  <NO_OTHER_FAILURES>")
+    lines += [thin, "Root Cause (first observed failure):"]
+    if failures:
+        lines.append(_block(0, failures[0]))
+    else:
+        lines.append(f"[0]:\n  {mode} exited with code {launcher_rc} before any rank reported how it "
+                     "ended (see the launcher's messages above)")
+    lines.append(bar)
+    return "\n".join(lines)

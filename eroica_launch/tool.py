@@ -1,0 +1,31 @@
+"""``eroica``: the offline tool (doctor, analyze, show, synth)."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group()
+@click.version_option(package_name="eroica")
+def cli() -> None:
+    """eroica: online performance troubleshooting for distributed PyTorch training."""
+
+
+@cli.command()
+def doctor() -> None:
+    """Print what eroica would use here (MPI, launcher, torch, CUDA, NVML, Slurm, injection) and what to fix."""
+    from eroica_launch.doctor import render, run_checks
+
+    text, code = render(run_checks())
+    click.echo(text)
+    raise SystemExit(code)
+
+
+try:  # the offline commands live beside the engine they drive
+    from eroica_launch.offline import analyze_cmd, show_cmd, synth_cmd
+
+    cli.add_command(analyze_cmd, "analyze")
+    cli.add_command(show_cmd, "show")
+    cli.add_command(synth_cmd, "synth")
+except ImportError:  # pragma: no cover - only while the engine is being built
+    pass

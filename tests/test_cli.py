@@ -1,0 +1,137 @@
+"""eroica-run's flag parsing against torchrun's own parser, and launch planning refusals."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from torch.distributed.run import get_args_parser
+
+from eroica_launch.cli import config_from_args, parse_args
+from eroica_launch.plan import LaunchError, parse_nnodes, plan_launch, resolve_nproc
+
+SHARED = ("nnodes", "nproc_per_node", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "standalone",
+          "max_restarts", "monitor_interval", "start_method", "role", "module", "no_python", "run_path",
+          "log_dir", "redirects", "tee", "local_ranks_filter", "node_rank", "master_addr", "master_port",
+          "local_addr", "training_script", "training_script_args")
+
+CASES = [
+    ["train.py"],
+    ["--nproc-per-node", "4", "train.py", "--lr", "3e-4"],
+    ["--nproc_per_node=8", "--nnodes", "2", "--node_rank", "1", "--master_addr", "10.0.0.1",
+     "--master_port", "1234", "train.py"],
+    ["--standalone", "--nproc-per-node", "auto", "-m", "pkg.train", "--epochs", "3"],
+    ["--rdzv-backend", "c10d", "--rdzv-endpoint", "host:29400", "--rdzv-id", "job7", "--rdzv-conf",
+     "timeout=60", "--max-restarts", "3", "--monitor-interval", "0.5", "--start-method", "fork",
+     "--role", "trainer", "train.py"],
+    ["--no-python", "--log-dir", "/tmp/logs", "-r", "3", "-t", "0:1,1:2", "--local-ranks-filter", "0,1",
+     "./train.sh", "-x"],
+    ["--run-path", "--local-addr", "1.2.3.4", "train.py", "--nproc-per-node", "2"],
+]
+
+
+@pytest.mark.parametrize("argv", CASES, ids=lambda a: " ".join(a)[:40])
+def test_shared_flags_parse_like_torchrun(argv: list[str]) -> None:
+    ours = parse_args(argv)
+    theirs = get_args_parser().parse_args(argv)
+    for dest in SHARED:
+        assert getattr(ours, dest) == getattr(theirs, dest), dest
+
+
+@pytest.mark.parametrize("var,value,dest", [("PET_NPROC_PER_NODE", "3", "nproc_per_node"),
+                                            ("PET_MAX_RESTARTS", "2", "max_restarts"),
+                                            ("PET_STANDALONE", "1", "standalone"),
+                                            ("PET_MASTER_PORT", "4242", "master_port")])
+def test_pet_environment_defaults_like_torchrun(monkeypatch: pytest.MonkeyPatch, var: str, value: str,
+                                                dest: str) -> None:
+    monkeypatch.setenv(var, value)
+    ours = parse_args(["train.py"])
+    theirs = get_args_parser().parse_args(["train.py"])
+    assert getattr(ours, dest) == getattr(theirs, dest)
+
+
+def test_script_args_are_not_ours() -> None:
+    args = parse_args(["--nproc-per-node", "2", "train.py", "--report-dir", "x", "--no-eroica"])
+    assert args.training_script_args == ["--report-dir", "x", "--no-eroica"]
+    assert args.report_dir == "" and not args.no_eroica
+
+
+def test_eroica_flags_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EROICA_WINDOW_STEPS", "5")
+    monkeypatch.setenv("EROICA_CAPTURE_AT_STEPS", "10,20")
+    args = parse_args(["--spike-ratio", "2.5", "--deadline", "7", "--no-eroica", "train.py"])
+    cfg = config_from_args(args)
+    assert (cfg.window_steps, cfg.capture_at_steps, cfg.spike_ratio, cfg.deadline_s, cfg.enabled) == (
+        5, (10, 20), 2.5, 7.0, False)
+
+
+def _plan(argv: list[str], env: dict[str, str] | None = None):
+    args = parse_args(argv)
+    return plan_launch(args, config_from_args(args), env=env or {"PATH": "/usr/bin"})
+
+
+def test_elastic_ranges_are_refused() -> None:
+    with pytest.raises(LaunchError, match="elastic"):
+        parse_nnodes("1:4")
+    assert parse_nnodes("2:2") == 2
+
+
+def test_nproc_keywords() -> None:
+    import os
+    assert resolve_nproc("cpu") == os.cpu_count()
+    assert resolve_nproc("auto") >= 1
+    with pytest.raises(LaunchError, match="no CUDA device"):
+        resolve_nproc("gpu")
+    with pytest.raises(LaunchError):
+        resolve_nproc("lots")
+
+
+def test_multinode_without_slurm_or_hostfile_says_what_to_use() -> None:
+    with pytest.raises(LaunchError, match="Slurm allocation.*--hostfile"):
+        _plan(["--nnodes", "2", "--nproc-per-node", "2", "train.py"])
+
+
+def test_unsupported_rendezvous_is_refused() -> None:
+    with pytest.raises(LaunchError, match="rdzv-backend etcd"):
+        _plan(["--rdzv-backend", "etcd", "train.py"])
+
+
+def test_flags_without_mpi_meaning_get_a_note() -> None:
+    plan = _plan(["--start-method", "fork", "--rdzv-conf", "timeout=5", "train.py"])
+    assert any("start-method fork" in n for n in plan.notes)
+    assert any("rdzv-conf timeout" in n for n in plan.notes)
+
+
+def test_mpiexec_plan(tmp_path) -> None:
+    plan = _plan(["--nproc-per-node", "3", "--report-dir", str(tmp_path), "train.py", "--x"])
+    assert plan.mode == "mpiexec" and plan.world_size == 3
+    assert plan.argv[1:3] == ["-n", "3"] and "-ppn" in plan.argv
+    assert plan.argv[-3:] == ["-u", "train.py", "--x"]
+    assert plan.env["EROICA_REPORT_DIR"] == str(tmp_path)
+    assert plan.spec.master_addr == "localhost"
+
+
+def test_rdzv_endpoint_maps_to_master() -> None:
+    plan = _plan(["--rdzv-endpoint", "node7:4321", "train.py"])
+    assert (plan.spec.master_addr, plan.spec.master_port) == ("node7", 4321)
+
+
+def test_slurm_allocation_plans_srun() -> None:
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "nodeA", "SLURM_NNODES": "1", "PATH": "/usr/bin"}
+    plan = _plan(["--nproc-per-node", "4", "train.py"], env)
+    assert plan.mode == "srun"
+    assert plan.argv[:2] == ["srun", "--mpi=pmi2"] and "--kill-on-bad-exit=1" in plan.argv
+    assert plan.spec.master_addr == "nodeA"
+
+
+def test_inside_a_task_runs_in_place() -> None:
+    env = {"PMI_RANK": "1", "PMI_SIZE": "2", "PATH": "/usr/bin"}
+    plan = _plan(["train.py"], env)
+    assert plan.mode == "inplace" and plan.argv[-1] == "train.py"
+
+
+def test_help_documents_env_defaults() -> None:
+    from eroica_launch.cli import get_parser
+    text = get_parser().format_help()
+    assert "EROICA_REPORT_DIR" in text and "EROICA_LAUNCHER" in text and "MIN:MAX" in text
+    assert isinstance(get_parser(), argparse.ArgumentParser)

@@ -1,0 +1,141 @@
+"""eroica-run as a torchrun drop-in: real ranks under the real MPI launcher (gloo on CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import BIN, DATA, RANK_ENV, eroica_run, explain, launch
+
+pytestmark = pytest.mark.multirank
+SCRIPTS = DATA / "launch"
+# Values that legitimately differ between two launches (ports, ids, paths, who hosts the store).
+VOLATILE = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "MASTER_ADDR"}
+
+
+def _collect(out_dir) -> dict[int, dict]:
+    return {int(p.stem[4:]): json.loads(p.read_text()) for p in out_dir.glob("rank*.json")}
+
+
+def test_same_environment_and_result_as_torchrun(tmp_path) -> None:
+    ours_dir, theirs_dir = tmp_path / "eroica", tmp_path / "torchrun"
+    ours_dir.mkdir()
+    theirs_dir.mkdir()
+    ours = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path / "rep", SCRIPTS / "ddp_env.py", "--a",
+                      "1", env={"OUT_DIR": str(ours_dir)}, timeout=240)
+    assert ours.returncode == 0, explain(ours)
+    theirs = launch([str(BIN / "torchrun"), "--nproc-per-node", "4", str(SCRIPTS / "ddp_env.py"), "--a", "1"],
+                    env={"OUT_DIR": str(theirs_dir)}, timeout=240)
+    assert theirs.returncode == 0, explain(theirs)
+    a, b = _collect(ours_dir), _collect(theirs_dir)
+    assert sorted(a) == sorted(b) == [0, 1, 2, 3]
+    for rank in range(4):
+        ea = {k: v for k, v in a[rank]["env"].items() if k not in VOLATILE}
+        eb = {k: v for k, v in b[rank]["env"].items() if k not in VOLATILE}
+        assert ea == eb, f"rank {rank}"
+        assert a[rank]["result"] == b[rank]["result"]
+        assert a[rank]["argv"] == ["--a", "1"]
+    # every rank agrees on one rendezvous point
+    assert len({(r["env"]["MASTER_ADDR"], r["env"]["MASTER_PORT"]) for r in a.values()}) == 1
+
+
+def test_failing_rank_is_named_with_its_exception(tmp_path) -> None:
+    t0 = time.monotonic()
+    proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, SCRIPTS / "fail.py",
+                      env={"FAIL_RANK": "2", "FAIL_MODE": "raise"}, timeout=150)
+    assert proc.returncode != 0, explain(proc)
+    assert time.monotonic() - t0 < 100, "survivors were not stopped after the failure"
+    summary = proc.stderr[proc.stderr.index("fail.py FAILED"):]
+    root = summary[summary.index("Root Cause"):]
+    assert re.search(r"rank\s+: 2 \(local_rank: 2\)", root), explain(proc)
+    assert "ValueError: planted failure on rank 2" in root
+    assert "exitcode  : 1" in root
+
+
+def test_rank_killed_by_signal_is_reported_with_signal_name(tmp_path) -> None:
+    proc = eroica_run("--nproc-per-node", "3", "--report-dir", tmp_path, SCRIPTS / "fail.py",
+                      env={"FAIL_RANK": "1", "FAIL_MODE": "kill"}, timeout=150)
+    assert proc.returncode == 128 + signal.SIGKILL, explain(proc)
+    root = proc.stderr[proc.stderr.index("Root Cause"):]
+    assert re.search(r"rank\s+: 1 ", root) and "SIGKILL" in root, explain(proc)
+
+
+def test_max_restarts_relaunches_the_job(tmp_path) -> None:
+    proc = eroica_run("--nproc-per-node", "2", "--max-restarts", "1", "--report-dir", tmp_path,
+                      SCRIPTS / "fail.py", env={"FAIL_RANK": "1", "FAIL_ATTEMPTS": "1"}, timeout=150)
+    assert proc.returncode == 0, explain(proc)
+    assert "restarting the job (1/1)" in proc.stderr
+    assert "finished attempt 1" in proc.stdout
+
+
+def test_output_prefix_filter_tee_and_user_sitecustomize(tmp_path) -> None:
+    logs = tmp_path / "logs"
+    proc = eroica_run("--nproc-per-node", "3", "--rdzv-id", "job1", "--log-dir", logs, "--tee", "3",
+                      "--local-ranks-filter", "0,2", "--report-dir", tmp_path / "rep", SCRIPTS / "whoami.py",
+                      "x", env={"PYTHONPATH": str(SCRIPTS / "usersite"), "USER_SITECUSTOMIZE_MARK": "1"},
+                      timeout=120)
+    assert proc.returncode == 0, explain(proc)
+    assert "[rank0]:whoami rank=0" in proc.stdout and "[rank2]:whoami rank=2" in proc.stdout
+    assert "rank=1" not in proc.stdout  # filtered from the console...
+    stdout1 = (logs / "job1" / "attempt_0" / "1" / "stdout.log").read_text()
+    assert "whoami rank=1" in stdout1  # ...but still in its log file
+    assert "to-stderr rank=1" in (logs / "job1" / "attempt_0" / "1" / "stderr.log").read_text()
+    assert "[rank0]:user-sitecustomize=yes" in proc.stdout
+
+
+def test_dataloader_workers_and_subprocesses_stay_inert(tmp_path) -> None:
+    """Only the rank's own process owns eroica; spawn workers run the sitecustomize but never claim."""
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = eroica_run("--nproc-per-node", "2", "--report-dir", tmp_path / "rep", SCRIPTS / "ddp_env.py",
+                      env={"OUT_DIR": str(out)}, timeout=240)
+    assert proc.returncode == 0, explain(proc)
+    for rank, doc in _collect(out).items():
+        claim = tmp_path / "rep" / "launch" / "attempt_0" / str(rank) / "owner"
+        assert claim.read_text() == str(doc["pid"])
+
+
+def test_in_place_under_mpiexec(tmp_path) -> None:
+    proc = launch([str(BIN / "mpiexec"), "-n", "2", str(BIN / "eroica-run"), "--report-dir", str(tmp_path),
+                   str(SCRIPTS / "whoami.py")], timeout=120)
+    assert proc.returncode == 0, explain(proc)
+    assert "whoami rank=0 world=2" in proc.stdout and "whoami rank=1 world=2" in proc.stdout
+
+
+def test_sigterm_stops_the_job(tmp_path) -> None:
+    env = {**os.environ, **RANK_ENV, "FAIL_RANK": "99"}
+    proc = subprocess.Popen([str(BIN / "eroica-run"), "--nproc-per-node", "2", "--report-dir", str(tmp_path),
+                             str(SCRIPTS / "fail.py")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not list((tmp_path / "launch" / "attempt_0").glob("*/owner")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(3)  # inside the training script now
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert "FAILED" in err and "SIGTERM" in err
+
+
+def test_bad_flag_is_one_clear_line() -> None:
+    proc = eroica_run("--nnodes", "1:3", "train.py", timeout=60)
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "elastic" in lines[0]
+
+
+def test_doctor_reports_and_exits_zero_here() -> None:
+    proc = launch([str(BIN / "eroica"), "doctor"], timeout=120)
+    assert proc.returncode == 0, explain(proc)
+    assert "mpiexec" in proc.stdout and "injection" in proc.stdout
+    assert sys.executable
