@@ -1,0 +1,93 @@
+"""A tiny CPU DDP training job (gloo) that stands in for train.py in the Slurm template tests.
+
+Why: the templates must start a real multi-rank torch job; this one is small enough for a 2-core
+runner. Like a torchrun script it reads RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT from the
+environment (set by eroica-run). Each rank all-gathers (rank, world size) and writes what it saw to
+<out-dir>/rank-<rank>.json, so a test can check that every rank agrees on the world.
+
+Options: --fail-rank R --fail-step S makes rank R exit 1 at step S (a rank failure);
+--steps N --step-sleep T makes the job last long enough to be signalled or cancelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+def env_source() -> str:
+    """Where the rank identity came from: 'torchrun-env' (RANK etc.) or 'slurm' (fallback)."""
+    return "torchrun-env" if "RANK" in os.environ and "WORLD_SIZE" in os.environ else "slurm"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out-dir", required=True)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument("--fail-rank", type=int, default=-1)
+    parser.add_argument("--fail-step", type=int, default=2)
+    args = parser.parse_args()
+
+    source = env_source()
+    if source == "slurm":  # only for plain `srun python ddp_tiny.py`, without eroica-run
+        os.environ.setdefault("RANK", os.environ["SLURM_PROCID"])
+        os.environ.setdefault("WORLD_SIZE", os.environ["SLURM_NTASKS"])
+        os.environ.setdefault("LOCAL_RANK", os.environ["SLURM_LOCALID"])
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+    seen = [None] * world
+    dist.all_gather_object(seen, {"rank": rank, "world_size": world, "host": socket.gethostname()})
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(args.steps):
+        if rank == args.fail_rank and step == args.fail_step:
+            print(f"ddp_tiny: rank {rank} failing on purpose at step {step}", file=sys.stderr, flush=True)
+            sys.exit(1)
+        x = torch.randn(8, 16)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
+        if rank == 0:
+            print(f"ddp_tiny: step {step} loss {loss.item():.4f}", flush=True)
+
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    record = {
+        "rank": rank,
+        "world_size": world,
+        "local_rank": int(os.environ.get("LOCAL_RANK", "-1")),
+        "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "-1")),
+        "master_addr": os.environ.get("MASTER_ADDR"),
+        "master_port": os.environ.get("MASTER_PORT"),
+        "source": source,
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "seen": seen,
+    }
+    (out / f"rank-{rank}.json").write_text(json.dumps(record))
+    dist.barrier()
+    dist.destroy_process_group()
+    print(f"ddp_tiny: rank {rank}/{world} done", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
