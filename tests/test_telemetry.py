@@ -1,0 +1,155 @@
+"""telemetry.sample (host counters, NVML through a fake pynvml), GcMonitor, and the NVML-in-one-module rule."""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from eroica_runtime import telemetry
+
+HOST_KEYS = {"cpu_s", "wall_s", "ctx_vol", "ctx_invol", "load1", "cpu_mhz", "mem_rss_mb", "mem_avail_mb",
+             "tcp_retrans", "net_bytes_sent", "net_bytes_recv", "net_drops"}
+GPU_KEYS = {"sm_mhz", "sm_max_mhz", "mem_mhz", "mem_max_mhz", "throttle", "temp_c", "power_w", "power_limit_w",
+            "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max", "nvlink_crc", "nvlink_replay",
+            "ecc_corrected", "ecc_uncorrected"}
+
+
+def test_sample_host_fields() -> None:
+    s = telemetry.sample()
+    assert set(s) == {"host", "gpu"}
+    assert HOST_KEYS <= set(s["host"])
+    assert s["host"]["cpu_s"] > 0 and s["host"]["mem_rss_mb"] > 0
+    assert isinstance(s["host"]["tcp_retrans"], int)
+    if s["gpu"] is not None:
+        assert GPU_KEYS <= set(s["gpu"])
+
+
+def test_sample_is_cheap() -> None:
+    telemetry.sample()
+    costs = []
+    for _ in range(30):
+        t0 = time.perf_counter()
+        telemetry.sample()
+        costs.append(time.perf_counter() - t0)
+    assert statistics.median(costs) < 0.05  # ~0.4 ms measured; generous for a noisy machine
+
+
+def test_missing_host_fields_become_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*a: Any, **k: Any) -> Any:
+        raise OSError("nope")
+
+    monkeypatch.setattr(psutil, "cpu_freq", boom)
+    monkeypatch.setattr(psutil, "net_io_counters", boom)
+    monkeypatch.setattr(telemetry, "_read_tcp_retrans", lambda: None)
+    host = telemetry.sample()["host"]
+    assert host["cpu_mhz"] is None and host["net_bytes_sent"] is None and host["tcp_retrans"] is None
+    assert host["cpu_s"] is not None
+
+
+def test_decode_throttle() -> None:
+    assert telemetry.decode_throttle(None) is None
+    assert telemetry.decode_throttle(0) == []
+    assert telemetry.decode_throttle(0x4 | 0x40) == ["sw_power_cap", "hw_thermal"]
+    assert telemetry.decode_throttle(0x10000) == ["0x10000"]
+
+
+def _fake_pynvml(fail: set[str]) -> types.ModuleType:
+    """A pynvml stand-in: one H100-like device with two active NVLinks; names in ``fail`` raise."""
+    nv = types.ModuleType("pynvml")
+
+    class NVMLError(Exception):
+        pass
+
+    values: dict[str, Any] = {
+        "nvmlInit": None, "nvmlDeviceGetCount": 1, "nvmlDeviceGetHandleByIndex": "h0",
+        "nvmlDeviceGetHandleByUUID": "h0", "nvmlDeviceGetName": b"NVIDIA H100", "nvmlDeviceGetUUID": "GPU-1",
+        "nvmlDeviceGetIndex": 0, "nvmlDeviceGetPowerUsage": 350_000, "nvmlDeviceGetEnforcedPowerLimit": 700_000,
+        "nvmlDeviceGetCurrentClocksEventReasons": 0x20, "nvmlDeviceGetTemperature": 71,
+        "nvmlDeviceGetCurrPcieLinkGeneration": 4, "nvmlDeviceGetMaxPcieLinkGeneration": 5,
+        "nvmlDeviceGetCurrPcieLinkWidth": 8, "nvmlDeviceGetMaxPcieLinkWidth": 16,
+        "nvmlDeviceGetTotalEccErrors": 2,
+    }
+
+    def make(name: str, value: Any) -> Any:
+        def fn(*args: Any) -> Any:
+            if name in fail:
+                raise NVMLError(name)
+            return value
+        return fn
+
+    for name, value in values.items():
+        setattr(nv, name, make(name, value))
+
+    def clock(h: Any, kind: int) -> int:
+        if "nvmlDeviceGetClockInfo" in fail:
+            raise NVMLError("clock")
+        return 1200 if kind == 1 else 2600
+
+    nv.nvmlDeviceGetClockInfo = clock
+    nv.nvmlDeviceGetMaxClockInfo = lambda h, kind: 1980 if kind == 1 else 2619
+    nv.nvmlDeviceGetNvLinkState = lambda h, link: 1 if link < 2 else 0
+    nv.nvmlDeviceGetNvLinkErrorCounter = lambda h, link, counter: {0: 5, 2: 1, 3: 2}.get(counter, 0)
+    for const, v in {"NVML_CLOCK_SM": 1, "NVML_CLOCK_MEM": 2, "NVML_TEMPERATURE_GPU": 0,
+                     "NVML_NVLINK_MAX_LINKS": 18, "NVML_NVLINK_ERROR_DL_REPLAY": 0,
+                     "NVML_NVLINK_ERROR_DL_CRC_FLIT": 2, "NVML_NVLINK_ERROR_DL_CRC_DATA": 3,
+                     "NVML_MEMORY_ERROR_TYPE_CORRECTED": 0, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED": 1,
+                     "NVML_VOLATILE_ECC": 0}.items():
+        setattr(nv, const, v)
+    return nv
+
+
+def test_gpu_fields_through_fake_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(fail={"nvmlDeviceGetTemperature",
+                                                                 "nvmlDeviceGetClockInfo"}))
+    monkeypatch.setattr(telemetry, "_NVML", telemetry._Nvml())
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    gpu = telemetry.sample()["gpu"]
+    assert gpu is not None and GPU_KEYS <= set(gpu)
+    assert gpu["temp_c"] is None and gpu["sm_mhz"] is None  # a failing call gives None, never raises
+    assert gpu["sm_max_mhz"] == 1980 and gpu["throttle"] == ["sw_thermal"]
+    assert gpu["power_w"] == 350.0 and gpu["power_limit_w"] == 700.0
+    assert (gpu["pcie_gen"], gpu["pcie_gen_max"], gpu["pcie_width"], gpu["pcie_width_max"]) == (4, 5, 8, 16)
+    assert gpu["nvlink_crc"] == 2 * (1 + 2) and gpu["nvlink_replay"] == 2 * 5
+    assert gpu["ecc_corrected"] == 2
+    assert telemetry.gpu_identity() == {"index": 0, "uuid": "GPU-1", "name": "NVIDIA H100"}
+
+
+def test_nvml_init_failure_means_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(fail={"nvmlInit"}))
+    monkeypatch.setattr(telemetry, "_NVML", telemetry._Nvml())
+    assert telemetry.sample()["gpu"] is None
+    assert telemetry.gpu_identity() == {"index": None, "uuid": None, "name": None}
+
+
+def test_gc_monitor_counts_pauses() -> None:
+    mon = telemetry.GcMonitor().install()
+    try:
+        c0, ms0 = mon.snapshot()
+        keep = [{"i": i} for i in range(50_000)]
+        for _ in range(3):
+            gc.collect()
+        c1, ms1 = mon.snapshot()
+        assert c1 - c0 >= 3 and ms1 > ms0
+    finally:
+        mon.uninstall()
+    assert mon._callback not in gc.callbacks
+    gc.collect()
+    assert mon.snapshot()[0] == c1
+    del keep
+
+
+def test_nvml_only_in_telemetry() -> None:
+    """Inside the ranks' runtime, NVML is touched by telemetry.py alone."""
+    root = Path(__file__).resolve().parents[1]
+    offenders = [str(p) for p in (root / "eroica_runtime").rglob("*.py")
+                 if p.name != "telemetry.py" and "pynvml" in p.read_text(errors="replace")]
+    assert offenders == []
