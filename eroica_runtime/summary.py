@@ -518,12 +518,16 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
         phases["step"] = _length(spans) / n_steps
 
     # Phases of non-main CPU threads and of device work (through the launching op).
-    by_corr = {ev.corr: ev for ev in main_evs if ev.corr}
+    # A kernel's linked_correlation_id is the id of the op that launched it; runtime calls
+    # (cudaLaunchKernel) carry CUPTI ids from another number space and a non-zero link, so only
+    # frontend events (link 0) are indexed.
+    by_corr = {ev.corr: ev for ev in main_evs if ev.corr and not ev.linked}
     for tevs in (v for t, v in by_thread.items() if t != main):
         for ev in tevs:
             if ev.phase is None:
                 ev.phase = "other"
-            by_corr.setdefault(ev.corr, ev)
+            if ev.corr and not ev.linked:
+                by_corr.setdefault(ev.corr, ev)
     for ev in evs:
         if ev.gpu:
             ev.self_ms = ev.end - ev.start

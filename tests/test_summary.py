@@ -178,8 +178,8 @@ class _E:
 def _gpu_step(with_step: bool = True) -> list[_E]:
     ev = [
         _E("DistributedDataParallel.forward", 0, 20, annotation=True),
-        _E("aten::mm", 2, 18),
-        _E("cudaLaunchKernel", 3, 4, corr=10),
+        _E("aten::mm", 2, 18, corr=10),
+        _E("cudaLaunchKernel", 3, 4, corr=10, linked=10),  # CUPTI ids may collide with op ids
         _E("sm90_xmma_gemm_f16f16_f32", 5, 25, device="CUDA", linked=10, stream=7),
         # the autograd engine runs backward on its device thread while main blocks in backward()
         _E("autograd::engine::evaluate_function: MmBackward0", 22, 50, thread=2),
@@ -189,9 +189,11 @@ def _gpu_step(with_step: bool = True) -> list[_E]:
            device="CUDA", stream=9),
         _E("cudaStreamSynchronize", 60, 85),
         _E("Optimizer.step#AdamW.step", 85, 95, annotation=True),
-        _E("cudaMemcpyAsync", 85.5, 86, corr=20),
+        _E("aten::copy_", 85.2, 86.5, corr=20),
+        _E("cudaMemcpyAsync", 85.5, 86, corr=3, linked=20),
         _E("Memcpy HtoD (Pageable -> Device)", 86, 87, device="CUDA", linked=20, stream=7),
-        _E("cudaMemsetAsync", 90, 90.5, corr=21),
+        _E("aten::zero_", 89.8, 90.8, corr=21),
+        _E("cudaMemsetAsync", 90, 90.5, corr=4, linked=21),
         _E("Memset (Device)", 91, 91.2, device="CUDA", linked=21, stream=7),
         _E("[memory]", 50, 50),
     ]
