@@ -236,7 +236,7 @@ def _capture(path: Path, *, ranks: int, stages: int, vocabs: list[Vocab], rng: n
         elif fault == "host":
             ph["host_gap"][c] += E
             ctx_invol[c] *= 30
-            cpu_share[c] *= 0.5
+            cpu_share[c] *= 0.4
         elif fault == "communication":
             comm_base += E
             hosts = np.arange(ranks) // ranks_per_host

@@ -161,7 +161,8 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
     if baseline is not None:
         base = baseline if isinstance(baseline, Table) else build_table(baseline)
         if base.n:
-            extra, more_notes = common_mode(table, base, th, max(excesses, default=0.0), link_probe)
+            extra, more_notes = common_mode(table, base, th, max(excesses, default=0.0), link_probe,
+                                           np.asarray([c.row for c in culprits], dtype=np.int64))
             findings.extend(extra)
             notes.extend(more_notes)
     if not culprits and not any(f.category == "communication" for f in findings):

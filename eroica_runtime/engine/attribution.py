@@ -69,12 +69,15 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds) -> list[Culprit]:
             row = int(rows[k])
             excess = float(own[k] - c_own.ref)
             z = excess / c_own.sigma if c_own.sigma > 0 else float("inf")
-            d_comm = float(comm_all[row] - c_comm.ref)
-            if not significant(excess, z, step_ref, th) or d_comm >= excess:
+            comm_ref = c_comm.ref
+            if len(rows) == 2:            # the reference is simply the other rank
+                comm_ref = float(comm_all[rows[1 - k]])
+            d_comm = float(comm_all[row] - comm_ref)
+            if not significant(excess, z, step_ref, th, len(rows)) or d_comm >= excess:
                 continue
             pex = {p: float(table.phases[row, PHASE_INDEX[p]] - ph_ref[i]) for i, p in enumerate(OWN_WORK_PHASES)}
             out.append(Culprit(row=row, group=gi, excess_ms=excess, z=float(z), own=float(own[k]),
-                               own_ref=c_own.ref, comm=float(comm_all[row]), comm_ref=c_comm.ref,
+                               own_ref=c_own.ref, comm=float(comm_all[row]), comm_ref=comm_ref,
                                step=float(step_all[row]), step_ref=step_ref, phase_excess=pex,
                                phase_ref={p: float(ph_ref[i]) for i, p in enumerate(OWN_WORK_PHASES)}))
     return out
@@ -94,7 +97,8 @@ def attribute(table: Table, peers: Peers, culprits: list[Culprit], th: Threshold
             top = np.argsort(-delta)[: th.top_functions]
             c.functions = [{"name": table.fn_names[j], "phase": table.fn_phase[j], "kind": table.fn_kind[j],
                             "rank_ms": float(table.fn_ms[c.row, j]), "peers_ms": float(ref[j]),
-                            "rank_calls": float(table.fn_count[c.row, j])} for j in top.tolist() if delta[j] > 0]
+                            "rank_calls": float(table.fn_count[c.row, j])} for j in top.tolist()
+                           if delta[j] >= max(0.5 * th.abs_ms, 0.05 * c.excess_ms)]
             if len(cols):
                 best = int(cols[np.argmax(delta[cols])])
                 if delta[best] >= th.fn_share * c.excess_ms:

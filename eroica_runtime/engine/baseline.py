@@ -27,6 +27,9 @@ class Thresholds:
     regression_rel: float = 0.10   # common-mode growth vs the baseline capture, fraction of its step
     fn_share: float = 0.2          # a function must explain this share of the excess to be named
     top_functions: int = 5         # functions listed in the evidence
+    small_group: int = 8           # peer groups smaller than this use the two knobs below
+    small_z: float = 3.0
+    small_rel_step: float = 0.12
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,12 @@ def column_reference(matrix: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return np.median(sub, axis=0)
 
 
-def significant(excess: float, z: float, step_ref: float, th: Thresholds) -> bool:
-    """The triple test: robust z, absolute ms, share of the step."""
+def significant(excess: float, z: float, step_ref: float, th: Thresholds, n: int = 1 << 30) -> bool:
+    """The triple test: robust z, absolute ms, share of the step.
+
+    A MAD from fewer than ``small_group`` peers is itself noise, so small groups trade the z-score
+    requirement (down to ``small_z``) for a larger share of the step (``small_rel_step``).
+    """
+    if n < th.small_group:
+        return excess >= max(th.abs_ms, th.small_rel_step * step_ref) and z >= th.small_z
     return excess >= max(th.abs_ms, th.rel_step * step_ref) and z >= th.z

@@ -117,6 +117,6 @@ def telemetry_refinement(table: Table, row: int, peer_rows: np.ndarray,
             ev["cpu_s_per_wall_s"] = [float(share), peer_share]
             if share < 0.7 * peer_share:
                 ev["cpu_throttled"] = True
-                hints.append(f"the process got {share:.2f} CPU-s per second vs peers' {peer_share:.2f}: "
+                hints.append(f"The process got {share:.2f} CPU-s per second vs peers' {peer_share:.2f}: "
                              "CPU throttling (cgroup quota / frequency) or contention.")
     return ev, " ".join(hints)

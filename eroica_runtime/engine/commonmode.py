@@ -148,10 +148,18 @@ def local_comm_excess(table: Table, peers: Peers, th: Thresholds,
 
 
 def common_mode(cur: Table, base: Table, th: Thresholds, culprit_excess: float,
-                link_probe: dict[str, Any] | None) -> tuple[list[Finding], list[str]]:
-    """Regression / common-mode communication findings against the baseline capture."""
+                link_probe: dict[str, Any] | None,
+                culprit_rows: np.ndarray | None = None) -> tuple[list[Finding], list[str]]:
+    """Regression / common-mode communication findings against the baseline capture.
+
+    Culprit rows are left out: their own growth is already a finding and must not leak into the
+    job-wide medians (it would with two or three ranks).
+    """
     notes: list[str] = []
     rc, rb = _aligned(cur, base)
+    if culprit_rows is not None and len(culprit_rows):
+        keep = ~np.isin(rc, culprit_rows)
+        rc, rb = rc[keep], rb[keep]
     if len(rc) == 0:
         return [], ["baseline capture shares no ranks with this capture; regression check skipped"]
     step_c, step_b = cur.col("step")[rc], base.col("step")[rb]

@@ -1,0 +1,158 @@
+"""report.html: one self-contained page (inline SVG and CSS, no JavaScript, no network).
+
+Every name that came from a summary (hosts, functions, triggers) is HTML-escaped.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+_CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1200px}
+h1{font-size:20px}h2{font-size:17px;margin-top:28px}h3{font-size:15px}
+table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}
+.cat{font-weight:bold;text-transform:uppercase}.muted{color:#777}.ok{color:#2a7a2a;font-weight:bold}
+svg text{font:11px system-ui,sans-serif}"""
+
+
+def _e(x: Any) -> str:
+    return escape(str(x), quote=True)
+
+
+def _num(x: Any, fmt: str = ".1f") -> str:
+    return format(x, fmt) if isinstance(x, (int, float)) else "–"
+
+
+def _timeline(steps: dict[str, list] | None, captures: list[dict[str, Any]], width: int = 1000,
+              height: int = 220) -> str:
+    if not steps or not steps.get("steps"):
+        return '<p class="muted">No step history (steps.msgpack) in this report directory.</p>'
+    xs, ys = steps["steps"], steps["ms"]
+    stride = max(1, len(xs) // 2000)
+    xs, ys = xs[::stride], ys[::stride]
+    x0, x1 = min(xs), max(xs) or 1
+    y1 = max(ys) * 1.1 or 1.0
+    pad = 40
+
+    def px(x: float) -> float:
+        return pad + (x - x0) / max(x1 - x0, 1) * (width - 2 * pad)
+
+    def py(y: float) -> float:
+        return height - pad + -(y / y1) * (height - 2 * pad)
+
+    pts = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(xs, ys, strict=True))
+    marks = []
+    for c in captures:
+        s = c.get("step")
+        if isinstance(s, int):
+            color = "#c0392b" if c.get("findings") else "#2a7a2a"
+            marks.append(f'<line x1="{px(s):.1f}" x2="{px(s):.1f}" y1="{pad - 10}" y2="{height - pad}" '
+                         f'stroke="{color}" stroke-dasharray="4 3"/><text x="{px(s) + 3:.1f}" y="{pad - 12}" '
+                         f'fill="{color}">{_e(s)} {_e(c.get("trigger", ""))}</text>')
+    axis = (f'<line x1="{pad}" x2="{width - pad}" y1="{height - pad}" y2="{height - pad}" stroke="#888"/>'
+            f'<line x1="{pad}" x2="{pad}" y1="{pad}" y2="{height - pad}" stroke="#888"/>'
+            f'<text x="2" y="{pad + 4}">{_num(y1, ".0f")} ms</text><text x="2" y="{height - pad}">0</text>'
+            f'<text x="{pad}" y="{height - pad + 16}">step {_e(x0)}</text>'
+            f'<text x="{width - pad - 60}" y="{height - pad + 16}">step {_e(x1)}</text>')
+    return (f'<svg width="{width}" height="{height}" role="img" aria-label="step time timeline">'
+            f'{axis}<polyline fill="none" stroke="#2c6fbb" stroke-width="1.2" points="{pts}"/>'
+            f'{"".join(marks)}</svg>')
+
+
+def _heatmap(table: dict[str, Any]) -> str:
+    cols, rows = table.get("columns") or [], table.get("rows") or []
+    if not cols or not rows:
+        return '<p class="muted">No per-rank phases recorded.</p>'
+    cw, rh, lw = 78, 16, 260
+    maxes = [max((float(r["values"][j]) for r in rows if r["values"][j] is not None), default=1.0) or 1.0
+             for j in range(len(cols))]
+    out = [f'<svg width="{lw + cw * len(cols) + 10}" height="{rh * (len(rows) + 1) + 10}" role="img" '
+           'aria-label="ranks by phases heatmap">']
+    for j, c in enumerate(cols):
+        out.append(f'<text x="{lw + j * cw + 4}" y="12">{_e(c)}</text>')
+    for i, r in enumerate(rows):
+        y = rh * (i + 1)
+        color = {"culprit": "#c0392b", "median": "#555"}.get(r.get("kind"), "#222")
+        out.append(f'<text x="2" y="{y + 12}" fill="{color}">{_e(r.get("label", ""))}</text>')
+        for j, v in enumerate(r["values"]):
+            v = float(v or 0.0)
+            a = min(v / maxes[j], 1.0)
+            out.append(f'<rect x="{lw + j * cw}" y="{y}" width="{cw - 2}" height="{rh - 2}" '
+                       f'fill="rgb({255 - int(60 * a)},{255 - int(170 * a)},{255 - int(200 * a)})">'
+                       f'<title>{_e(r.get("label", ""))} {_e(cols[j])}: {v:.2f} ms</title></rect>'
+                       f'<text x="{lw + j * cw + 4}" y="{y + 11}">{v:.1f}</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _bars(fns: list[dict[str, Any]], width: int = 900) -> str:
+    items = []
+    for f in fns[:8]:
+        if "rank_ms" in f:
+            items.append((f["name"], float(f["rank_ms"]), float(f["peers_ms"]), "rank", "peer median"))
+        elif "now_ms" in f:
+            items.append((f["name"], float(f["now_ms"]), float(f["baseline_ms"]), "now", "baseline"))
+    if not items:
+        return ""
+    top = max(max(a, b) for _, a, b, _, _ in items) or 1.0
+    lw, bw, rh = 360, width - 380, 30
+    out = [f'<svg width="{width}" height="{rh * len(items) + 10}" role="img" aria-label="function bars">']
+    for i, (name, a, b, la, lb) in enumerate(items):
+        y = i * rh + 4
+        short = name if len(name) <= 56 else name[:26] + "…" + name[-28:]
+        out.append(f'<text x="0" y="{y + 14}"><title>{_e(name)}</title>{_e(short)}</text>'
+                   f'<rect x="{lw}" y="{y}" width="{bw * a / top:.1f}" height="11" fill="#c0392b">'
+                   f'<title>{_e(la)} {a:.2f} ms</title></rect>'
+                   f'<rect x="{lw}" y="{y + 12}" width="{bw * b / top:.1f}" height="11" fill="#95a5a6">'
+                   f'<title>{_e(lb)} {b:.2f} ms</title></rect>'
+                   f'<text x="{lw + bw * max(a, b) / top + 4:.1f}" y="{y + 16}">{a:.1f} vs {b:.1f} ms</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _finding_rows(findings: list[dict[str, Any]]) -> str:
+    if not findings:
+        return '<p class="ok">No findings: ranks behaved like their peers.</p>'
+    rows = ["<table><tr><th>#</th><th>category</th><th>rank</th><th>host</th><th>function</th>"
+            "<th>impact ms/step</th><th>victims</th><th>action</th></tr>"]
+    for i, f in enumerate(findings, 1):
+        rows.append(f"<tr><td>{i}</td><td class=cat>{_e(f.get('category'))}</td>"
+                    f"<td>{_e(f.get('rank') if f.get('rank') is not None else '–')}</td>"
+                    f"<td>{_e(f.get('host') or '–')}</td><td>{_e(f.get('function') or '–')}</td>"
+                    f"<td>{_num(f.get('impact_ms_per_step'))}</td><td>{len(f.get('victims') or [])}</td>"
+                    f"<td>{_e(f.get('action', ''))}</td></tr>")
+    rows.append("</table>")
+    return "".join(rows)
+
+
+def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
+                steps: dict[str, list] | None) -> str:
+    """The whole page as a string."""
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>eroica report</title>"
+             f"<style>{_CSS}</style></head><body>",
+             f"<h1>eroica report — world size {_e(report.get('world_size'))}, "
+             f"{_e(report.get('steps'))} steps, {len(report.get('captures') or [])} capture(s)</h1>",
+             "<h2>Findings (job, by impact)</h2>", _finding_rows(report.get("findings") or [])]
+    job = report.get("job") or {}
+    if job:
+        parts.append("<h3>Job</h3><table>" + "".join(
+            f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in list(job.items())[:40]) + "</table>")
+    parts += ["<h2>Step time</h2>", _timeline(steps, report.get("captures") or [])]
+    for d in diagnoses:
+        parts.append(f"<h2>Capture at step {_e(d.get('step'))} ({_e(d.get('trigger'))}) — "
+                     f"{_e(d.get('ranks_analysed'))}/{_e(d.get('world_size'))} ranks</h2>")
+        parts.append(_finding_rows(d.get("findings") or []))
+        for f in (d.get("findings") or [])[:3]:
+            fns = (f.get("evidence") or {}).get("functions") or []
+            if fns:
+                who = f"rank {f['rank']}" if f.get("rank") is not None else f.get("category", "")
+                parts.append(f"<h3>{_e(who)}: functions vs peers</h3>{_bars(fns)}")
+        if d.get("missing"):
+            parts.append(f"<p>Missing ranks: {_e(', '.join(map(str, d['missing'][:64])))}</p>")
+        if d.get("errors"):
+            parts.append("<ul>" + "".join(f"<li>{_e(e)}</li>" for e in d["errors"][:32]) + "</ul>")
+        if d.get("notes"):
+            parts.append("<p class=muted>" + "<br>".join(_e(n) for n in d["notes"]) + "</p>")
+        parts.append("<h3>Ranks × phases (ms per step)</h3>" + _heatmap(d.get("phase_table") or {}))
+    parts.append("</body></html>")
+    return "\n".join(parts)

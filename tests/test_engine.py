@@ -1,0 +1,328 @@
+"""Diagnosis engine: planted faults are found with the right culprit, category and victims;
+healthy captures stay quiet; pipeline stages are never compared with each other."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+
+from eroica_runtime import summary, synth
+from eroica_runtime.engine import Thresholds, build_table, consolidate, diagnose, parse_topology
+from eroica_runtime.engine.peers import form_peers
+
+DATA = Path(__file__).parent / "data" / "engine"
+SCENARIOS = json.loads((DATA / "scenarios.json").read_text())["scenarios"]
+
+
+def load_dir(root: Path) -> dict[str, tuple[dict, list[dict], list[str]]]:
+    """trigger -> (meta, summaries, errors) for every capture synth wrote."""
+    out = {}
+    for path in sorted((root / "captures").glob("*.msgpack")):
+        meta, good, errors = summary.decode_capture(path.read_bytes(), origin=path.name)
+        out[meta["trigger"]] = (meta, good, errors)
+    return out
+
+
+def run(root: Path, **kw: Any):
+    caps = load_dir(root)
+    meta, good, errors = caps["slow_step"]
+    probe = (meta.get("extra") or {}).get("link_probe")
+    return diagnose(good, step=meta["step"], trigger=meta["trigger"], world_size=meta["world_size"],
+                    baseline=caps["baseline"][1], errors=errors, link_probe=probe, **kw)
+
+
+@pytest.mark.parametrize("sc", SCENARIOS, ids=[s["name"] for s in SCENARIOS])
+def test_planted_culprit(tmp_path: Path, sc: dict) -> None:
+    synth.generate(tmp_path, **sc["make"])
+    d = run(tmp_path)
+    exp = sc["expect"]
+    assert len(d.findings) == 1, [f.title for f in d.findings]
+    f = d.findings[0]
+    assert (f.category, f.rank, f.function, f.phase) == (exp["category"], exp["rank"], exp["function"], exp["phase"])
+    n = sc["make"]["ranks"]
+    # victims: (nearly) every other rank waited on it; none of them is a finding
+    assert exp["rank"] not in f.victims
+    assert len(f.victims) >= 0.6 * (n - 1)
+    assert f.impact_ms_per_step > 20
+    assert f.what_if_step_ms is not None and f.what_if_step_ms < d.step_ms["median"]
+    assert f.evidence["own_work_ms"][0] > f.evidence["own_work_ms"][1]
+    assert f.evidence["comm_wait_ms"][0] < f.evidence["comm_wait_ms"][1]
+
+
+def test_host_fault_reports_cpu_contention(tmp_path: Path) -> None:
+    synth.generate(tmp_path, ranks=16, fault="host", culprit=3)
+    f = run(tmp_path).findings[0]
+    assert f.evidence.get("cpu_contention") and f.evidence.get("cpu_throttled")
+    assert "contention" in f.action
+
+
+def test_communication_named_host_with_probe_and_with_counters(tmp_path: Path) -> None:
+    plan = synth.generate(tmp_path, ranks=32, fault="communication", culprit=19)
+    d = run(tmp_path)
+    comm = [f for f in d.findings if f.category == "communication"]
+    assert len(d.findings) == 1 and len(comm) == 1
+    assert comm[0].rank is None and comm[0].host == plan.culprit_host == "node00002"
+    assert comm[0].evidence["localized_by"] == "link_probe"
+    caps = load_dir(tmp_path)
+    d2 = diagnose(caps["slow_step"][1], step=500, trigger="slow_step", world_size=32,
+                  baseline=caps["baseline"][1])           # no probe: TCP retransmits still point at it
+    assert d2.findings[0].host == "node00002"
+    assert "tcp_retrans" in d2.findings[0].evidence["localized_by"]
+
+
+def test_regression_names_grown_function(tmp_path: Path) -> None:
+    synth.generate(tmp_path, ranks=24, fault="regression")
+    d = run(tmp_path)
+    assert [f.category for f in d.findings] == ["regression"]
+    f = d.findings[0]
+    assert f.rank is None and f.function == "aten::bmm" and f.phase == "forward"
+    assert f.impact_ms_per_step > 20
+    assert f.evidence["functions"][0]["now_ms"] > f.evidence["functions"][0]["baseline_ms"]
+    # without the baseline capture there is nothing to compare with: no finding
+    caps = load_dir(tmp_path)
+    assert not diagnose(caps["slow_step"][1], step=500, trigger="slow_step", world_size=24).findings
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("stages", [1, 4])
+def test_healthy_jitter_gives_no_findings(tmp_path: Path, seed: int, stages: int) -> None:
+    synth.generate(tmp_path, ranks=64, fault="none", seed=seed, stages=stages, jitter=0.10)
+    d = run(tmp_path)
+    assert d.healthy, [f.title for f in d.findings]
+    caps = load_dir(tmp_path)
+    assert diagnose(caps["baseline"][1], step=100, trigger="baseline", world_size=64).healthy
+
+
+def test_healthy_large_job(tmp_path: Path) -> None:
+    synth.generate(tmp_path, ranks=1024, fault="none", seed=7, functions=120)
+    assert run(tmp_path).healthy
+
+
+def test_healthy_handmade_jitter() -> None:
+    """±10% uniform jitter on every phase of realistic summaries (not synth) stays quiet."""
+    base = json.loads((DATA / "summary_gpu_rank0.json").read_text())
+    rng = random.Random(3)
+    for _ in range(5):
+        sums = []
+        for r in range(32):
+            s = copy.deepcopy(base)
+            s["rank"], s["host"] = r, f"gpu-a{r // 8:02d}"
+            for p in ("data", "forward", "backward", "optimizer", "host_gap", "comm"):
+                s["phases"][p] *= rng.uniform(0.9, 1.1)
+            for fn in s["functions"]:
+                fn["ms"] *= rng.uniform(0.9, 1.1)
+            sums.append(s)
+        assert diagnose(sums, step=1, trigger="slow_step", world_size=32).healthy
+
+
+def test_stages_are_never_mixed(tmp_path: Path) -> None:
+    synth.generate(tmp_path, ranks=64, fault="compute", culprit=50, stages=4)
+    caps = load_dir(tmp_path)
+    good = caps["slow_step"][1]
+    stage_of = {s["rank"]: s["rank"] // 16 for s in good}
+    stripped = copy.deepcopy(good)
+    for s in stripped:
+        s["groups"] = []
+    for summaries, topo, source in ((good, None, "groups"), (good, "pp=4,dp=*", "topology"),
+                                    (stripped, None, "signature")):
+        table = build_table(summaries)
+        peers = form_peers(table, topology=topo, world_size=64)
+        assert peers.source == source
+        assert len(peers.groups) == 4
+        for rows in peers.groups:
+            assert len({stage_of[int(r)] for r in table.rank[rows]}) == 1
+        d = diagnose(summaries, step=500, trigger="slow_step", world_size=64, topology=topo)
+        assert [(f.rank, f.category) for f in d.findings] == [(50, "compute")]
+
+
+def test_topology_row_major_last_dim_fastest() -> None:
+    assert parse_topology("pp=2,tp=2,dp=*", 8) == [("pp", 2), ("tp", 2), ("dp", 2)]
+    base = json.loads((DATA / "summary_gpu_rank0.json").read_text())
+    sums = []
+    for r in range(8):
+        s = copy.deepcopy(base)
+        s["rank"] = r
+        sums.append(s)
+    peers = form_peers(build_table(sums), topology="pp=2,tp=2,dp=*", world_size=8)
+    assert sorted(sorted(g.tolist()) for g in peers.groups) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    peers = form_peers(build_table(sums), topology="tp=2,pp=2,dp=2", world_size=8)
+    assert sorted(sorted(g.tolist()) for g in peers.groups) == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    with pytest.raises(ValueError):
+        parse_topology("pp=3,dp=*", 8)
+    d = diagnose(sums, step=1, trigger="x", world_size=8, topology="pp=3,dp=*")
+    assert any("topology ignored" in n for n in d.notes)
+
+
+def test_corrupt_and_foreign_summaries_rejected_rest_analysed(tmp_path: Path) -> None:
+    synth.generate(tmp_path, ranks=16, fault="compute", culprit=9)
+    path = tmp_path / "captures" / "500.msgpack"
+    doc = msgpack.unpackb(path.read_bytes(), raw=False)
+    blobs = list(doc["summaries"])
+    blobs[3] = b"\xc1garbage"
+    foreign = summary.decode(blobs[4], origin="x")
+    foreign["schema"] = "other.tool/9"
+    blobs[4] = msgpack.packb(foreign)
+    liar = summary.decode(blobs[5], origin="x")
+    liar["rank"] = 6
+    blobs[5] = msgpack.packb(liar)
+    path.write_bytes(summary.encode_capture(step=500, trigger="slow_step", world_size=16,
+                                            ranks=doc["ranks"], summaries=blobs, missing=[]))
+    d = run(tmp_path)
+    assert d.ranks_analysed == 13
+    assert len(d.errors) == 3
+    assert any("rank 3" in e for e in d.errors) and any("rank 4" in e and "schema" in e for e in d.errors)
+    assert any("rank 5" in e and "claims" in e for e in d.errors)
+    assert [(f.rank, f.category) for f in d.findings] == [(9, "compute")]
+
+
+def test_duplicate_rank_is_reported() -> None:
+    base = json.loads((DATA / "summary_gpu_rank0.json").read_text())
+    sums = [copy.deepcopy(base) for _ in range(3)]
+    sums[1]["rank"] = 1
+    d = diagnose(sums, step=1, trigger="x", world_size=3)
+    assert d.ranks_analysed == 2 and any("duplicate" in e for e in d.errors)
+
+
+def _gpu_job(n: int = 8) -> list[dict]:
+    base = json.loads((DATA / "summary_gpu_rank0.json").read_text())
+    sums = []
+    for r in range(n):
+        s = copy.deepcopy(base)
+        s["rank"], s["host"] = r, f"gpu-a{r // 4:02d}"
+        sums.append(s)
+    return sums
+
+
+def _make_slow(s: dict, phase: str, extra: float, fn: str | None = None) -> None:
+    s["phases"][phase] += extra
+    s["phases"]["comm"] = max(s["phases"]["comm"] - extra, 1.0)
+    if fn:
+        for f in s["functions"]:
+            if f["name"] == fn:
+                f["ms"] += extra
+
+
+def _victimize(sums: list[dict], culprit: int, extra: float) -> None:
+    for s in sums:
+        if s["rank"] != culprit:
+            s["phases"]["comm"] += extra
+
+
+def test_gpu_throttling_is_named() -> None:
+    sums = _gpu_job()
+    _make_slow(sums[6], "backward", 40.0, "aten::mm")
+    _victimize(sums, 6, 40.0)
+    gpu = sums[6]["telemetry"]["end"]["gpu"]
+    gpu["sm_mhz"], gpu["throttle"] = 1100, ["hw_thermal_slowdown", "sw_power_cap"]
+    d = diagnose(sums, step=1, trigger="slow_step", world_size=8)
+    assert len(d.findings) == 1
+    f = d.findings[0]
+    assert (f.rank, f.host, f.category, f.function) == (6, "gpu-a01", "compute", "aten::mm")
+    assert f.evidence["hardware_throttle"] == ["hw_thermal_slowdown", "sw_power_cap"]
+    assert "throttling" in f.action and sorted(f.victims) == [0, 1, 2, 3, 4, 5, 7]
+
+
+def test_memory_category_from_allocator_function() -> None:
+    sums = _gpu_job()
+    for s in sums:
+        s["functions"].insert(0, {"name": "cudaMalloc", "kind": "cpu_op", "phase": "forward", "count": 1.0,
+                                  "ms": 0.1, "mean": 0.1, "p50": 0.1, "p90": 0.1, "p99": 0.1, "max": 0.1,
+                                  "std": 0.0})
+    _make_slow(sums[2], "forward", 30.0, "cudaMalloc")
+    _victimize(sums, 2, 30.0)
+    f = diagnose(sums, step=1, trigger="slow_step", world_size=8).findings[0]
+    assert (f.rank, f.category, f.function) == (2, "memory", "cudaMalloc")
+
+
+def test_submillisecond_noise_is_ignored() -> None:
+    sums = _gpu_job()
+    for s in sums:
+        for p in s["phases"]:
+            s["phases"][p] *= 0.01      # a 1 ms step
+    _make_slow(sums[1], "forward", 0.4)
+    assert diagnose(sums, step=1, trigger="slow_step", world_size=8).healthy
+
+
+def test_host_wide_slowness_is_one_host_finding() -> None:
+    sums = _gpu_job(16)
+    for r in range(4, 8):               # every rank of gpu-a01
+        _make_slow(sums[r], "forward", 35.0 + r, "aten::addmm")
+    _victimize(sums, -1, 0.0)
+    d = diagnose(sums, step=1, trigger="slow_step", world_size=16)
+    assert len(d.findings) == 1
+    f = d.findings[0]
+    assert f.host == "gpu-a01" and f.evidence["ranks"] == [4, 5, 6, 7] and f.rank == 7
+
+
+def test_local_comm_excess_without_baseline() -> None:
+    sums = _gpu_job(16)
+    for r in range(8, 12):
+        sums[r]["phases"]["comm"] += 40.0
+    probe = {"hosts": {"gpu-a00": {"latency_us": 20}, "gpu-a01": {"latency_us": 22},
+                       "gpu-a02": {"latency_us": 400}, "gpu-a03": {"latency_us": 21}}}
+    d = diagnose(sums, step=1, trigger="slow_step", world_size=16, link_probe=probe)
+    assert [(f.category, f.rank, f.host) for f in d.findings] == [("communication", None, "gpu-a02")]
+    d = diagnose(sums, step=1, trigger="slow_step", world_size=16)
+    assert d.findings[0].host == "gpu-a02" and d.findings[0].evidence["ranks"] == [8, 9, 10, 11]
+
+
+def test_hang_names_missing_rank() -> None:
+    sums = _gpu_job(8)[:7]
+    d = diagnose(sums, step=9, trigger="hang", world_size=8, missing=[7])
+    assert [(f.category, f.rank) for f in d.findings] == [("hang", 7)]
+    assert diagnose(sums, step=9, trigger="slow_step", world_size=8, missing=[7]).healthy
+
+
+def test_no_summaries() -> None:
+    d = diagnose([], step=3, trigger="slow_step", world_size=4, errors=["summary from rank 0: bad"])
+    assert d.ranks_analysed == 0 and d.errors == ("summary from rank 0: bad",) and not d.findings
+
+
+def test_consolidate_merges_and_sorts(tmp_path: Path) -> None:
+    synth.generate(tmp_path, ranks=16, fault="dataloader", culprit=4)
+    caps = load_dir(tmp_path)
+    d1 = diagnose(caps["slow_step"][1], step=500, trigger="slow_step", world_size=16)
+    d2 = diagnose(caps["slow_step"][1], step=700, trigger="slow_step", world_size=16)
+    sums = _gpu_job(8)
+    _make_slow(sums[1], "gc", 5.0)
+    _victimize(sums, 1, 5.0)
+    assert diagnose(sums, step=900, trigger="slow_step", world_size=8).healthy   # 5% of the step
+    d3 = diagnose(sums, step=900, trigger="slow_step", world_size=8,
+                  thresholds=Thresholds(rel_step=0.02, z=2.5))
+    merged = consolidate([d1, d2, d3])
+    assert [(f.rank, f.category) for f in merged] == [(4, "dataloader"), (1, "gc")]
+    assert merged[0].captures == (500, 700)
+    assert json.loads(json.dumps(merged[0].to_json()))["victims"]
+
+
+def test_diagnosis_json_roundtrip(tmp_path: Path) -> None:
+    synth.generate(tmp_path, ranks=8, fault="gc", culprit=2)
+    d = run(tmp_path)
+    doc = json.loads(json.dumps(d.to_json(), allow_nan=False))
+    assert doc["findings"][0]["rank"] == 2 and doc["schema"] == "eroica.diagnosis/1"
+    from eroica_runtime.engine import Diagnosis
+    assert Diagnosis.from_json(doc).findings[0].category == "gc"
+
+
+def test_table_matches_codec_own_work(tmp_path: Path) -> None:
+    synth.generate(tmp_path, ranks=8, fault="none")
+    good = load_dir(tmp_path)["slow_step"][1]
+    table = build_table(reversed(good))          # any order, any iterable
+    assert table.rank.tolist() == list(range(8))
+    expected = [summary.own_work_ms(s) for s in sorted(good, key=lambda s: s["rank"])]
+    assert np.allclose(table.own, expected)
+
+
+def test_engine_is_pure() -> None:
+    code = ("import sys, eroica_runtime.engine, eroica_runtime.report, eroica_runtime.synth; "
+            "bad = [m for m in ('torch', 'mpi4py') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
