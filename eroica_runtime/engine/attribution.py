@@ -73,7 +73,8 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds) -> list[Culprit]:
             if len(rows) == 2:            # the reference is simply the other rank
                 comm_ref = float(comm_all[rows[1 - k]])
             d_comm = float(comm_all[row] - comm_ref)
-            if not significant(excess, z, step_ref, th, len(rows)) or d_comm >= excess:
+            corroborated = d_comm <= -0.5 * excess
+            if not significant(excess, z, step_ref, th, len(rows), corroborated) or d_comm >= excess:
                 continue
             pex = {p: float(table.phases[row, PHASE_INDEX[p]] - ph_ref[i]) for i, p in enumerate(OWN_WORK_PHASES)}
             out.append(Culprit(row=row, group=gi, excess_ms=excess, z=float(z), own=float(own[k]),

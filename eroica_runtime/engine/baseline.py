@@ -8,6 +8,7 @@ slower but costs 0.2% of the step is not what makes the job slow).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +21,7 @@ class Thresholds:
     """Knobs of the engine; the defaults keep ±10% per-phase jitter on a noisy machine quiet."""
 
     abs_ms: float = 1.0            # an excess below this many ms per step is noise
-    rel_step: float = 0.08         # ... and so is one below this fraction of the peers' median step
+    rel_step: float = 0.10         # ... and so is one below this fraction of the peers' median step
     z: float = 5.0                 # robust z-score a culprit must reach against its peers
     sigma_floor_rel: float = 0.02  # MAD floor, relative to the peers' median (identical peers)
     victim_frac: float = 0.5       # a victim waited at least this fraction of the culprit's excess
@@ -65,12 +66,23 @@ def column_reference(matrix: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return np.median(sub, axis=0)
 
 
-def significant(excess: float, z: float, step_ref: float, th: Thresholds, n: int = 1 << 30) -> bool:
+def significant(excess: float, z: float, step_ref: float, th: Thresholds, n: int = 1 << 30,
+                corroborated: bool = False) -> bool:
     """The triple test: robust z, absolute ms, share of the step.
 
     A MAD from fewer than ``small_group`` peers is itself noise, so small groups trade the z-score
-    requirement (down to ``small_z``) for a larger share of the step (``small_rel_step``).
+    requirement (down to ``small_z``) for a larger share of the step (``small_rel_step``); when the
+    rank's wait also shrank by about its excess (``corroborated``) that large share alone suffices.
     """
     if n < th.small_group:
-        return excess >= max(th.abs_ms, th.small_rel_step * step_ref) and z >= th.small_z
-    return excess >= max(th.abs_ms, th.rel_step * step_ref) and z >= th.z
+        return excess >= max(th.abs_ms, th.small_rel_step * step_ref) and (z >= th.small_z or corroborated)
+    return excess >= max(th.abs_ms, th.rel_step * step_ref) and z >= z_required(n, th)
+
+
+def z_required(n: int, th: Thresholds) -> float:
+    """The z-score bar grows with the group: more peers, more chances for one to look extreme by
+    luck; fewer peers, a noisier MAD. 4.0 at 8 peers rising (log-linearly) to ``th.z`` at 64+."""
+    if n >= 64:
+        return th.z
+    lo = min(4.0, th.z)
+    return lo + (th.z - lo) * max(math.log2(max(n, 8)) - 3.0, 0.0) / 3.0

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from eroica_runtime.engine.baseline import Thresholds, center
+from eroica_runtime.engine.baseline import Thresholds, center, z_required
 from eroica_runtime.engine.categories import ACTIONS, COMPUTE_PHASES
 from eroica_runtime.engine.model import Finding
 from eroica_runtime.engine.peers import Peers
@@ -122,6 +122,7 @@ def local_comm_excess(table: Table, peers: Peers, th: Thresholds,
     """Ranks that wait much longer in communication than their peers while nobody is late."""
     comm = table.col("comm")
     step = table.col("step")
+    own = table.own
     hit = np.zeros(table.n, dtype=bool)
     excess = np.zeros(table.n)
     for rows in peers.groups:
@@ -129,8 +130,10 @@ def local_comm_excess(table: Table, peers: Peers, th: Thresholds,
             continue
         c = center(comm[rows], th.sigma_floor_rel)
         step_ref = float(np.median(step[rows]))
-        d = comm[rows] - c.ref
-        ok = (d >= max(th.abs_ms, th.rel_step * step_ref)) & (d / c.sigma >= th.z)
+        # a rank that finished its own work early waits longer: that part of the wait is explained
+        early = np.maximum(float(np.median(own[rows])) - own[rows], 0.0)
+        d = comm[rows] - c.ref - early
+        ok = (d >= max(th.abs_ms, th.rel_step * step_ref)) & (d / c.sigma >= z_required(len(rows), th))
         hit[rows[ok]] = True
         excess[rows[ok]] = d[ok]
     if not hit.any():
@@ -169,6 +172,12 @@ def common_mode(cur: Table, base: Table, th: Thresholds, culprit_excess: float,
     d_own = cur.own[rc] - base.own[rb]
     d_comm = cur.col("comm")[rc] - base.col("comm")[rb]
     m_own, m_comm = float(np.median(d_own)), float(np.median(d_comm)) - culprit_excess
+    # a wait that grew by as much as the latest rank's own work grew is that rank's lateness
+    late = float(np.max(cur.own[rc] - base.own[rb])) if len(rc) else 0.0
+    if culprit_excess == 0.0 and late >= limit and m_comm <= late + limit:
+        notes.append(f"communication wait grew {m_comm:.1f} ms/step vs the baseline, about as much as the "
+                     f"latest rank's own work grew ({late:.1f}): not blamed on the network")
+        m_comm = 0.0
     findings: list[Finding] = []
     common = {"step_ms": [now_step, base_step], "baseline_step": base.capture_step,
               "ranks_compared": int(len(rc)), "step_delta_ms": float(np.median(step_c - step_b))}

@@ -1,0 +1,86 @@
+"""`eroica analyze|show|synth` end to end through click, including bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgpack
+from click.testing import CliRunner
+
+from eroica_launch.offline import analyze_cmd, show_cmd, synth_cmd
+from eroica_runtime import summary
+
+
+def _synth(tmp_path: Path, *args: str) -> Path:
+    out = tmp_path / "rep"
+    res = CliRunner().invoke(synth_cmd, ["--out", str(out), *args])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def test_synth_then_analyze_then_show(tmp_path: Path) -> None:
+    out = _synth(tmp_path, "--ranks", "32", "--fault", "dataloader", "--culprit", "17", "--functions", "80")
+    res = CliRunner().invoke(analyze_cmd, [str(out)])
+    assert res.exit_code == 0, res.output
+    assert "DATALOADER: rank 17 on node00002" in res.output
+    assert (out / "diagnosis-100.json").is_file() and (out / "diagnosis-500.json").is_file()
+    doc = json.loads((out / "report.json").read_text())
+    assert [(f["rank"], f["category"]) for f in doc["findings"]] == [(17, "dataloader")]
+    assert doc["steps"] == 600
+    res = CliRunner().invoke(show_cmd, [str(out)])
+    assert res.exit_code == 0 and "DATALOADER: rank 17" in res.output
+
+
+def test_analyze_with_topology_and_stages(tmp_path: Path) -> None:
+    out = _synth(tmp_path, "--ranks", "32", "--stages", "4", "--fault", "gc", "--culprit", "30")
+    res = CliRunner().invoke(analyze_cmd, [str(out), "--topology", "pp=4,dp=*"])
+    assert res.exit_code == 0, res.output
+    assert "GC: rank 30" in res.output
+    assert json.loads((out / "diagnosis-500.json").read_text())["peers"]["source"] == "topology"
+
+
+def test_analyze_missing_dir(tmp_path: Path) -> None:
+    res = CliRunner().invoke(analyze_cmd, [str(tmp_path / "nope")])
+    assert res.exit_code == 2
+    assert "no such report directory" in res.output and len(res.output.strip().splitlines()) == 1
+    res = CliRunner().invoke(analyze_cmd, [str(tmp_path)])
+    assert res.exit_code == 2 and "no captures" in res.output
+
+
+def test_analyze_corrupt_summary_names_rank(tmp_path: Path) -> None:
+    out = _synth(tmp_path, "--ranks", "16", "--fault", "compute", "--culprit", "2")
+    path = out / "captures" / "500.msgpack"
+    doc = msgpack.unpackb(path.read_bytes(), raw=False)
+    doc["summaries"][11] = b"not msgpack at all \xc1"
+    path.write_bytes(summary.encode_capture(step=500, trigger="slow_step", world_size=16, ranks=doc["ranks"],
+                                            summaries=doc["summaries"], missing=[]))
+    res = CliRunner().invoke(analyze_cmd, [str(out)])
+    assert res.exit_code == 1
+    assert "COMPUTE: rank 2" in res.stdout
+    err = [ln for ln in res.stderr.splitlines() if ln]
+    assert len(err) == 1 and "rank 11" in err[0] and "500.msgpack" in err[0]
+    assert json.loads((out / "report.json").read_text())["captures"][1]["errors"]
+
+
+def test_analyze_corrupt_capture_file(tmp_path: Path) -> None:
+    out = _synth(tmp_path, "--ranks", "8", "--fault", "none")
+    (out / "captures" / "300.msgpack").write_bytes(b"\x00garbage")
+    (out / "captures" / "400.msgpack").write_bytes(msgpack.packb({"schema": "foreign/1"}))
+    res = CliRunner().invoke(analyze_cmd, [str(out)])
+    assert res.exit_code == 1
+    assert "healthy" in res.stdout
+    assert "300.msgpack" in res.stderr and "400.msgpack" in res.stderr and "foreign/1" in res.stderr
+
+
+def test_show_errors(tmp_path: Path) -> None:
+    res = CliRunner().invoke(show_cmd, [str(tmp_path)])
+    assert res.exit_code == 2 and "no report.json" in res.output
+    (tmp_path / "report.json").write_text("{not json")
+    res = CliRunner().invoke(show_cmd, [str(tmp_path)])
+    assert res.exit_code == 1 and "unreadable" in res.output
+
+
+def test_synth_rejects_bad_culprit(tmp_path: Path) -> None:
+    res = CliRunner().invoke(synth_cmd, ["--ranks", "4", "--culprit", "9", "--out", str(tmp_path / "x")])
+    assert res.exit_code == 2 and "culprit 9" in res.output

@@ -1,0 +1,110 @@
+"""Reports: file layout and schema, atomic writes, text that leads with the answer, escaped HTML."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import msgpack
+
+from eroica_runtime import report, synth
+from eroica_runtime.engine import diagnose
+
+DATA = Path(__file__).parent / "data" / "engine"
+EVIL_FN = "<script>alert('fn')</script>"
+EVIL_HOST = "<img src=x onerror=alert(1)>"
+
+
+def _job(n: int = 8) -> list[dict]:
+    base = json.loads((DATA / "summary_gpu_rank0.json").read_text())
+    sums = []
+    for r in range(n):
+        s = copy.deepcopy(base)
+        s["rank"], s["host"] = r, f"gpu-a{r // 4:02d}"
+        sums.append(s)
+    return sums
+
+
+def _evil_capture():
+    sums = _job()
+    for s in sums:
+        s["functions"][1]["name"] = EVIL_FN
+        s["phases"]["comm"] += 40.0
+    sums[5]["host"] = EVIL_HOST
+    sums[5]["phases"]["backward"] += 40.0
+    sums[5]["phases"]["comm"] -= 40.0
+    sums[5]["functions"][1]["ms"] += 40.0
+    return diagnose(sums, step=42, trigger="slow_<b>step</b>", world_size=8)
+
+
+def test_write_capture_and_job(tmp_path: Path) -> None:
+    synth.generate(tmp_path, ranks=16, fault="compute", culprit=3)
+    from eroica_runtime import summary
+    diags = []
+    for p in sorted((tmp_path / "captures").glob("*.msgpack")):
+        meta, good, errors = summary.decode_capture(p.read_bytes())
+        diags.append(diagnose(good, step=meta["step"], trigger=meta["trigger"], world_size=16,
+                              missing=[15] if meta["step"] == 500 else [], errors=errors))
+    for d in diags:
+        path = report.write_capture(tmp_path, d)
+        assert path.name == f"diagnosis-{d.step}.json"
+        assert json.loads(path.read_text())["step"] == d.step
+    job = {"ranks": {"0": {"steps": 600, "median_ms": 101.0, "p99_ms": 140.0}}}
+    doc = report.write_job(tmp_path, diagnoses=diags, world_size=16, steps=600, job=job)
+    on_disk = json.loads((tmp_path / "report.json").read_text())
+    assert on_disk == json.loads(json.dumps(doc))
+    assert on_disk["schema"] == "eroica.report/1" and on_disk["world_size"] == 16 and on_disk["steps"] == 600
+    assert on_disk["job"] == job
+    assert [c["step"] for c in on_disk["captures"]] == [100, 500]
+    cap = on_disk["captures"][1]
+    assert {"step", "trigger", "findings", "missing", "errors"} <= set(cap) and cap["missing"] == [15]
+    (f,) = on_disk["findings"]
+    for key in ("rank", "host", "category", "function", "phase", "impact_ms_per_step", "victims", "evidence",
+                "action"):
+        assert key in f
+    assert f["rank"] == 3 and f["category"] == "compute" and isinstance(f["victims"], list)
+    assert not list(tmp_path.glob(".*.tmp"))          # atomic writes leave no temp files
+    html = (tmp_path / "report.html").read_text()
+    assert "<polyline" in html and "<script" not in html.lower() and "http" not in html
+
+
+def test_html_escapes_names_and_tolerates_no_history(tmp_path: Path) -> None:
+    d = _evil_capture()
+    assert d.findings[0].host == EVIL_HOST and d.findings[0].function == EVIL_FN
+    report.write_job(tmp_path, diagnoses=[d], world_size=8, steps=50)
+    html = (tmp_path / "report.html").read_text()
+    assert EVIL_FN not in html and EVIL_HOST not in html and "<b>step" not in html
+    assert "&lt;script&gt;" in html and "&lt;img src=x" in html
+    assert "No step history" in html
+    assert "<script" not in html.lower()
+
+
+def test_bad_steps_history_is_ignored(tmp_path: Path) -> None:
+    (tmp_path / "steps.msgpack").write_bytes(msgpack.packb({"schema": "nope"}))
+    assert report.load_steps(tmp_path) is None
+    (tmp_path / "steps.msgpack").write_bytes(b"\xc1\xc1")
+    assert report.load_steps(tmp_path) is None
+
+
+def test_text_leads_with_the_answer() -> None:
+    d = _evil_capture()
+    text = report.format_capture(d)
+    lines = text.splitlines()
+    assert "1 finding" in lines[0]
+    assert lines[1].startswith("  #1 COMPUTE: rank 5 on") and "+40.0 ms/step" in lines[1]
+    assert "vs peers" in text and "victims: 7 ranks" in text and "action:" in text
+
+
+def test_healthy_is_one_line() -> None:
+    d = diagnose(_job(), step=7, trigger="slow_step", world_size=8)
+    text = report.format_capture(d)
+    assert "\n" not in text and "healthy" in text
+
+
+def test_job_text_from_report_json(tmp_path: Path) -> None:
+    d = _evil_capture()
+    doc = report.write_job(tmp_path, diagnoses=[d], world_size=8, steps=50)
+    text = report.format_job(json.loads((tmp_path / "report.json").read_text()), tmp_path)
+    assert text.splitlines()[0].startswith("eroica: job report: 1 finding")
+    assert "report.html" in text and text == report.format_job(doc, tmp_path)
