@@ -112,6 +112,16 @@ def rank_env(ident: Identity, spec: RankSpec, base: dict[str, str]) -> dict[str,
     return env
 
 
+def _pmi_fds(env: dict[str, str]) -> tuple[int, ...]:
+    """The process manager's wire-up socket (PMI_FD for hydra and Slurm's pmi2) must reach the rank."""
+    fds = []
+    for var in ("PMI_FD", "PMI_CONTROL_FD"):
+        value = env.get(var, "")
+        if value.isdigit():
+            fds.append(int(value))
+    return tuple(fds)
+
+
 def _set_pdeathsig() -> None:
     """Child dies with its wrapper, so a killed wrapper never leaves an orphaned rank behind."""
     try:
@@ -119,6 +129,9 @@ def _set_pdeathsig() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except Exception:
         pass
+
+
+_KINETO_NOISE = (b"USDT:", b"STAGE:")
 
 
 class _Pump(threading.Thread):
@@ -131,6 +144,8 @@ class _Pump(threading.Thread):
 
     def run(self) -> None:
         for line in iter(self.src.readline, b""):
+            if line.startswith(_KINETO_NOISE) and b"ActivityProfilerHandler" in line:
+                continue  # kineto logs every profiler start/stop; eroica's windows would flood the log
             if self.logfile is not None:
                 self.logfile.write(line)
                 self.logfile.flush()
@@ -185,7 +200,7 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
     started = time.time()
     try:
         child = subprocess.Popen(command, env=env_out, stdout=pipes[1], stderr=pipes[2],
-                                 preexec_fn=_set_pdeathsig)
+                                 preexec_fn=_set_pdeathsig, pass_fds=_pmi_fds(base))
     except OSError as exc:
         _write_status(attempt_dir, ident, pid=None, exitcode=127, signame=None, started=started,
                       message=f"cannot start {command[0]!r}: {exc}")

@@ -50,8 +50,7 @@ def run_plan(plan: Plan) -> int:
             return 0
         failures = read_failures(attempt_dir)
         if teardown:  # ranks we stopped after the root cause are not failures of their own
-            failures = failures[:1] + [f for f in failures[1:]
-                                       if not (f.get("signal") and (f.get("ended") or 0) >= teardown[0])]
+            failures = failures[:1] + [f for f in failures[1:] if (f.get("ended") or 0) < teardown[0]]
         print(failure_summary(plan.script, failures, launcher_rc=rc, mode=plan.mode), file=sys.stderr,
               flush=True)
         if failures:

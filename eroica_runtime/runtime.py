@@ -1,10 +1,339 @@
-"""Placeholder until the online chain lands."""
+"""The online chain on one rank: step clock -> trigger/vote -> capture window -> summary -> gather.
+
+Everything here runs inside the step boundary on the training thread, so the steady state is a few
+microseconds (clock, detector, one nonblocking vote). Any exception is caught, logged once, and
+switches eroica off on this rank; the training carries on.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import statistics
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from eroica_runtime import __version__, errorfile, telemetry
+from eroica_runtime import summary as summary_mod
+from eroica_runtime.capture import Capture
+from eroica_runtime.config import Config
+from eroica_runtime.gather import gather_capture, gather_job_end
+from eroica_runtime.sidechannel import DeadlineMissed, SideChannel
+from eroica_runtime.stepclock import StepClock
+from eroica_runtime.trigger import Trigger
+
+TRIGGER_FILE_EVERY_S = 1.0
 
 
 class Runtime:
-    @classmethod
-    def start(cls) -> "Runtime":
-        return cls()
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.enabled = False
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.report_dir = cfg.report_dir or os.path.abspath("eroica-report")
+        self.side: SideChannel | None = None
+        self.clock = StepClock(self._on_boundary)
+        self.trigger = Trigger(cfg)
+        self.capture = Capture()
+        self.gc = telemetry.GcMonitor()
+        self.votes: deque[tuple[int, Any]] = deque()
+        self.analyst: Any = None
+        self.groups: list[dict[str, Any]] = []
+        self._window: dict[str, Any] = {}
+        self._next_file_check = 0.0
+        self._own_s = 0.0
+        self._job_end_done = False
 
+    # ---- lifecycle -------------------------------------------------------------------------------------
+    @classmethod
+    def start(cls) -> Runtime:
+        rt = cls(Config.from_env())
+        rt._install()
+        return rt
+
+    def _install(self) -> None:
+        from eroica_runtime.sidechannel import SideChannelError
+
+        try:
+            self.side = SideChannel()
+        except SideChannelError as exc:
+            self._warn(f"off on this rank: {exc}; training continues without eroica")
+            return
+        self.rank = self.side.rank
+        self.capture.warm_up()
+        self.gc.install()
+        self.clock.install()
+        self._record_groups()
+        self._install_signals()
+        atexit.register(self._at_exit)
+        os.register_at_fork(after_in_child=self._forked_child)
+        if self.rank == 0:
+            from eroica_runtime.analyst import Analyst
+
+            Path(self.report_dir).mkdir(parents=True, exist_ok=True)
+            self.analyst = Analyst(self.report_dir, self.side.size, self.cfg.topology)
+        self.enabled = True
+
+    def _warn(self, msg: str) -> None:
+        print(f"[eroica rank {self.rank}] {msg}", file=sys.stderr, flush=True)
+
+    def _disable(self, why: str) -> None:
+        """Switch eroica off on this rank (once), leaving the training untouched."""
+        if not self.enabled:
+            return
+        self.enabled = False
+        self._warn(f"off on this rank: {why}; training continues")
+        self.capture.abandon()
+        self.clock.uninstall()
+
+    def _forked_child(self) -> None:
+        """A fork()ed DataLoader worker inherits this object: it must never vote, profile or use MPI."""
+        self.enabled = False
+        self.side = None
+        self.analyst = None
+
+    # ---- per step ----------------------------------------------------------------------------------------
     def on_step(self, manual: bool = False) -> None:
-        pass
+        self.clock.mark()
+
+    def _on_boundary(self, step: int, ms: float) -> None:
+        if not self.enabled:
+            return
+        t0 = time.perf_counter()
+        try:
+            self._boundary(step, ms)
+        except DeadlineMissed as exc:
+            self._disable(str(exc))
+        except Exception as exc:
+            self._disable(f"internal error at step {step}: {type(exc).__name__}: {exc}")
+        self._own_s += time.perf_counter() - t0
+
+    def _boundary(self, step: int, ms: float) -> None:
+        assert self.side is not None
+        cfg = self.cfg
+        in_window = self.capture.active
+        if self.rank == 0 and time.monotonic() >= self._next_file_check:
+            self._next_file_check = time.monotonic() + TRIGGER_FILE_EVERY_S
+            self._check_trigger_file()
+        flags = self.trigger.local_flags(step, ms, in_window)
+        self.votes.append((step, self.side.post_vote(flags)))
+        voted = None
+        if len(self.votes) > cfg.vote_lag:
+            _, handle = self.votes.popleft()
+            voted = self.side.wait_vote(handle, cfg.deadline_s)
+        if self.capture.active:
+            last = self.capture.step + self.capture.k - 1  # type: ignore[operator]
+            if step >= last:
+                self._close_window(step)
+            else:
+                self.capture.mark()
+            return
+        decision = self.trigger.decide(step, voted)
+        if decision is not None:
+            self.side.barrier(cfg.deadline_s, f"capture start barrier (step {decision.start_step})")
+            self._window = {"tele_start": telemetry.sample(), "gc_start": self.gc.snapshot(),
+                            "own_start": self._own_s}
+            self.capture.start(decision.start_step, decision.trigger, cfg.window_steps)
+
+    def _check_trigger_file(self) -> None:
+        path = Path(self.report_dir) / "trigger"
+        if path.exists():
+            try:
+                path.unlink()
+            except OSError:
+                pass
+            self.trigger.manual_pending = True
+            self._warn(f"manual capture requested ({path})")
+
+    # ---- the window ------------------------------------------------------------------------------------
+    def _close_window(self, step: int) -> None:
+        assert self.side is not None
+        cap = self.capture
+        first, trigger, k = cap.step, cap.trigger, cap.k
+        main_tid = cap.main_tid
+        events = cap.stop()
+        gc_count0, gc_ms0 = self._window["gc_start"]
+        gc_count1, gc_ms1 = self.gc.snapshot()
+        steps = [{"step": s, "ms": round(m, 4)} for s, m in self.clock.durations if first <= s <= step]
+        n = max(len(steps), 1)
+        ident = {"rank": self.rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+                 "world_size": self.side.size, "pid": os.getpid(), "host": socket.gethostname(),
+                 "device": telemetry.gpu_identity(), "groups": self.groups,
+                 "versions": {"eroica": __version__, "torch": _torch_version()}}
+        doc = summary_mod.build(events, identity=ident, capture={"step": first, "trigger": trigger, "k": k},
+                                steps=steps,
+                                gc={"count": (gc_count1 - gc_count0) / n, "ms": (gc_ms1 - gc_ms0) / n},
+                                telemetry={"start": self._window["tele_start"], "end": telemetry.sample()},
+                                main_tid=main_tid)
+        blob = summary_mod.encode(doc)
+        gathered = gather_capture(self.side, blob, step=first, trigger=trigger,  # type: ignore[arg-type]
+                                  deadline_s=self.cfg.deadline_s, report_dir=self.report_dir)
+        if gathered is not None and self.analyst is not None:
+            if gathered.missing:
+                self._warn(f"capture at step {first}: no summary from ranks {gathered.missing} "
+                           f"within {self.cfg.deadline_s:.0f}s; analysing the others")
+            self.analyst.submit(gathered)
+
+    # ---- groups, signals ---------------------------------------------------------------------------------
+    def _record_groups(self) -> None:
+        """Remember process groups / device-mesh dims this rank joins: the engine's peer hints."""
+        try:
+            import torch.distributed as dist
+        except Exception:
+            return
+        original_new_group = dist.new_group
+        runtime = self
+
+        def new_group(*args: Any, **kwargs: Any) -> Any:
+            group = original_new_group(*args, **kwargs)
+            ranks = kwargs.get("ranks", args[0] if args else None)
+            if ranks is not None and runtime.rank in list(ranks) and len(runtime.groups) < 64:
+                name = kwargs.get("group_desc") or f"group{len(runtime.groups)}"
+                runtime.groups.append({"name": str(name), "ranks": [int(r) for r in ranks]})
+            return group
+
+        dist.new_group = new_group
+        try:
+            import torch.distributed.device_mesh as dm
+        except Exception:
+            return
+        original_init = dm.init_device_mesh
+
+        def init_device_mesh(device_type: str, mesh_shape: tuple[int, ...], *args: Any, **kwargs: Any) -> Any:
+            mesh = original_init(device_type, mesh_shape, *args, **kwargs)
+            try:
+                runtime._record_mesh(tuple(mesh_shape), kwargs.get("mesh_dim_names"))
+            except Exception:
+                pass
+            return mesh
+
+        dm.init_device_mesh = init_device_mesh
+
+    def _record_mesh(self, shape: tuple[int, ...], names: tuple[str, ...] | None) -> None:
+        import numpy as np
+
+        grid = np.arange(int(np.prod(shape))).reshape(shape)
+        where = np.argwhere(grid == self.rank)
+        if not len(where):
+            return
+        coord = tuple(where[0])
+        for dim in range(len(shape)):
+            index = list(coord)
+            index[dim] = slice(None)
+            ranks = grid[tuple(index)].tolist()
+            name = names[dim] if names and dim < len(names) else f"dim{dim}"
+            self.groups.append({"name": str(name), "ranks": [int(r) for r in ranks]})
+
+    def _install_signals(self) -> None:
+        """SIGUSR1: capture now. SIGUSR2: flush the report. SIGTERM (if unhandled): flush, then die."""
+        def chain(previous: Any, signum: int, frame: Any) -> None:
+            if callable(previous):
+                previous(signum, frame)
+
+        prev1 = signal.getsignal(signal.SIGUSR1)
+
+        def on_usr1(signum: int, frame: Any) -> None:
+            self.trigger.manual_pending = True
+            chain(prev1, signum, frame)
+
+        signal.signal(signal.SIGUSR1, on_usr1)
+        prev2 = signal.getsignal(signal.SIGUSR2)
+
+        def on_usr2(signum: int, frame: Any) -> None:
+            self._flush("SIGUSR2")
+            chain(prev2, signum, frame)
+
+        signal.signal(signal.SIGUSR2, on_usr2)
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            def on_term(signum: int, frame: Any) -> None:
+                self._flush("SIGTERM")
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+            signal.signal(signal.SIGTERM, on_term)
+
+    def _flush(self, why: str) -> None:
+        """Write what rank 0 knows so far (no collective: other ranks may be gone)."""
+        if self.analyst is None:
+            return
+        try:
+            self.analyst.wait(5.0)
+            stats = {"rank": 0, "host": socket.gethostname(), **_step_stats(self.clock.all_ms, self.cfg)}
+            from eroica_runtime.analyst import job_stats
+
+            self.analyst.write_job(steps=self.clock.step, job={**job_stats({0: stats}, self.side.size),
+                                                               "flushed_by": why},
+                                   history=self.clock.all_ms)
+            self._warn(f"{why}: report flushed to {self.report_dir}")
+        except Exception as exc:
+            self._warn(f"{why}: report flush failed: {type(exc).__name__}: {exc}")
+
+    # ---- job end -----------------------------------------------------------------------------------------
+    def _at_exit(self) -> None:
+        if self._job_end_done:
+            return
+        self._job_end_done = True
+        side = self.side
+        if side is None:
+            return
+        try:
+            if self.capture.active:
+                self.capture.abandon()
+            if self.enabled and not errorfile.failed():
+                self._job_end(side)
+        except Exception as exc:
+            self._warn(f"job-end report failed: {type(exc).__name__}: {exc}")
+        finally:
+            side.drain()
+
+    def _job_end(self, side: SideChannel) -> None:
+        from eroica_runtime.analyst import format_job_stats, job_stats
+
+        mine = {"rank": self.rank, "host": socket.gethostname(), **_step_stats(self.clock.all_ms, self.cfg),
+                "eroica_ms": round(self._own_s * 1e3, 3)}
+        got = gather_job_end(side, msgpack.packb(mine, use_bin_type=True), self.cfg.deadline_s)
+        if got is None or self.analyst is None:
+            return
+        blobs, missing = got
+        per_rank = {}
+        for r, raw in blobs.items():
+            try:
+                doc = msgpack.unpackb(raw, raw=False)
+                if isinstance(doc, dict) and isinstance(doc.get("steps"), int):
+                    per_rank[r] = doc
+            except Exception:
+                self._warn(f"job end: unreadable statistics from rank {r}")
+        if not self.analyst.wait(max(30.0, self.cfg.deadline_s)):
+            self._warn("job end: analysis still running after 30s; writing the report without it")
+        stats = job_stats(per_rank, side.size)
+        rep = self.analyst.write_job(steps=stats["steps"], job=stats, history=self.clock.all_ms)
+        from eroica_runtime.report import format_job
+
+        print(format_job_stats(stats, self.analyst.captures), file=sys.stderr)
+        print(format_job(rep, self.report_dir), file=sys.stderr, flush=True)
+
+
+def _step_stats(history: list[float], cfg: Config) -> dict[str, Any]:
+    """Steps, median and p99 step time after warm-up (all steps when the job was shorter)."""
+    values = history[cfg.warmup_steps:] or history
+    if not values:
+        return {"steps": 0, "median_ms": None, "p99_ms": None}
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return {"steps": len(history), "median_ms": round(statistics.median(values), 4), "p99_ms": round(p99, 4)}
+
+
+def _torch_version() -> str:
+    try:
+        import torch
+
+        return str(torch.__version__)
+    except Exception:
+        return "?"

@@ -1,0 +1,74 @@
+"""Capture: the only module that drives torch.profiler.
+
+All ranks start the profiler at the same agreed step, mark each step boundary inside the window
+(``ProfilerStep#N`` annotations), and stop after K steps; the events go to the summary stage.
+The profiler's first start costs about a second of imports, so ``warm_up()`` pays it at install time.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+
+class Capture:
+    def __init__(self) -> None:
+        self._prof: Any = None
+        self.step: int | None = None
+        self.trigger = ""
+        self.k = 0
+        self.main_tid: int | None = None
+
+    @staticmethod
+    def _activities() -> list[Any]:
+        import torch
+        from torch.profiler import ProfilerActivity
+
+        acts = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            acts.append(ProfilerActivity.CUDA)
+        return acts
+
+    def warm_up(self) -> None:
+        """Start and stop an empty profile once, so the first real window is not a second longer."""
+        import torch
+        from torch.profiler import profile
+
+        with profile(activities=self._activities(), record_shapes=False, with_stack=False):
+            torch.zeros(1).add_(1)
+
+    @property
+    def active(self) -> bool:
+        return self._prof is not None
+
+    def start(self, step: int, trigger: str, k: int) -> None:
+        from torch.profiler import profile
+
+        self.step, self.trigger, self.k = step, trigger, k
+        self.main_tid = threading.get_native_id()
+        prof = profile(activities=self._activities(), record_shapes=False, with_stack=False)
+        prof.step_num = step
+        prof.start()  # opens ProfilerStep#<step>: the first profiled step
+        self._prof = prof
+
+    def mark(self) -> None:
+        """A step boundary inside the window: closes one ProfilerStep#N and opens the next."""
+        if self._prof is not None:
+            self._prof.step()
+
+    def stop(self) -> Any:
+        """Stop (closing the last ProfilerStep) and return the window's events (``prof.events()``)."""
+        prof, self._prof = self._prof, None
+        if prof is None:
+            return []
+        prof.stop()
+        return prof.events()
+
+    def abandon(self) -> None:
+        """Stop without processing (eroica is switching off on this rank)."""
+        prof, self._prof = self._prof, None
+        if prof is not None:
+            try:
+                prof.stop()
+            except Exception:
+                pass

@@ -1,0 +1,183 @@
+"""The MPI side channel: the only module that touches MPI.
+
+eroica talks over a duplicate of MPI_COMM_WORLD, never over the training's process groups, so it keeps
+working while NCCL/gloo is stuck. Every wait here is bounded: nonblocking call + Test polling with a
+deadline. A miss raises DeadlineMissed (naming the missing ranks where the operation can tell), and
+the runtime then switches itself off on that rank while training continues.
+
+Payloads are bytes (msgpack produced by the caller) or small numpy int arrays — never pickled objects.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+TAG_GATHER = 7100
+TAG_LEADER = 7101
+TAG_JOBEND = 7102
+TAG_JOBEND_LEADER = 7103
+TAG_HANG = 7104
+TAG_PROBE = 7105
+
+
+class SideChannelError(RuntimeError):
+    """MPI cannot be used here (not available, wrong launch, or a peer is gone)."""
+
+
+class DeadlineMissed(SideChannelError):
+    def __init__(self, what: str, missing: list[int] | None = None) -> None:
+        self.what = what
+        self.missing = missing or []
+        who = f"; missing ranks: {self.missing}" if self.missing else ""
+        super().__init__(f"side-channel deadline missed in {what}{who}")
+
+
+def _poll(test: Callable[[], bool], deadline: float) -> bool:
+    """Spin politely until test() is true or the deadline passes (sleeping, so no core is burnt)."""
+    pause = 0.0001
+    while not test():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 0.005)
+    return True
+
+
+class SideChannel:
+    """World / node / leader communicators and deadline-bounded operations on them."""
+
+    def __init__(self) -> None:
+        try:
+            from mpi4py import MPI
+        except Exception as exc:  # ImportError, RuntimeError from a broken libmpi, ...
+            raise SideChannelError(f"MPI unavailable ({type(exc).__name__}: {exc})") from None
+        self.MPI = MPI
+        world = MPI.COMM_WORLD
+        expected = os.environ.get("WORLD_SIZE")
+        if expected and int(expected) != world.Get_size():
+            raise SideChannelError(
+                f"MPI world size {world.Get_size()} != WORLD_SIZE {expected}: the ranks were not started "
+                "as one MPI job (e.g. srun --mpi=none); start them with eroica-run or srun --mpi=pmi2")
+        self.world = world.Dup()
+        self.rank = self.world.Get_rank()
+        self.size = self.world.Get_size()
+        self.node = self.world.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        if self.node.Get_size() == self.size and self.size > 1 and os.environ.get("EROICA_NODE_SPLIT") == "host":
+            # A launcher that makes shared-memory splitting trivial (e.g. containers): split by hostname.
+            self.node.Free()
+            import zlib
+            self.node = self.world.Split(zlib.crc32(MPI.Get_processor_name().encode()) & 0x7FFFFFFF, self.rank)
+        self.is_leader = self.node.Get_rank() == 0
+        self.leaders = self.world.Split(0 if self.is_leader else MPI.UNDEFINED, self.rank)
+        # every rank learns its node leader's world rank and the leaders' world ranks
+        self.leader_world_rank = int(self.node.bcast(self.rank if self.is_leader else None, root=0))
+        self.node_ranks = [int(r) for r in self.node.allgather(self.rank)]
+        self._pending: list = []
+
+    # ---- nonblocking vote -------------------------------------------------------------------------
+    def post_vote(self, values: np.ndarray) -> tuple[object, np.ndarray]:
+        """Start an Iallreduce(MAX) of a small int64 array; complete it later with wait_vote()."""
+        send = np.ascontiguousarray(values, dtype=np.int64)
+        recv = np.zeros_like(send)
+        req = self.world.Iallreduce(send, recv, op=self.MPI.MAX)
+        self._pending.append((req, send, recv))
+        return req, recv
+
+    def wait_vote(self, handle: tuple[object, np.ndarray], deadline_s: float) -> np.ndarray:
+        req, recv = handle
+        if not _poll(req.Test, time.monotonic() + deadline_s):  # type: ignore[attr-defined]
+            raise DeadlineMissed("vote (Iallreduce)")
+        self._pending = [p for p in self._pending if p[0] is not req]
+        return recv
+
+    def barrier(self, deadline_s: float, what: str = "barrier") -> None:
+        req = self.world.Ibarrier()
+        if not _poll(req.Test, time.monotonic() + deadline_s):
+            self._pending.append((req, None, None))
+            raise DeadlineMissed(what)
+
+    # ---- bytes to a root, point to point (so a missing rank can be named) -----------------------------
+    def _send(self, comm: object, data: bytes, dest: int, tag: int, deadline: float, what: str) -> None:
+        buf = np.frombuffer(data, dtype=np.uint8) if data else np.zeros(0, dtype=np.uint8)
+        req = comm.Isend([buf, self.MPI.BYTE], dest=dest, tag=tag)  # type: ignore[attr-defined]
+        if not _poll(req.Test, deadline):
+            self._pending.append((req, buf, None))
+            raise DeadlineMissed(what, [dest])
+
+    def _recv_all(self, comm: object, sources: list[int], tag: int, deadline: float) -> dict[int, bytes]:
+        """Receive one message from each source (any order) until the deadline."""
+        MPI = self.MPI
+        got: dict[int, bytes] = {}
+        status = MPI.Status()
+        waiting = set(sources)
+
+        def step() -> bool:
+            while waiting and comm.Iprobe(source=MPI.ANY_SOURCE, tag=tag, status=status):  # type: ignore[attr-defined]
+                src = status.Get_source()
+                n = status.Get_count(MPI.BYTE)
+                buf = np.empty(n, dtype=np.uint8)
+                comm.Recv([buf, MPI.BYTE], source=src, tag=tag)  # type: ignore[attr-defined]
+                if src in waiting:
+                    got[src] = buf.tobytes()
+                    waiting.discard(src)
+            return not waiting
+
+        _poll(step, deadline)
+        return got
+
+    def gather_bytes(self, data: bytes, deadline_s: float, tag_base: int = TAG_GATHER,
+                     ) -> tuple[dict[int, bytes], list[int]] | None:
+        """Hierarchical gather: node ranks -> node leader -> world rank 0.
+
+        Returns ({world rank: bytes}, missing world ranks) on rank 0, None elsewhere. Leaders forward
+        what they have when their deadline passes, so one dead rank costs one deadline, not a hang.
+        """
+        import msgpack
+
+        deadline = time.monotonic() + deadline_s
+        node_rank = self.node.Get_rank()
+        if not self.is_leader:
+            self._send(self.node, data, 0, tag_base, deadline, "gather (to node leader)")
+            return None
+        others = list(range(1, self.node.Get_size()))
+        got = self._recv_all(self.node, others, tag_base, deadline - 0.25 * deadline_s)
+        bundle = {self.node_ranks[0]: data}
+        bundle.update({self.node_ranks[i]: b for i, b in got.items()})
+        missing = [self.node_ranks[i] for i in others if i not in got]
+        packed = msgpack.packb({"blobs": bundle, "missing": missing}, use_bin_type=True)
+        if self.rank != 0:
+            # leaders' communicator: world rank 0 is a leader and has leaders-rank 0
+            self._send(self.leaders, packed, 0, tag_base + 1, deadline + 0.25 * deadline_s,
+                       "gather (to rank 0)")
+            return None
+        assert node_rank == 0
+        n_leaders = self.leaders.Get_size()
+        sub = self._recv_all(self.leaders, list(range(1, n_leaders)), tag_base + 1, deadline)
+        all_blobs: dict[int, bytes] = dict(bundle)
+        all_missing = set(missing)
+        for raw in sub.values():
+            doc = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+            all_blobs.update({int(k): v for k, v in doc["blobs"].items()})
+            all_missing.update(int(r) for r in doc["missing"])
+        all_missing.update(r for r in range(self.size) if r not in all_blobs)
+        return all_blobs, sorted(all_missing - set(all_blobs))
+
+    # ---- shutdown ------------------------------------------------------------------------------------
+    def drain(self, timeout_s: float = 2.0) -> None:
+        """Complete or cancel pending requests before MPI finalizes (Open MPI segfaults otherwise)."""
+        deadline = time.monotonic() + timeout_s
+        for req, *_ in self._pending:
+            try:
+                if not _poll(req.Test, deadline):
+                    req.Cancel()
+            except Exception:
+                pass
+        self._pending.clear()
+
+    def abort(self, code: int = 1) -> None:
+        """End the whole MPI job (used by --hang-action abort)."""
+        self.world.Abort(code)

@@ -1,0 +1,142 @@
+"""The trigger: a local detector on each rank, and the lagged vote that makes all ranks agree.
+
+Local rules (defaults in Config, all configurable):
+- spike: the median of the last ``spike_steps`` steps exceeds ``spike_ratio`` x the rolling median of
+  the ``spike_history`` steps before them — a persistent rise; one noisy step never fires;
+- drift (EROICA's rule): the mean of the last ``drift_window`` steps (top 10% trimmed, so stray
+  spikes don't count) stays more than ``drift_pct`` % above the best window seen since the last
+  capture for ``drift_window // 2`` consecutive steps;
+- manual: SIGUSR1, a ``trigger`` file in the report dir, ``--capture-at-steps``;
+- baseline: one automatic capture right after warm-up, so every job has a healthy reference.
+
+Vote: every step each rank posts an Iallreduce(MAX) of its flags and completes the one posted
+``vote_lag`` steps earlier, so all ranks learn the same result at the same step and agree on the same
+capture start step without an extra round-trip.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from eroica_runtime.config import Config
+
+REASONS = ("spike", "drift", "manual")
+
+
+@dataclass(frozen=True)
+class Decision:
+    start_step: int
+    trigger: str
+
+
+class Detector:
+    """Per-rank anomaly rules over step durations (warm-up and profiled steps excluded)."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget history: after a capture the new regime is the reference (no re-fire for it)."""
+        self.recent: deque[float] = deque(maxlen=self.cfg.spike_history + self.cfg.spike_steps)
+        self.window: deque[float] = deque(maxlen=max(self.cfg.drift_window, 2))
+        self.best: float | None = None
+        self.over = 0
+
+    def observe(self, ms: float) -> tuple[bool, bool]:
+        """Add one step; return (spike, drift)."""
+        cfg = self.cfg
+        self.recent.append(ms)
+        spike = False
+        n_hist = len(self.recent) - cfg.spike_steps
+        if n_hist >= max(10, cfg.spike_steps * 3):
+            values = list(self.recent)
+            reference = statistics.median(values[:n_hist])
+            latest = statistics.median(values[n_hist:])
+            spike = latest > cfg.spike_ratio * reference
+        drift = False
+        if cfg.drift_pct > 0:
+            self.window.append(ms)
+            if len(self.window) == self.window.maxlen:
+                ordered = sorted(self.window)
+                kept = ordered[: max(1, int(len(ordered) * 0.9))]
+                mean = sum(kept) / len(kept)
+                if self.best is None or mean < self.best:
+                    self.best = mean
+                if mean > self.best * (1 + cfg.drift_pct / 100.0):
+                    self.over += 1
+                else:
+                    self.over = 0
+                drift = self.over >= max(1, cfg.drift_window // 2)
+        return spike, drift
+
+
+class Trigger:
+    """Schedules captures: deterministic ones (baseline, --capture-at-steps) and voted ones."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.detector = Detector(cfg)
+        self.manual_pending = False
+        self.captures = 0
+        self.profiled_steps = 0
+        self.last_capture_start: int | None = None
+        self.busy_until = -1          # no new capture is scheduled before this step
+        self.baseline_step = cfg.warmup_steps + 2 if cfg.baseline else None
+
+    # ---- local side ----------------------------------------------------------------------------------
+    def local_flags(self, step: int, ms: float, in_window: bool) -> np.ndarray:
+        """This rank's vote for the step that just ended: [spike, drift, manual]."""
+        flags = np.zeros(len(REASONS), dtype=np.int64)
+        if self.manual_pending:
+            flags[2] = 1
+            self.manual_pending = False
+        if step < self.cfg.warmup_steps or in_window or step <= self.busy_until:
+            return flags
+        spike, drift = self.detector.observe(ms)
+        flags[0], flags[1] = int(spike), int(drift)
+        return flags
+
+    # ---- agreed side (identical on every rank) -----------------------------------------------------
+    def _allowed(self, start: int) -> bool:
+        cfg = self.cfg
+        if self.captures >= cfg.max_captures:
+            return False
+        if start <= self.busy_until:
+            return False
+        if self.last_capture_start is not None and start - self.last_capture_start < cfg.cooldown_steps:
+            return False
+        return (self.profiled_steps + cfg.window_steps) <= max(cfg.window_steps,
+                                                               cfg.max_profiled_fraction * start)
+
+    def decide(self, step: int, voted: np.ndarray | None) -> Decision | None:
+        """At the boundary after ``step``: does a capture start at step+1? Same answer on all ranks."""
+        start = step + 1
+        trigger = None
+        if self.baseline_step is not None and start == self.baseline_step:
+            trigger = "baseline"
+        elif start in self.cfg.capture_at_steps:
+            trigger = "manual"
+        elif voted is not None and voted.any():
+            trigger = next(r for r, v in zip(REASONS, voted) if v)
+            if trigger == "manual":
+                pass
+            elif not self._allowed(start):
+                return None
+        if trigger is None:
+            return None
+        if trigger in ("baseline", "manual") and (self.captures >= self.cfg.max_captures
+                                                  or start <= self.busy_until):
+            return None
+        self.captures += 1
+        self.profiled_steps += self.cfg.window_steps
+        self.last_capture_start = start
+        # the window plus the vote lag: votes cast inside the window are about profiled steps
+        self.busy_until = start + self.cfg.window_steps + self.cfg.vote_lag
+        if trigger != "baseline":
+            self.detector.reset()
+        return Decision(start, trigger)

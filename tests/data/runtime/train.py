@@ -1,0 +1,86 @@
+"""A small, unmodified torchrun-style DDP job with an optional real fault on one rank.
+
+FAULT=compute|data|gc|none on FAULT_RANK from step FAULT_FROM (optimizer steps); STEPS steps.
+compute: extra matmuls inside forward; data: the Dataset's __getitem__ sleeps; gc: cyclic garbage and
+forced collections each step. Writes nothing itself; eroica (if injected) does the watching.
+"""
+import gc
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset
+
+FAULT = os.environ.get("FAULT", "none")
+FAULT_RANK = int(os.environ.get("FAULT_RANK", "2"))
+FAULT_FROM = int(os.environ.get("FAULT_FROM", "40"))
+STEPS = int(os.environ.get("STEPS", "80"))
+WORKERS = int(os.environ.get("WORKERS", "0"))
+DIM = int(os.environ.get("DIM", "256"))
+state = {"step": 0}
+
+
+def faulty(kind: str) -> bool:
+    return FAULT == kind and dist.get_rank() == FAULT_RANK and state["step"] >= FAULT_FROM
+
+
+class Data(Dataset):
+    def __init__(self, n: int) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, DIM, generator=g)
+        self.y = torch.randn(n, DIM, generator=g)
+        self.slow = False
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        if self.slow:
+            time.sleep(0.004)
+        return self.x[i], self.y[i]
+
+
+class Model(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.Sequential(*[torch.nn.Linear(DIM, DIM) for _ in range(4)])
+        self.extra = torch.randn(DIM, DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if faulty("compute"):
+            for _ in range(int(os.environ.get("FAULT_MATMULS", "60"))):
+                x = x + 1e-6 * (x @ self.extra)
+        return self.layers(x)
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(Model())
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    data = Data(64 * STEPS)
+    loader = DataLoader(data, batch_size=16, num_workers=WORKERS)
+    junk = []
+    for x, y in loader:
+        if state["step"] >= STEPS:
+            break
+        data.slow = faulty("data")
+        if faulty("gc"):
+            for _ in range(20000):
+                a = []
+                a.append(a)
+                junk.append(a)
+            gc.collect()
+            junk.clear()
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        state["step"] += 1
+    if dist.get_rank() == 0:
+        print(f"trained {state['step']} steps", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
