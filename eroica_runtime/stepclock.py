@@ -89,7 +89,7 @@ class StepClock:
         """(step, ms) between consecutive completed CUDA boundary events; non-blocking."""
         out = []
         events = list(self._cuda_events)
-        for (_s0, e0), (s1, e1) in zip(events, events[1:]):
+        for (_s0, e0), (s1, e1) in zip(events, events[1:], strict=False):
             if e1.query():
                 out.append((s1, float(e0.elapsed_time(e1))))
         return out

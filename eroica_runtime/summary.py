@@ -6,6 +6,7 @@ boundaries, so they are plain msgpack maps, validated on decode, never pickled.
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 import msgpack
@@ -201,33 +202,52 @@ class _Ev:
         self.blocking_self = False
 
 
+_DEVICE_NAMES: dict[Any, str] = {}
+
+
 def _device_type_name(value: Any) -> str:
-    """'CUDA' for DeviceType.CUDA (or the string form a raw kineto event gives)."""
-    text = str(getattr(value, "name", value))
-    return text.rsplit(".", 1)[-1]
+    """'CUDA' for DeviceType.CUDA (or the string form a raw kineto event gives); cached per value."""
+    try:
+        return _DEVICE_NAMES[value]
+    except (KeyError, TypeError):
+        pass
+    text = str(getattr(value, "name", value)).rsplit(".", 1)[-1]
+    try:
+        _DEVICE_NAMES[value] = text
+    except TypeError:
+        pass
+    return text
 
 
 def _normalize(events: Any) -> list[_Ev]:
-    """Read FunctionEvents defensively (fields have moved between torch versions)."""
+    """Read FunctionEvents (fast path: the torch 2.x attributes; else field by field, defaulted)."""
     out: list[_Ev] = []
     for fe in events:
-        name = getattr(fe, "trace_name", None) or getattr(fe, "name", "") or ""
+        try:
+            name = fe.trace_name or fe.name
+            tr = fe.time_range
+            start, end = tr.start / 1000.0, tr.end / 1000.0
+            dev = _device_type_name(fe.device_type)
+            thread = fe.thread
+            annotation, scope = fe.is_user_annotation, fe.scope
+            corr, linked = fe.id, fe.linked_correlation_id
+        except AttributeError:
+            name = getattr(fe, "trace_name", None) or getattr(fe, "name", "") or ""
+            tr = getattr(fe, "time_range", None)
+            if tr is None:
+                continue
+            start, end = float(tr.start) / 1000.0, float(tr.end) / 1000.0
+            dev = _device_type_name(getattr(fe, "device_type", "CPU"))
+            thread = getattr(fe, "thread", 0)
+            annotation, scope = getattr(fe, "is_user_annotation", False), getattr(fe, "scope", 0)
+            corr, linked = getattr(fe, "id", 0), getattr(fe, "linked_correlation_id", 0)
         if name in _MEMORY_NAMES:
             continue
-        tr = getattr(fe, "time_range", None)
-        if tr is None:
-            continue
-        start = float(tr.start) / 1000.0
-        end = float(tr.end) / 1000.0
-        dev = _device_type_name(getattr(fe, "device_type", "CPU"))
         gpu = dev in _GPU_DEVICE_TYPES
-        thread = getattr(fe, "thread", 0)
         if gpu:  # streams share small ids with CPU threads: keep them apart
             thread = ("gpu", getattr(fe, "device_index", 0), getattr(fe, "device_resource_id", thread))
-        out.append(_Ev(str(name), start, end, thread, gpu,
-                       bool(getattr(fe, "is_user_annotation", False)),
-                       int(getattr(fe, "scope", 0) or 0), int(getattr(fe, "id", 0) or 0),
-                       int(getattr(fe, "linked_correlation_id", 0) or 0)))
+        out.append(_Ev(str(name), start, end, thread, gpu, bool(annotation), int(scope or 0),
+                       int(corr or 0), int(linked or 0)))
     return out
 
 
@@ -449,18 +469,22 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
     # backward op -> forward, after its last -> optimizer (loss, grad clipping, user code).
     bwd_marks = _union([(ev.start, ev.end) for ev in main_evs if ev.marker == "backward"] + side_bwd)
 
+    span_starts = [s for s, _ in spans]
+    span_bwd: list[tuple[float, float] | None] = []
+    for s, e in spans:
+        lo = max(0, bisect.bisect_left(bwd_marks, (s, s)) - 1)
+        hi = bisect.bisect_right(bwd_marks, (e, float("inf")))
+        inside = [iv for iv in bwd_marks[lo:hi] if iv[1] >= s and iv[0] <= e]
+        span_bwd.append((inside[0][0], inside[-1][1]) if inside else None)
+
     def positional(t: float) -> str:
-        for s, e in spans:
-            if s <= t <= e:
-                inside = [iv for iv in bwd_marks if iv[1] >= s and iv[0] <= e]
-                if not inside:
-                    return "forward"
-                if t < inside[0][0]:
-                    return "forward"
-                if t > inside[-1][1]:
-                    return "optimizer"
-                return "backward"
-        return "other"
+        i = bisect.bisect_right(span_starts, t) - 1
+        if i < 0 or t > spans[i][1]:
+            return "other"
+        bwd = span_bwd[i]
+        if bwd is None or t < bwd[0]:
+            return "forward"
+        return "optimizer" if t > bwd[1] else "backward"
 
     busy_by_phase: dict[str, list[tuple[float, float]]] = {}
     blocking: dict[str, list[tuple[float, float]]] = {}  # phase-owned blocking (sync calls)

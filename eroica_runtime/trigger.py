@@ -122,10 +122,9 @@ class Trigger:
         elif start in self.cfg.capture_at_steps:
             trigger = "manual"
         elif voted is not None and voted.any():
-            trigger = next(r for r, v in zip(REASONS, voted) if v)
-            if trigger == "manual":
-                pass
-            elif not self._allowed(start):
+            # a person asking wins over the detectors, and is not held back by cooldown or budget share
+            trigger = "manual" if voted[2] else ("spike" if voted[0] else "drift")
+            if trigger != "manual" and not self._allowed(start):
                 return None
         if trigger is None:
             return None

@@ -14,7 +14,7 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -114,14 +114,21 @@ def load_report(report_dir: Path) -> dict[str, object]:
     return data
 
 
-def wait_for(cond: object, timeout: float, what: str) -> None:
-    assert callable(cond)
+def wait_while_running(
+    cluster: SlurmCluster, job: str, output: Path, cond: Callable[[], bool], timeout: float, what: str
+) -> None:
+    """Wait for `cond` while the job runs; fail at once (with the job's log) if the job ends first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if cond():
             return
+        state = cluster.job(job).get("JobState", "")
+        if state not in ("PENDING", "RUNNING", "CONFIGURING"):
+            if cond():
+                return
+            pytest.fail(f"job {job} ended ({state}) before {what}\n{read(output)}")
         time.sleep(0.3)
-    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}\n{read(output)}")
 
 
 # ------------------------------------------------------------------------------- the cluster itself
@@ -212,14 +219,22 @@ def test_template_rank_failure_fails_job_with_summary(
     assert info.state == "FAILED", f"job {job}: {info.state} {info.exit_code}\n{log}"
     assert "rank 2 failing on purpose" in log, log
     assert not list((tmp_path / "ranks").glob("rank-*.json")), "a rank finished although rank 2 failed"
-    # torchrun-style failure summary, naming the failed rank
-    assert re.search(r"FAILED", log), log
-    assert re.search(r"rank\s*:?\s*2\b", log), log
+    # torchrun-style failure summary whose root cause is rank 2
+    summary = re.search(
+        r"ddp_tiny\.py FAILED.*?Root Cause \(first observed failure\):\s*\[0\]:(.*?)={20}", log, re.S
+    )
+    assert summary, f"no torchrun-style failure summary in the job log\n{log}"
+    assert re.search(r"^\s*rank\s*:\s*2\b", summary.group(1), re.M), summary.group(0)
 
 
 def test_pre_timeout_signal_flushes_report(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    """The template's --signal=USR2@... is delivered by Slurm itself and the ranks flush a report
-    while training carries on. A 1-minute limit puts the signal time at the job's start."""
+    """The template's own `--signal=USR2@120`, sent by slurmctld as the time limit nears, makes the
+    ranks flush report.json while training carries on.
+
+    The job starts with a 5-minute limit; once it trains, the limit is cut to 2 minutes, which puts
+    the template's signal time (120 s before the end) in the past, so slurmctld sends SIGUSR2 at its
+    next time-limit check (Slurm checks limits periodically: up to ~30 s later).
+    """
     job, output = submit(
         slurm_cluster,
         "eroica-srun.sbatch",
@@ -230,20 +245,31 @@ def test_pre_timeout_signal_flushes_report(slurm_cluster: SlurmCluster, tmp_path
         "100000",
         "--step-sleep",
         "0.05",
-        extra=("--time=1",),
     )
     report_dir = tmp_path / "reports" / job
     try:
-        slurm_cluster.wait_running(job, timeout=30)
-        wait_for(
-            lambda: (report_dir / "report.json").exists(), 45, f"report.json after SIGUSR2 in {report_dir}"
+        wait_while_running(
+            slurm_cluster, job, output, lambda: "ddp_tiny: step 3 " in read(output), 60, "training to start"
         )
-        assert slurm_cluster.job(job).get("JobState") == "RUNNING", "SIGUSR2 should flush, not stop training"
+        assert not (report_dir / "report.json").exists(), "report.json before any signal: test proves nothing"
+        slurm_cluster.run(["scontrol", "update", f"JobId={job}", "TimeLimit=2"])
+        wait_while_running(
+            slurm_cluster,
+            job,
+            output,
+            lambda: (report_dir / "report.json").exists(),
+            50,
+            f"report.json in {report_dir} after the pre-timeout SIGUSR2",
+        )
+        load_report(report_dir)
+        time.sleep(1.0)
+        assert slurm_cluster.job(job).get("JobState") == "RUNNING", (
+            f"SIGUSR2 must not stop training\n{read(output)}"
+        )
     finally:
         slurm_cluster.run(["scancel", job], check=False)
     slurm_cluster.wait_job(job, timeout=JOB_TIMEOUT)
     load_report(report_dir)
-    assert "step" in read(output)
 
 
 @pytest.mark.parametrize("template", TEMPLATES)
@@ -261,8 +287,9 @@ def test_scancel_leaves_flushed_report(slurm_cluster: SlurmCluster, tmp_path: Pa
         "0.05",
     )
     try:
-        slurm_cluster.wait_running(job, timeout=30)
-        wait_for(lambda: "ddp_tiny: step 3 " in read(output), 60, "training to start")
+        wait_while_running(
+            slurm_cluster, job, output, lambda: "ddp_tiny: step 3 " in read(output), 60, "training to start"
+        )
     finally:
         slurm_cluster.run(["scancel", job], check=False)
     info = slurm_cluster.wait_job(job, timeout=JOB_TIMEOUT)

@@ -42,6 +42,7 @@ import gc
 import mmap
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -565,12 +566,14 @@ class IoFault(Fault):
 
 
 # ---------------------------------------------------------------------------------------------- link
-def in_child_netns() -> bool:
-    """True when this process is not in the machine's root network namespace (safe to shape eth0)."""
+def faultlib_netns() -> str | None:
+    """Name of the faultlib fake-host namespace this process runs in, else None (never shape a real NIC)."""
     try:
-        return os.stat("/proc/self/ns/net").st_ino != os.stat("/proc/1/ns/net").st_ino
-    except OSError:
-        return False
+        r = subprocess.run(["ip", "netns", "identify", str(os.getpid())], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    name = r.stdout.strip()
+    return name if re.match(r"^erf[0-9a-f]{6}-h\d+$", name) else None
 
 
 class LinkFault(Fault):
@@ -584,7 +587,7 @@ class LinkFault(Fault):
             return "'link' needs root"
         if shutil.which("tc") is None:
             return "'tc' not installed"
-        if not in_child_netns():
+        if faultlib_netns() is None:
             return "'link' only shapes a fake host's interface (run ranks in faultlib.netns namespaces)"
         return None
 

@@ -247,8 +247,17 @@ def run_probe_job(c: netns.Cluster, n: int, mb: float = 4, iters: int = 5, timeo
                        capture_output=True, text=True, timeout=timeout)
     if r.returncode:
         raise RuntimeError(f"mpiexec failed rc={r.returncode}: {r.stderr[-2000:]}")
-    rows = [json.loads(line[6:]) for line in r.stdout.splitlines() if line.startswith("PROBE ")]
-    return sorted(rows, key=lambda x: x["rank"])
+    return sorted(parse_tagged(r.stdout, "PROBE "), key=lambda x: x["rank"])
+
+
+def parse_tagged(text: str, tag: str) -> list[dict[str, Any]]:
+    """Every ``<tag>{json}`` in text; ranks' lines can interleave through mpiexec, so no line splitting."""
+    dec, out, i = json.JSONDecoder(), [], text.find(tag)
+    while i >= 0:
+        obj, end = dec.raw_decode(text, i + len(tag))
+        out.append(obj)
+        i = text.find(tag, end)
+    return out
 
 
 def measure_mpi(n: int = 4, mbit: float = 200, slow_host: int = 2) -> dict[str, Any]:
