@@ -222,7 +222,8 @@ def _capture(path: Path, *, ranks: int, stages: int, vocabs: list[Vocab], rng: n
     cpu_share = rng.uniform(0.95, 1.0, ranks)
     retrans = np.zeros(ranks)
     gc_count = rng.uniform(0.1, 0.3, ranks)
-    if fault != "none" and culprit is not None:
+    ph_fn = {p_: v.copy() for p_, v in ph.items()}  # functions share the pre-fault phase time ...
+    if fault != "none" and culprit is not None:     # ... and the planted extra goes to one function
         c = culprit
         if fault == "compute":
             ph["backward"][c] += E
@@ -308,9 +309,7 @@ def _capture(path: Path, *, ranks: int, stages: int, vocabs: list[Vocab], rng: n
                 slot_keys = {key for key, _, _ in tpl.slots}
                 for j in range(len(v.names)):
                     ph_name = v.phase[j]
-                    base = v.share[j] * (ph[ph_name][r] if ph_name in ph else 0.0)
-                    if ph_name in ("forward",) and fault == "regression":
-                        base = v.share[j] * (ph[ph_name][r] - E)
+                    base = v.share[j] * (ph_fn[ph_name][r] if ph_name in ph_fn else 0.0)
                     ms = base * rng.uniform(0.97, 1.03, n)
                     for cr, (fname, extra_ms) in fn_extra.items():
                         if v.names[j] == fname:
