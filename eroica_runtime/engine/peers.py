@@ -10,8 +10,10 @@ Sources, in order of trust:
    otherwise ranks joined by dp/tp/... groups form one peer set. Groups with unknown names are not
    trusted on their own and are intersected with signature clusters.
 3. Signature clustering: ranks that run the same significant functions the same number of times
-   per step. Small clusters that differ from a big one in only a few calls (a culprit running an
-   extra op) are merged into it, so a culprit is not hidden in a group of its own.
+   per step. A cluster that differs from a bigger one in only a few calls, or that is a small
+   minority (at most a third of the largest cluster), is merged into its nearest bigger cluster,
+   so a culprit running extra ops is not hidden in a group of its own. Clusters of equal size
+   (balanced pipeline stages) are never merged.
 """
 
 from __future__ import annotations
@@ -136,21 +138,20 @@ def signature_labels(table: Table, merge_below: float = 0.25) -> np.ndarray:
     target = np.arange(len(groups))
     largest = sizes.max()
     for gi in by_size[::-1]:
-        if sizes[gi] >= 0.25 * largest and sizes[gi] > 1:
-            continue
         bigger = [gj for gj in by_size if sizes[gj] > sizes[gi] and target[gj] == gj]
         if not bigger:
             continue
         a = reps[gi]
-        best, best_d = -1, merge_below
+        dists = []
         for gj in bigger:
             b = reps[gj]
             denom = np.maximum(a, b).sum()
-            d = float(np.abs(a - b).sum() / denom) if denom else 0.0
-            if d < best_d:
-                best, best_d = gj, d
-        if best >= 0:
-            target[gi] = best
+            dists.append(float(np.abs(a - b).sum() / denom) if denom else 0.0)
+        k = int(np.argmin(dists))
+        # a close signature, or a small minority (a stage is never a lone rank among big stages:
+        # a minority that calls something extra is more likely a culprit doing extra work)
+        if dists[k] < merge_below or sizes[gi] <= 0.34 * largest:
+            target[gi] = bigger[k]
     for _ in range(len(groups)):     # follow merge chains to their final cluster
         nxt = target[target]
         if np.array_equal(nxt, target):

@@ -97,7 +97,14 @@ def build_table(summaries: Iterable[dict[str, Any]]) -> Table:
     fn_ids: dict[str, int] = {}
     fn_phase: list[str] = []
     fn_kind: list[str] = []
-    pattern_cache: dict[tuple[str, ...], np.ndarray] = {}
+    # Rows that list the same function names in the same order (the common case) share a
+    # "pattern": their values go to per-pattern buffers and land in the dense matrix with one
+    # block assignment. Other rows (too many patterns, repeated names) go through COO triplets.
+    pat_ids: dict[tuple[str, ...], int] = {}
+    pat_cols: list[np.ndarray] = []
+    pat_rows: list[array] = []
+    pat_ms: list[array] = []
+    pat_cnt: list[array] = []
     f_row, f_col = array("q"), array("q")
     f_ms, f_cnt = array("d"), array("d")
     stage: list[int] = []
@@ -132,8 +139,8 @@ def build_table(summaries: Iterable[dict[str, Any]]) -> Table:
 
         fns = s["functions"]
         names = tuple([f["name"] for f in fns])
-        cols = pattern_cache.get(names)
-        if cols is None:
+        pid = pat_ids.get(names)
+        if pid is None:
             cols_l = []
             for f in fns:
                 c = fn_ids.get(f["name"])
@@ -142,13 +149,21 @@ def build_table(summaries: Iterable[dict[str, Any]]) -> Table:
                     fn_phase.append(str(f["phase"]))
                     fn_kind.append(str(f["kind"]))
                 cols_l.append(c)
-            cols = np.asarray(cols_l, dtype=np.int64)
-            if len(pattern_cache) < 4096:
-                pattern_cache[names] = cols
-        f_col.extend(cols.tolist())
-        f_row.extend([row] * len(fns))
-        f_ms.extend([float(f["ms"]) for f in fns])
-        f_cnt.extend([float(f["count"]) for f in fns])
+            if len(pat_ids) < 4096 and len(set(cols_l)) == len(cols_l):
+                pid = pat_ids[names] = len(pat_cols)
+                pat_cols.append(np.asarray(cols_l, dtype=np.int64))
+                pat_rows.append(array("q"))
+                pat_ms.append(array("d"))
+                pat_cnt.append(array("d"))
+            else:
+                f_col.extend(cols_l)
+                f_row.extend([row] * len(fns))
+                f_ms.extend([float(f["ms"]) for f in fns])
+                f_cnt.extend([float(f["count"]) for f in fns])
+        if pid is not None:
+            pat_rows[pid].append(row)
+            pat_ms[pid].extend([f["ms"] for f in fns])
+            pat_cnt[pid].extend([f["count"] for f in fns])
 
         st = -1
         for g in s["groups"]:
@@ -187,16 +202,18 @@ def build_table(summaries: Iterable[dict[str, Any]]) -> Table:
     names_by_id = [""] * nf
     for name, i in fn_ids.items():
         names_by_id[i] = name
-    flat = np.frombuffer(f_row, dtype=np.int64) * nf + np.frombuffer(f_col, dtype=np.int64) if nf else None
-    if flat is not None and len(flat):
-        fn_ms = np.bincount(flat, weights=np.frombuffer(f_ms, dtype=np.float64), minlength=n * nf)
-        fn_cnt = np.bincount(flat, weights=np.frombuffer(f_cnt, dtype=np.float64), minlength=n * nf)
-        fn_ms = fn_ms.reshape(n, nf)
-        fn_count = fn_cnt.reshape(n, nf).astype(np.float32)
-        del fn_cnt
-    else:
-        fn_ms = np.zeros((n, nf))
-        fn_count = np.zeros((n, nf), dtype=np.float32)
+    fn_ms = np.zeros((n, nf))
+    fn_count = np.zeros((n, nf), dtype=np.float32)
+    for cols, rows_a, ms_a, cnt_a in zip(pat_cols, pat_rows, pat_ms, pat_cnt, strict=True):
+        rows_np = np.frombuffer(rows_a, dtype=np.int64)
+        if len(cols) and len(rows_np):
+            fn_ms[rows_np[:, None], cols[None, :]] = np.frombuffer(ms_a, dtype=np.float64).reshape(-1, len(cols))
+            fn_count[rows_np[:, None], cols[None, :]] = np.frombuffer(cnt_a, dtype=np.float64).reshape(-1, len(cols))
+    if len(f_row) and nf:
+        flat = np.frombuffer(f_row, dtype=np.int64) * nf + np.frombuffer(f_col, dtype=np.int64)
+        fn_ms += np.bincount(flat, weights=np.frombuffer(f_ms, dtype=np.float64), minlength=n * nf).reshape(n, nf)
+        fn_count += np.bincount(flat, weights=np.frombuffer(f_cnt, dtype=np.float64),
+                                minlength=n * nf).reshape(n, nf).astype(np.float32)
 
     rank_arr = np.asarray(ranks, dtype=np.int64)
     order = np.argsort(rank_arr, kind="stable")
