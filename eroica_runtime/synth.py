@@ -299,7 +299,7 @@ def _capture(path: Path, *, ranks: int, stages: int, vocabs: list[Vocab], rng: n
                 vals["gc.count"] = gc_count[r]
                 wall = step[r] * K / 1000.0
                 vals["wall_s"] = wall
-                vals["cpu_s"] = wall * cpu_share[r] * (own[r] / step[r])
+                vals["cpu_s"] = wall * cpu_share[r]
                 vals["ctx_invol"] = ctx_invol[r] * wall
                 vals["tcp_retrans"] = retrans[r]
                 for si in range(stages):

@@ -60,7 +60,11 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float) -> 
         "functions": c.functions, "peers": {"source": peers.source, "size": int(len(peers.groups[c.group]))},
         "victims_count": int(len(c.victims)), **tele_ev,
     }
-    action = (hint + " " if hint else "") + ACTIONS.get(c.category, "")
+    # telemetry is the main evidence of a host stall; for other kinds it is a secondary hint
+    action = (hint + " " + ACTIONS.get(c.category, "")) if c.category == "host" else \
+        (ACTIONS.get(c.category, "") + (" Also: " + hint if hint else ""))
+    if "throttling" in hint and "hardware_throttle" in tele_ev:
+        action = hint + " " + ACTIONS.get(c.category, "")
     title = (f"rank {rank} on {host}: {c.category} in {c.function} "
              f"(+{c.excess_ms:.1f} ms/step own work, {len(c.victims)} ranks waiting on it)")
     return Finding(category=c.category, rank=rank, host=host, function=c.function, phase=c.phase,

@@ -95,11 +95,12 @@ def attribute(table: Table, peers: Peers, culprits: list[Culprit], th: Threshold
                 ref = fn_ref_cache[c.group] = column_reference(table.fn_ms, peers.groups[c.group])
             delta = table.fn_ms[c.row] - ref
             cols = function_candidates(table, c.category)
-            top = np.argsort(-delta)[: th.top_functions]
+            shown = np.where(np.asarray([k != "annotation" for k in table.fn_kind], dtype=bool), delta, -np.inf)
+            top = np.argsort(-shown)[: th.top_functions]
             c.functions = [{"name": table.fn_names[j], "phase": table.fn_phase[j], "kind": table.fn_kind[j],
                             "rank_ms": float(table.fn_ms[c.row, j]), "peers_ms": float(ref[j]),
                             "rank_calls": float(table.fn_count[c.row, j])} for j in top.tolist()
-                           if delta[j] >= max(0.5 * th.abs_ms, 0.05 * c.excess_ms)]
+                           if shown[j] >= max(0.5 * th.abs_ms, 0.05 * c.excess_ms)]
             if len(cols):
                 best = int(cols[np.argmax(delta[cols])])
                 if delta[best] >= th.fn_share * c.excess_ms:

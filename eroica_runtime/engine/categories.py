@@ -56,7 +56,8 @@ def function_candidates(table: Table, category: str) -> np.ndarray:
     """Columns whose functions can explain an excess of ``category``."""
     ok = []
     for name, ph, kind in zip(table.fn_names, table.fn_phase, table.fn_kind, strict=True):
-        if name == "<other>" or kind == "collective" or ph == "comm":
+        if name == "<other>" or kind in ("collective", "annotation") or ph == "comm":
+            ok.append(False)   # annotations nest other ops; collectives are waits, not own work
             continue
         if category == "compute":
             good = ph in COMPUTE_PHASES or kind in ("kernel", "cpu_op", "optimizer", "memcpy", "memset")
@@ -65,7 +66,7 @@ def function_candidates(table: Table, category: str) -> np.ndarray:
         elif category == "io":
             good = bool(_IO_RE.search(name))
         elif category == "host":
-            good = kind in ("cpu_op", "annotation", "other")
+            good = kind in ("cpu_op", "other")
         else:  # gc: no profiled function represents a GC pause
             good = False
         ok.append(good)
@@ -77,10 +78,19 @@ def is_memory_function(name: str | None) -> bool:
     return bool(name) and bool(_MEMORY_RE.search(name or ""))
 
 
-def _rate(t: dict[str, np.ndarray], key: str, rows: np.ndarray) -> np.ndarray:
+def _per_cpu_s(t: dict[str, np.ndarray], key: str, rows: np.ndarray) -> np.ndarray:
+    """Counter per CPU-second used: a rank that computes more is preempted more, contention
+    shows as many more preemptions for the same CPU use."""
+    cpu = t["cpu_s"][rows]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(cpu > 0, t[key][rows] / cpu, np.nan)
+
+
+def _cpu_share(t: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
+    """CPU seconds the process got per wall second of the window."""
     wall = t["wall_s"][rows]
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(wall > 0, t[key][rows] / wall, np.nan)
+        return np.where(wall > 0, t["cpu_s"][rows] / wall, np.nan)
 
 
 def telemetry_refinement(table: Table, row: int, peer_rows: np.ndarray,
@@ -103,19 +113,22 @@ def telemetry_refinement(table: Table, row: int, peer_rows: np.ndarray,
                              + (f", throttle reasons: {', '.join(reasons)}" if reasons else "")
                              + ": hardware throttling — check cooling/power capping, drain the node.")
     if category in ("compute", "host", "dataloader", "gc"):
-        inv = _rate(t, "ctx_invol", np.asarray([row]))[0]
-        peer_inv = float(np.nanmedian(_rate(t, "ctx_invol", peers))) if len(peers) else float("nan")
+        with np.errstate(all="ignore"):
+            inv = _per_cpu_s(t, "ctx_invol", np.asarray([row]))[0]
+            peer_inv = float(np.nanmedian(_per_cpu_s(t, "ctx_invol", peers))) if len(peers) else float("nan")
+            share = _cpu_share(t, np.asarray([row]))[0]
+            peer_share = float(np.nanmedian(_cpu_share(t, peers))) if len(peers) else float("nan")
         if math.isfinite(inv) and math.isfinite(peer_inv):
-            ev["ctx_invol_per_s"] = [float(inv), peer_inv]
-            if inv > 3.0 * peer_inv and inv - peer_inv > 50.0:
+            ev["ctx_invol_per_cpu_s"] = [float(inv), peer_inv]
+            if inv > 5.0 * peer_inv and inv - peer_inv > 200.0:
                 ev["cpu_contention"] = True
-                hints.append(f"{inv:.0f} involuntary context switches/s vs peers' {peer_inv:.0f}: "
+                hints.append(f"{inv:.0f} involuntary context switches per CPU-second vs peers' {peer_inv:.0f}: "
                              "CPU contention — another process shares this rank's cores.")
-        share = _rate(t, "cpu_s", np.asarray([row]))[0]
-        peer_share = float(np.nanmedian(_rate(t, "cpu_s", peers))) if len(peers) else float("nan")
+        # A rank busy while its peers wait normally uses MORE CPU than they do; one that gets
+        # well under half of what its (waiting) peers get is being starved.
         if math.isfinite(share) and math.isfinite(peer_share) and peer_share > 0:
             ev["cpu_s_per_wall_s"] = [float(share), peer_share]
-            if share < 0.7 * peer_share:
+            if category in ("host", "compute") and share < 0.5 * peer_share:
                 ev["cpu_throttled"] = True
                 hints.append(f"The process got {share:.2f} CPU-s per second vs peers' {peer_share:.2f}: "
                              "CPU throttling (cgroup quota / frequency) or contention.")
