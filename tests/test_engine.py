@@ -326,3 +326,27 @@ def test_engine_is_pure() -> None:
     code = ("import sys, eroica_runtime.engine, eroica_runtime.report, eroica_runtime.synth; "
             "bad = [m for m in ('torch', 'mpi4py') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+REAL = DATA / "real-4rank"
+
+
+@pytest.mark.parametrize("scenario", ["none", "compute", "direct", "data0", "data2", "gc"])
+def test_real_gloo_summaries(scenario: str) -> None:
+    """Summaries built by summary.build from real 4-rank gloo DDP runs (tests/data/engine/real-4rank)."""
+    expected = json.loads((REAL / "expected.json").read_text())[scenario]
+    docs = [summary.decode((REAL / f"{scenario}.rank{r}.msgpack").read_bytes(), origin=f"rank {r}")
+            for r in range(4)]
+    d = diagnose(docs, step=1, trigger="slow_step", world_size=4)
+    if expected is None:
+        assert d.healthy, [f.title for f in d.findings]
+        return
+    cat = {"compute": "compute", "direct": "compute", "data0": "dataloader", "data2": "dataloader",
+           "gc": "gc"}[scenario]
+    assert [(f.rank, f.category) for f in d.findings] == [(expected, cat)]
+    f = d.findings[0]
+    assert sorted(f.victims) == sorted(set(range(4)) - {expected})
+    if cat == "compute":
+        assert f.function in ("aten::matmul", "aten::mm")
+    if cat == "dataloader":
+        assert "DataLoader" in (f.function or "")

@@ -95,7 +95,9 @@ def attribute(table: Table, peers: Peers, culprits: list[Culprit], th: Threshold
                 ref = fn_ref_cache[c.group] = column_reference(table.fn_ms, peers.groups[c.group])
             delta = table.fn_ms[c.row] - ref
             cols = function_candidates(table, c.category)
-            shown = np.where(np.asarray([k != "annotation" for k in table.fn_kind], dtype=bool), delta, -np.inf)
+            listable = np.asarray([k not in ("annotation", "collective") and p != "comm"
+                                   for k, p in zip(table.fn_kind, table.fn_phase, strict=True)], dtype=bool)
+            shown = np.where(listable, delta, -np.inf)
             top = np.argsort(-shown)[: th.top_functions]
             c.functions = [{"name": table.fn_names[j], "phase": table.fn_phase[j], "kind": table.fn_kind[j],
                             "rank_ms": float(table.fn_ms[c.row, j]), "peers_ms": float(ref[j]),
