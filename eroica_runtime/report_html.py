@@ -64,8 +64,12 @@ def _heatmap(table: dict[str, Any]) -> str:
     if not cols or not rows:
         return '<p class="muted">No per-rank phases recorded.</p>'
     cw, rh, lw = 78, 16, 260
-    maxes = [max((float(r["values"][j]) for r in rows if r["values"][j] is not None), default=1.0) or 1.0
-             for j in range(len(cols))]
+    # colour = deviation from the column's median over the shown rows (red above, blue below), so
+    # the culprit's grown phase and its short wait stand out while equal ranks stay pale
+    meds = []
+    for j in range(len(cols)):
+        vals = sorted(float(r["values"][j] or 0.0) for r in rows)
+        meds.append(vals[len(vals) // 2] if vals else 0.0)
     out = [f'<svg width="{lw + cw * len(cols) + 10}" height="{rh * (len(rows) + 1) + 10}" role="img" '
            'aria-label="ranks by phases heatmap">']
     for j, c in enumerate(cols):
@@ -76,9 +80,13 @@ def _heatmap(table: dict[str, Any]) -> str:
         out.append(f'<text x="2" y="{y + 12}" fill="{color}">{_e(r.get("label", ""))}</text>')
         for j, v in enumerate(r["values"]):
             v = float(v or 0.0)
-            a = min(v / maxes[j], 1.0)
+            med = meds[j]
+            dev = (v - med) / max(abs(med), 1.0)
+            a = min(abs(dev), 1.0)
+            fill = (f"rgb(255,{255 - int(190 * a)},{255 - int(200 * a)})" if dev >= 0
+                    else f"rgb({255 - int(190 * a)},{255 - int(120 * a)},255)")
             out.append(f'<rect x="{lw + j * cw}" y="{y}" width="{cw - 2}" height="{rh - 2}" '
-                       f'fill="rgb({255 - int(60 * a)},{255 - int(170 * a)},{255 - int(200 * a)})">'
+                       f'fill="{fill}">'
                        f'<title>{_e(r.get("label", ""))} {_e(cols[j])}: {v:.2f} ms</title></rect>'
                        f'<text x="{lw + j * cw + 4}" y="{y + 11}">{v:.1f}</text>')
     out.append("</svg>")
@@ -95,7 +103,7 @@ def _bars(fns: list[dict[str, Any]], width: int = 900) -> str:
     if not items:
         return ""
     top = max(max(a, b) for _, a, b, _, _ in items) or 1.0
-    lw, bw, rh = 360, width - 380, 30
+    lw, bw, rh = 360, width - 500, 30
     out = [f'<svg width="{width}" height="{rh * len(items) + 10}" role="img" aria-label="function bars">']
     for i, (name, a, b, la, lb) in enumerate(items):
         y = i * rh + 4
@@ -153,6 +161,8 @@ def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
             parts.append("<ul>" + "".join(f"<li>{_e(e)}</li>" for e in d["errors"][:32]) + "</ul>")
         if d.get("notes"):
             parts.append("<p class=muted>" + "<br>".join(_e(n) for n in d["notes"]) + "</p>")
-        parts.append("<h3>Ranks × phases (ms per step)</h3>" + _heatmap(d.get("phase_table") or {}))
+        parts.append("<h3>Ranks × phases (ms per step)</h3><p class=muted>Red: above the column's median, "
+                     "blue: below (a culprit's grown phase is red, its short wait blue).</p>"
+                     + _heatmap(d.get("phase_table") or {}))
     parts.append("</body></html>")
     return "\n".join(parts)
