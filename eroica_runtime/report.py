@@ -169,8 +169,10 @@ def format_capture(diagnosis: Diagnosis | dict[str, Any]) -> str:
         line = (f"eroica: step {d.get('step')} ({d.get('trigger')}): healthy — {n}/{ws} ranks agree, "
                 f"no culprit (median step {_ms(med)} ms)")
         return "\n".join([line, *tail])
-    lines = [f"eroica: step {d.get('step')} ({d.get('trigger')}): {len(findings)} finding(s), "
-             f"{n}/{ws} ranks analysed, median step {_ms(med)} ms"]
+    top = findings[0]
+    more = f" [+{len(findings) - 1} more finding(s)]" if len(findings) > 1 else ""
+    lines = [f"eroica: step {d.get('step')} ({d.get('trigger')}): {top.get('title') or top.get('category')}"
+             f"{more} — {n}/{ws} ranks analysed, median step {_ms(med)} ms"]
     for i, f in enumerate(findings, 1):
         lines.extend(format_finding(f, i))
     return "\n".join(lines + tail)

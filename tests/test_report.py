@@ -91,7 +91,8 @@ def test_text_leads_with_the_answer() -> None:
     d = _evil_capture()
     text = report.format_capture(d)
     lines = text.splitlines()
-    assert "1 finding" in lines[0]
+    assert lines[0].startswith("eroica: step 42 (slow_<b>step</b>): rank 5 on")
+    assert "compute" in lines[0] and "7 ranks waiting" in lines[0]
     assert lines[1].startswith("  #1 COMPUTE: rank 5 on") and "+40.0 ms/step" in lines[1]
     assert "vs peers" in text and "victims: 7 ranks" in text and "action:" in text
 
