@@ -21,7 +21,7 @@ IDENTITY = {"rank": 3, "local_rank": 1, "world_size": 8, "pid": 1234, "host": so
 TELEMETRY = {"start": {"host": {"cpu_s": 1.0}, "gpu": None}, "end": {"host": {"cpu_s": 2.0}, "gpu": None}}
 
 
-def _profile(step_fn: Any, k: int) -> Any:
+def _profile(step_fn: Any, k: int, raw: bool = False) -> Any:
     """Profile k steps the way capture.py does: start at a boundary, step() inside, stop after k."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -33,7 +33,7 @@ def _profile(step_fn: Any, k: int) -> Any:
             if i < k - 1:
                 prof.step()
         prof.stop()
-    return prof.events()
+    return prof.profiler.kineto_results.events() if raw else prof.events()
 
 
 def _build(events: Any, k: int, **kw: Any) -> dict[str, Any]:
@@ -101,6 +101,37 @@ def test_build_from_real_profile(mlp_events: Any) -> None:
         assert 0 <= f["p50"] <= f["p90"] <= f["p99"] <= f["max"] + 1e-9
         assert not f["name"].startswith("ProfilerStep")
     assert doc["rank"] == 3 and doc["host"] == IDENTITY["host"] and doc["capture"]["k"] == 3
+
+
+def test_raw_kineto_events_give_the_same_summary() -> None:
+    """capture.py may pass prof.profiler.kineto_results.events() (much cheaper than prof.events())."""
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(16, 64)
+
+    def step() -> None:
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prof = profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=0, active=2))
+        prof.start()
+        step()
+        prof.step()
+        step()
+        prof.stop()
+    a = _build(prof.events(), 2)
+    b = _build(prof.profiler.kineto_results.events(), 2)
+    for phase, value in a["phases"].items():
+        assert b["phases"][phase] == pytest.approx(value, rel=1e-3, abs=1e-3), phase
+    fa = {(f["name"], f["kind"], f["phase"]): f for f in a["functions"]}
+    fb = {(f["name"], f["kind"], f["phase"]): f for f in b["functions"]}
+    assert fa.keys() == fb.keys()
+    for key, f in fa.items():
+        assert fb[key]["count"] == f["count"] and fb[key]["ms"] == pytest.approx(f["ms"], rel=1e-3, abs=1e-3)
 
 
 def test_transformer_summary_fits_16k(transformer_events: Any) -> None:

@@ -64,6 +64,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, A
             data = (out / f"{scenario}.rank{r}.msgpack").read_bytes()
             docs.append(summary.decode(data, origin=f"rank {r}"))
         result[scenario] = docs
+        for r in range(WORLD):  # the raw-kineto path must tell the same story
+            raw = summary.decode((out / f"{scenario}.raw.rank{r}.msgpack").read_bytes(), origin=f"rank {r}")
+            for phase, value in docs[r]["phases"].items():
+                assert raw["phases"][phase] == pytest.approx(value, rel=1e-3, abs=0.01), (scenario, r, phase)
+            assert {f["name"] for f in raw["functions"]} == {f["name"] for f in docs[r]["functions"]}
     return result
 
 

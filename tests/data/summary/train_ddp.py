@@ -141,25 +141,36 @@ def run(scenario: str, model: torch.nn.Module | None, opt: torch.optim.Optimizer
     gc1 = gcmon.snapshot()
     tel_end = telemetry.sample()
     t0 = time.perf_counter()
+    raw = prof.profiler.kineto_results.events()
+    t_raw = time.perf_counter() - t0
+    t0 = time.perf_counter()
     events = prof.events()
     t_events = time.perf_counter() - t0
     identity = {"rank": rank, "local_rank": rank, "world_size": world, "pid": os.getpid(),
                 "host": socket.gethostname(), "device": {"index": None, "uuid": None, "name": None},
                 "groups": [], "versions": {"eroica": "test", "torch": torch.__version__}}
+    kw = {"identity": identity, "capture": {"step": 100, "trigger": "test", "k": k},
+          "steps": [{"step": 100 + i, "ms": ms} for i, ms in enumerate(step_ms)],
+          "gc": {"count": (gc1[0] - gc0[0]) / k, "ms": (gc1[1] - gc0[1]) / k},
+          "telemetry": {"start": tel_start, "end": tel_end}}
     t0 = time.perf_counter()
-    doc = summary.build(events, identity=identity, capture={"step": 100, "trigger": "test", "k": k},
-                        steps=[{"step": 100 + i, "ms": ms} for i, ms in enumerate(step_ms)],
-                        gc={"count": (gc1[0] - gc0[0]) / k, "ms": (gc1[1] - gc0[1]) / k},
-                        telemetry={"start": tel_start, "end": tel_end})
+    doc = summary.build(events, **kw)
     t_build = time.perf_counter() - t0
     data = summary.encode(doc)
     with open(os.path.join(out, f"{scenario}.rank{rank}.msgpack"), "wb") as fh:
         fh.write(data)
+    # the same window from the raw kineto events (the cheap path capture.py may use)
+    t0 = time.perf_counter()
+    raw_data = summary.encode(summary.build(raw, **kw))
+    t_build_raw = time.perf_counter() - t0
+    with open(os.path.join(out, f"{scenario}.raw.rank{rank}.msgpack"), "wb") as fh:
+        fh.write(raw_data)
     ph = doc["phases"]
     print(f"[{scenario}] rank {rank}{'*' if slow else ' '} " + " ".join(
         f"{p}={ph[p]:.1f}" for p in ("step", "data", "forward", "backward", "optimizer", "comm",
                                      "comm_total", "host_gap", "gc", "overlap"))
-          + f" bytes={len(data)} events_s={t_events:.3f} build_s={t_build:.3f}", flush=True)
+          + f" bytes={len(data)} events_s={t_events:.3f} build_s={t_build:.3f}"
+          + f" raw_events_s={t_raw:.3f} raw_build_s={t_build_raw:.3f}", flush=True)
 
 
 def main() -> int:
