@@ -6,6 +6,7 @@ window, stop after K steps; a ``schedule(wait=0, warmup=0, active=K)`` so every 
 ``ProfilerStep#N`` annotation), builds the summary with ``summary.build`` and writes it to
 ``<out>/<scenario>.rank<r>.msgpack``. RANK/WORLD_SIZE come from PMI_RANK/PMI_SIZE.
 
+``--scenarios compute:1,gc:3`` picks the slow rank per scenario (default ``--slow-rank``).
 Scenarios: ``compute`` (extra matmuls in forward), ``data0`` / ``data2`` (slow Dataset
 ``__getitem__``, num_workers 0 / 2), ``gc`` (GC storm), ``direct`` (plain dist.all_reduce,
 no DDP, with extra compute on the slow rank), ``none`` (healthy baseline).
@@ -87,9 +88,12 @@ def gc_storm() -> None:
         gc.collect()
 
 
-def run(scenario: str, model: torch.nn.Module | None, opt: torch.optim.Optimizer | None,
+def run(scenario: str, slow_rank: int, model: torch.nn.Module | None, opt: torch.optim.Optimizer | None,
         out: str, gcmon: telemetry.GcMonitor) -> None:
-    slow = rank == ARGS.slow_rank
+    slow = rank == slow_rank
+    _HEAP.clear()
+    if slow and scenario == "gc":
+        _HEAP.extend({"i": i} for i in range(60_000))  # makes each full collection expensive
     FAULT["compute"] = slow and scenario in ("compute", "direct")
     FAULT["data"] = slow and scenario.startswith("data")
     FAULT["gc"] = slow and scenario == "gc"
@@ -188,12 +192,11 @@ def main() -> int:
     os.makedirs(ARGS.out, exist_ok=True)
     dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=60))
     gcmon = telemetry.GcMonitor().install()
-    if rank == ARGS.slow_rank:
-        _HEAP.extend({"i": i} for i in range(60_000))  # makes each full collection expensive
     model = torch.nn.parallel.DistributedDataParallel(MLP(), bucket_cap_mb=1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for scenario in ARGS.scenarios.split(","):
-        run(scenario, model, opt, ARGS.out, gcmon)
+    for item in ARGS.scenarios.split(","):
+        scenario, _, who = item.partition(":")
+        run(scenario, int(who) if who else ARGS.slow_rank, model, opt, ARGS.out, gcmon)
         dist.barrier()
     dist.destroy_process_group()
     return 0
