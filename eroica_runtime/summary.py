@@ -467,6 +467,40 @@ def _pick_main_thread(evs: list[_Ev], step_evs: list[_Ev], main_tid: int | None)
     return max(busy, key=lambda t: _length(_union(busy[t])))
 
 
+def _pseudo_steps(main_evs: list[_Ev], n_steps: int) -> list[tuple[float, float]]:
+    """Step spans without ProfilerStep annotations: cut the window at each DataLoader fetch (or
+    after each optimizer step) when there is exactly one per step, else keep it whole."""
+    if not main_evs:
+        return []
+    lo = min(e.start for e in main_evs)
+    hi = max(e.end for e in main_evs)
+    fetches = sorted(e.start for e in main_evs if e.marker == "data" and e.kind == "dataloader")
+    opt_steps = sorted(e.end for e in main_evs if e.name.startswith("Optimizer.step"))
+    if len(fetches) == n_steps:
+        cuts = fetches[1:]
+    elif len(opt_steps) == n_steps:
+        cuts = opt_steps[:-1]
+    else:
+        cuts = []
+    edges = [lo, *cuts, hi]
+    return [(a, b) for a, b in zip(edges, edges[1:], strict=False) if b > a]
+
+
+def _trim_steps(step_evs: list[_Ev]) -> list[_Ev]:
+    """Drop a stub step at either edge of the window (a ProfilerStep opened by a step() just
+    before stop(), or closed right after start()): it would drag every per-step mean down."""
+    while len(step_evs) >= 2:
+        durs = sorted(e.end - e.start for e in step_evs)
+        typical = durs[len(durs) // 2]
+        if step_evs[-1].end - step_evs[-1].start < 0.1 * typical:
+            step_evs = step_evs[:-1]
+        elif step_evs[0].end - step_evs[0].start < 0.1 * typical:
+            step_evs = step_evs[1:]
+        else:
+            break
+    return step_evs
+
+
 def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], steps: list[dict[str, Any]],
           gc: dict[str, Any], telemetry: dict[str, Any], main_tid: int | None = None,
           max_functions: int = MAX_FUNCTIONS, size_budget: int = SIZE_BUDGET) -> dict[str, Any]:
@@ -488,7 +522,7 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
         _classify(ev)
     step_evs = [ev for ev in evs if not ev.gpu and ev.name.startswith(_STEP_PREFIX)]
     main = _pick_main_thread(evs, step_evs, main_tid)
-    step_evs = [ev for ev in step_evs if ev.thread == main]
+    step_evs = _trim_steps(sorted((ev for ev in step_evs if ev.thread == main), key=lambda e: e.start))
     evs = [ev for ev in evs if not (not ev.gpu and ev.name.startswith(_STEP_PREFIX))]
 
     by_thread: dict[Any, list[_Ev]] = {}
@@ -504,11 +538,8 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
         n_steps = len(step_evs)
         step_source = "profiler"
     else:
-        if main_evs:
-            spans = [(min(e.start for e in main_evs), max(e.end for e in main_evs))]
-        else:
-            spans = []
         n_steps = max(1, len(steps) or int(capture.get("k", 1) or 1))
+        spans = _pseudo_steps(main_evs, n_steps)
         step_source = "window"
 
     # Collectives in flight: gloo/nccl records on any thread, NCCL kernels on the device.

@@ -269,3 +269,41 @@ def test_empty_window_is_still_a_valid_summary() -> None:
                         gc={"count": 0, "ms": 0.0}, telemetry=TELEMETRY)
     summary.validate(doc)
     assert doc["functions"] == [] and doc["phases"]["step"] == 0
+
+
+def test_stub_step_at_window_edge_is_dropped() -> None:
+    """A step() right before stop() opens a near-empty ProfilerStep; it must not count as a step."""
+    events = _gpu_step() + [_E("ProfilerStep#8", 100, 100.5, annotation=True), _E("aten::add", 100.1, 100.2)]
+    doc = summary.build(events, identity=IDENTITY, capture={"step": 7, "trigger": "t", "k": 1},
+                        steps=[{"step": 7, "ms": 100.0}], gc={"count": 0, "ms": 0.0}, telemetry=TELEMETRY)
+    assert doc["profile"]["steps"] == 1 and doc["phases"]["step"] == pytest.approx(100)
+    assert doc["phases"]["comm"] == pytest.approx(30)
+
+
+def test_profile_without_schedule_falls_back_to_pseudo_steps() -> None:
+    """capture.py without a schedule gives no ProfilerStep annotations: cut at each batch fetch."""
+    model = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ds = torch.utils.data.TensorDataset(torch.randn(256, 128), torch.randint(0, 10, (256,)))
+    it = iter(torch.utils.data.DataLoader(ds, batch_size=16))
+
+    def step() -> None:
+        x, y = next(it)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(3):
+                step()
+    doc = _build(prof.events(), 3)
+    assert doc["profile"]["step_source"] == "window" and doc["profile"]["steps"] == 3
+    ph = doc["phases"]
+    for p in ("data", "forward", "backward", "optimizer"):
+        assert ph[p] > 0, (p, ph)
+    fwd = {f["name"] for f in doc["functions"] if f["phase"] == "forward"}
+    assert "aten::addmm" in fwd and "aten::cross_entropy_loss" in fwd
