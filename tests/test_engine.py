@@ -350,3 +350,15 @@ def test_real_gloo_summaries(scenario: str) -> None:
         assert f.function in ("aten::matmul", "aten::mm")
     if cat == "dataloader":
         assert "DataLoader" in (f.function or "")
+
+
+def test_non_finite_phase_rejects_only_that_rank() -> None:
+    sums = _gpu_job(8)
+    sums[3]["phases"]["forward"] = float("nan")
+    sums[4]["functions"][0]["ms"] = float("inf")
+    _make_slow(sums[6], "backward", 40.0, "aten::mm")
+    _victimize(sums, 6, 40.0)
+    d = diagnose(sums, step=1, trigger="slow_step", world_size=8)
+    assert d.ranks_analysed == 7 and any("rank 3" in e and "forward" in e for e in d.errors)
+    assert [(f.rank, f.function) for f in d.findings] == [(6, "aten::mm")]
+    json.dumps(d.to_json(), allow_nan=False)

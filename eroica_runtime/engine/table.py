@@ -7,6 +7,7 @@ its numbers, drop the dict) and memory stays proportional to ranks × functions 
 
 from __future__ import annotations
 
+import math
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -123,13 +124,17 @@ def build_table(summaries: Iterable[dict[str, Any]]) -> Table:
         if r in seen:
             errors.append(f"summary from rank {r}: duplicate rank, kept the first one")
             continue
+        ph = s["phases"]
+        vals = [float(ph.get(p, 0.0)) for p in PHASES]
+        if not all(map(math.isfinite, vals)):   # one NaN would blind its whole peer group's medians
+            bad = next(p for p, v in zip(PHASES, vals, strict=True) if not math.isfinite(v))
+            errors.append(f"summary from rank {r}: phase {bad!r} is not a finite number; rank skipped")
+            continue
         seen.add(r)
         row = len(ranks)
         ranks.append(r)
         h = str(s.get("host", "?"))
         host_idx.append(host_ids.setdefault(h, len(host_ids)))
-        ph = s["phases"]
-        vals = [float(ph.get(p, 0.0)) for p in PHASES]
         if vals[0] <= 0.0 and s["steps"]:
             vals[0] = sum(float(x["ms"]) for x in s["steps"]) / len(s["steps"])
         phase_rows.append(vals)
@@ -214,6 +219,10 @@ def build_table(summaries: Iterable[dict[str, Any]]) -> Table:
         fn_ms += np.bincount(flat, weights=np.frombuffer(f_ms, dtype=np.float64), minlength=n * nf).reshape(n, nf)
         fn_count += np.bincount(flat, weights=np.frombuffer(f_cnt, dtype=np.float64),
                                 minlength=n * nf).reshape(n, nf).astype(np.float32)
+
+    for m in (fn_ms, fn_count):      # a broken function entry must not poison its column's medians
+        if not np.isfinite(m).all():
+            np.nan_to_num(m, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
 
     rank_arr = np.asarray(ranks, dtype=np.int64)
     order = np.argsort(rank_arr, kind="stable")
