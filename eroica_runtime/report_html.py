@@ -19,6 +19,12 @@ def _e(x: Any) -> str:
     return escape(str(x), quote=True)
 
 
+def _short(v: Any, limit: int = 400) -> str:
+    """Job values can be per-rank lists of 100k entries: show the start and how much was cut."""
+    text = str(v)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text) - limit} more characters in report.json)"
+
+
 def _num(x: Any, fmt: str = ".1f") -> str:
     return format(x, fmt) if isinstance(x, (int, float)) else "–"
 
@@ -144,7 +150,7 @@ def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
     job = report.get("job") or {}
     if job:
         parts.append("<h3>Job</h3><table>" + "".join(
-            f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in list(job.items())[:40]) + "</table>")
+            f"<tr><th>{_e(k)}</th><td>{_e(_short(v))}</td></tr>" for k, v in list(job.items())[:40]) + "</table>")
     parts += ["<h2>Step time</h2>", _timeline(steps, report.get("captures") or [])]
     for d in diagnoses:
         parts.append(f"<h2>Capture at step {_e(d.get('step'))} ({_e(d.get('trigger'))}) — "
