@@ -190,14 +190,34 @@ class ComputeFault(Fault):
 
 
 # ---------------------------------------------------------------------------------------------- cgroup cpu
+MNT_DIR = Path("/run/eroica-faultlib")
+
+
+def hierarchy(controller: str) -> tuple[Path, str] | None:
+    """(mount point, 'v1'|'v2') of the cgroup hierarchy that has ``controller``, or None.
+
+    Under ``ip netns exec`` (a fake host) /sys is a fresh sysfs without /sys/fs/cgroup; there, as root,
+    the v1 hierarchy is mounted again inside that private mount namespace (the host never sees it).
+    """
+    if (CGROOT / controller / "cgroup.procs").exists():
+        return CGROOT / controller, "v1"
+    ctrl = CGROOT / "cgroup.controllers"
+    if ctrl.exists() and controller in ctrl.read_text().split():
+        return CGROOT, "v2"
+    mnt = MNT_DIR / f"cgmnt-{controller}"
+    if (mnt / "cgroup.procs").exists():
+        return mnt, "v1"
+    if os.geteuid() != 0 or faultlib_netns() is None:
+        return None
+    mnt.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "cgroup", "-o", controller, "none", str(mnt)], capture_output=True, timeout=10)
+    return (mnt, "v1") if r.returncode == 0 and (mnt / "cgroup.procs").exists() else None
+
+
 def cgroup_cpu_mode() -> str | None:
     """'v1' (cpu.cfs_quota_us), 'v2' (cpu.max) or None."""
-    if (CGROOT / "cpu" / "cpu.cfs_quota_us").exists():
-        return "v1"
-    ctrl = CGROOT / "cgroup.controllers"
-    if ctrl.exists() and "cpu" in ctrl.read_text().split():
-        return "v2"
-    return None
+    h = hierarchy("cpu")
+    return h[1] if h else None
 
 
 def _cgroup_of(pid: int, controller: str) -> str:
@@ -214,8 +234,10 @@ class CgroupJail:
 
     def __init__(self, controller: str, name: str) -> None:
         self.wanted = controller
-        self.mode = "v1" if (CGROOT / controller / "cgroup.procs").exists() else "v2"
-        self.base = CGROOT / controller if self.mode == "v1" else CGROOT
+        h = hierarchy(controller)
+        if h is None:
+            raise RuntimeError(f"no cgroup hierarchy with {controller}")
+        self.base, self.mode = h
         self.controller = controller if self.mode == "v1" else ""
         self.dir = self.base / name
         self.moved: list[tuple[int, Path]] = []
@@ -468,7 +490,7 @@ def io_mode(want: str = "auto", directory: str | None = None) -> tuple[str, str]
     why = ""
     if os.geteuid() != 0:
         why = "blkio needs root"
-    elif not (CGROOT / "blkio" / "blkio.throttle.read_bps_device").exists():
+    elif (h := hierarchy("blkio")) is None or not (h[0] / "blkio.throttle.read_bps_device").exists():
         why = "no cgroup v1 blkio throttle"
     elif block_device_of(d) is None:
         why = f"{d} is not on a block device"

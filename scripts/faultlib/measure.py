@@ -77,7 +77,7 @@ def measure_throttle(quota: float = 0.2) -> dict[str, Any]:
     r = _external("throttle", {"quota": str(quota)})
     if "fault" in r:
         f = r.pop("fault")
-        r["cgroup_left"] = f.jail is not None or any((faults.CGROOT / "cpu").glob("eroica-fault-cpu-*"))
+        r["cgroup_left"] = f.jail is not None or any(faults.hierarchy("cpu")[0].glob("eroica-fault-cpu-*"))  # type: ignore[index]
         r["quota"] = quota
     return r
 
@@ -191,7 +191,8 @@ def measure_io(via: str = "auto", kb: int = 1024, mbps: float = 5) -> dict[str, 
         mode, why = f.mode, f.why
     finally:
         f.stop()
-    left = list((faults.CGROOT / "blkio").glob("eroica-fault-io-*")) if (faults.CGROOT / "blkio").exists() else []
+    h = faults.hierarchy("blkio")
+    left = list(h[0].glob("eroica-fault-io-*")) if h else []
     return {"mode": mode, "why_not_blkio": why, "kb": kb, "mbps": mbps, "expected_ms": round(kb * 1024 / (mbps * 1e6) * 1e3, 1),
             "read_ms": round(tick, 1), "cgroup_left": bool(left)}
 

@@ -16,6 +16,7 @@ with ``--out DIR`` (or EROICA_BENCH_OUT) each rank also writes ``DIR/steps-rank<
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import socket
@@ -122,7 +123,11 @@ def main(argv: list[str] | None = None) -> int:
             step_ms.append((time.perf_counter() - t0) * 1e3)
         ctl.close()
         report(rank, world, step_ms, ctl, float(loss.item()), args.out)
-        dist.barrier()  # gloo aborts a rank that tears down while a peer still talks to it
+        # Drop DDP (its reducer holds the process group) before tearing down, and tear down together:
+        # a gloo group destroyed at interpreter exit, or while a peer still talks to it, can abort.
+        del model, opt, it, loader
+        gc.collect()
+        dist.barrier()
     finally:
         ctl.close()
         dist.destroy_process_group()

@@ -1,0 +1,209 @@
+"""The fault bench's injectors really inject, and really clean up (scripts/faultlib).
+
+Each test measures the effect on a real process or a real link (CPU share, read time, throughput, RTT,
+allreduce time), so a no-op injector fails. Root-only tests carry ``@pytest.mark.root`` and skip with
+the reason when not root / tools are missing. Every subprocess has a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from faultlib import faults, measure, netns  # noqa: E402
+
+IS_ROOT = os.geteuid() == 0
+NETNS_SKIP = netns.unavailable_reason()
+DELAY_SKIP = netns.delay_unavailable_reason()
+
+
+# ------------------------------------------------------------------------------------------- spec
+def test_spec_parsing_and_schedule() -> None:
+    (a, b) = faults.parse_specs("compute:rank=2:start=40:ms=30 ; gc:rank=*:start=5:stop=9:intermittent:on=2:off=1")
+    assert (a.kind, a.rank, a.start, a.params) == ("compute", 2, 40, {"ms": "30"})
+    assert a.applies_to(2) and not a.applies_to(1)
+    assert [a.active_at(s) for s in (39, 40, 1000)] == [False, True, True]
+    assert b.rank is None and b.applies_to(7)
+    assert [s for s in range(12) if b.active_at(s)] == [5, 6, 8]
+    with pytest.raises(ValueError):
+        faults.parse_specs("nosuchfault:rank=1")
+    with pytest.raises(ValueError):
+        faults.parse_specs("compute:rank=1:bogus")
+
+
+def test_controller_starts_and_stops_at_steps() -> None:
+    ctl = faults.FaultController(faults.parse_specs("data:rank=0:start=2:stop=4:ms=20; compute:rank=1:start=0"), 0,
+                                 log=lambda m: None)
+    assert [s.kind for s, _ in ctl.faults] == ["data"]  # the compute fault is for rank 1
+    ds = ctl.wrap_dataset(list(range(10)))
+    times = []
+    for step in range(6):
+        ctl.step(step)
+        t0 = time.perf_counter()
+        ds[step]
+        times.append((time.perf_counter() - t0) * 1e3)
+    ctl.close()
+    assert [t > 15 for t in times] == [False, False, True, True, False, False]
+    assert ctl.events == [(2, "data", "on"), (4, "data", "off")]
+
+
+# ------------------------------------------------------------------------------------------- in-process
+def test_compute_fault_adds_per_step_time() -> None:
+    r = measure.measure_compute(ms=40)
+    assert 20 <= r["tick_ms"] <= 200, r
+
+
+def test_data_fault_slows_getitem_only_while_on() -> None:
+    r = measure.measure_data(ms=40)
+    assert r["batch_ms_on"] >= 38 and r["batch_ms_off"] < 5 and r["batch_ms_after"] < 5, r
+
+
+def test_gc_fault_runs_long_full_collections() -> None:
+    r = measure.measure_gc(live=200_000, cycles=30_000)
+    assert r["gen2_collections"] >= 3 and r["max_gen2_pause_ms"] >= 5 and r["tick_ms"] >= 10, r
+
+
+def test_io_fault_pipe_paces_reads() -> None:
+    r = measure.measure_io(via="pipe", kb=512, mbps=5)
+    assert r["mode"] == "pipe"
+    assert r["read_ms"] >= 0.7 * r["expected_ms"], r
+
+
+# ------------------------------------------------------------------------------------------- CPU faults on another process
+def test_contend_fault_takes_cpu_and_cleans_up() -> None:
+    r = measure.measure_contend(hogs=2)
+    assert r["baseline_cpu"] > 0.5, r  # else the machine is too busy for this test to mean anything
+    assert r["fault_cpu"] < 0.55 * r["baseline_cpu"], r
+    assert r["hogs_alive_after"] == 0 and r["after_cpu"] > 0.5, r
+
+
+def test_freeze_fault_stops_and_always_resumes() -> None:
+    r = measure.measure_freeze(ms=300, every=0.6)
+    assert r["stopped_samples"] >= 10, r
+    assert r["fault_cpu"] < 0.75 * r["baseline_cpu"], r
+    assert r["after_state"] != "T" and r["after_cpu"] > 0.3, r
+
+
+@pytest.mark.root
+@pytest.mark.skipif(not IS_ROOT or faults.cgroup_cpu_mode() is None, reason="needs root and a cgroup cpu controller")
+def test_throttle_fault_caps_cpu_and_removes_cgroup() -> None:
+    r = measure.measure_throttle(quota=0.2)
+    assert r["baseline_cpu"] > 0.5, r
+    assert r["fault_cpu"] <= 0.3, r
+    assert r["after_cpu"] > 0.5 and not r["cgroup_left"], r
+
+
+@pytest.mark.root
+@pytest.mark.skipif(faults.io_mode("auto")[0] != "blkio", reason=f"blkio: {faults.io_mode('auto')[1]}")
+def test_io_fault_blkio_throttles_direct_reads() -> None:
+    r = measure.measure_io(via="blkio", kb=1024, mbps=8)
+    assert r["mode"] == "blkio" and not r["cgroup_left"], r
+    assert r["read_ms"] >= 0.7 * r["expected_ms"], r
+
+
+def test_external_apply_cli_undoes_on_exit() -> None:
+    with measure.spinner() as p:
+        subprocess.run([sys.executable, str(ROOT / "scripts/faultlib/faults.py"), "apply", "--pid", str(p.pid),
+                        "--kind", "freeze", "--seconds", "0.8", "ms=200", "every=0.3"], check=True, timeout=30)
+        state = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        assert state != "T"
+        assert measure.cpu_share(p.pid, 0.4) > 0.3
+
+
+def test_link_fault_refuses_outside_fake_hosts() -> None:
+    reason = faults.LinkFault.unavailable_reason(faults.FaultSpec(kind="link", rank=0))
+    assert reason is not None  # pytest runs in the machine's own namespace: never shape its NIC
+
+
+# ------------------------------------------------------------------------------------------- network namespaces
+@pytest.mark.root
+@pytest.mark.skipif(NETNS_SKIP is not None, reason=str(NETNS_SKIP))
+def test_netns_rate_limit_and_delay_are_real_and_cleaned() -> None:
+    r = measure.measure_net(mbit=50, delay_ms=10)
+    assert r["base_mbit"] > 300, r
+    assert 30 < r["limited_mbit_to_host"] < 60 and 30 < r["limited_mbit_from_host"] < 60, r
+    assert r["cleared_mbit"] > 300, r
+    if DELAY_SKIP is None:
+        assert 19 <= r["delayed_rtt_ms"] < 40, r
+        assert r["undelayed_rtt_ms"] < 5, r
+    assert r["leftovers"] == [], r
+
+
+@pytest.mark.root
+@pytest.mark.skipif(NETNS_SKIP is not None, reason=str(NETNS_SKIP))
+def test_netns_hosts_have_own_hostnames_and_addresses() -> None:
+    with netns.cluster(2) as c:
+        names = [c.run(i, ["hostname"]).stdout.strip() for i in range(2)]
+        assert names == [h.hostname for h in c.hosts]
+        assert len(set(names)) == 2
+        r = c.run(0, [sys.executable, "-c", f"import socket; print(socket.gethostbyname('{c.hosts[1].hostname}'))"])
+        assert r.stdout.strip() == c.hosts[1].addr
+        prefix = c.prefix
+    assert netns.leftovers(prefix) == []
+
+
+@pytest.mark.root
+@pytest.mark.skipif(NETNS_SKIP is not None, reason=str(NETNS_SKIP))
+def test_netns_cleanup_on_sigterm_and_after_sigkill() -> None:
+    code = (f"import sys, time; sys.path.insert(0, {str(ROOT / 'scripts')!r}); from faultlib import netns\n"
+            "with netns.cluster(2) as c:\n"
+            "    c.popen(1, ['sleep', '60'])\n"
+            "    print(c.prefix, flush=True); time.sleep(60)\n")
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        try:
+            assert p.stdout is not None
+            prefix = p.stdout.readline().strip()
+            assert prefix.startswith("erf") and netns.leftovers(prefix)
+            p.send_signal(sig)
+            p.wait(20)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait(5)
+        if sig == signal.SIGKILL:  # nothing can run on SIGKILL: the next user sweeps it up
+            assert netns.leftovers(prefix)
+            assert prefix in netns.cleanup_stale()
+        assert netns.leftovers(prefix) == [], (sig, prefix)
+
+
+@pytest.mark.root
+@pytest.mark.multirank
+@pytest.mark.skipif(NETNS_SKIP is not None, reason=str(NETNS_SKIP))
+def test_mpiexec_places_one_rank_per_fake_host_and_slow_link_shows() -> None:
+    with netns.cluster(3) as c:
+        clean = measure.run_probe_job(c, 3, mb=2, iters=3)
+        assert [r["hostname"] for r in clean] == [h.hostname for h in c.hosts]
+        assert [r["mpi_processor"] for r in clean] == [h.hostname for h in c.hosts]
+        assert all(r["gloo_sum_ok"] and r["mpi_sum_ok"] for r in clean)
+        c.limit_rate(1, 100)
+        slow = measure.run_probe_job(c, 3, mb=2, iters=3)
+    # 2 MiB ring allreduce: each rank moves ~2.7 MB; at 100 Mbit/s that is >= ~150 ms
+    assert max(r["gloo_allreduce_ms"] for r in slow) > 3 * max(r["gloo_allreduce_ms"] for r in clean) + 50
+    assert max(r["mpi_allreduce_ms"] for r in slow) > 3 * max(r["mpi_allreduce_ms"] for r in clean) + 50
+
+
+# ------------------------------------------------------------------------------------------- the bench job
+@pytest.mark.multirank
+def test_train_bench_under_torchrun_with_planted_fault(tmp_path: Path) -> None:
+    torchrun = Path(sys.executable).parent / "torchrun"
+    env = dict(os.environ, EROICA_BENCH_FAULT="compute:rank=1:start=6:ms=80", OMP_NUM_THREADS="1")
+    r = subprocess.run([str(torchrun), "--nproc-per-node", "2", "--master-port", "29547",
+                        str(ROOT / "scripts/faultlib/train_bench.py"), "--steps", "14", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("BENCH_SUMMARY "))[14:])
+    assert summary["fault_start"] == 6
+    assert summary["median_after_ms"] > summary["median_before_ms"] + 40, summary
+    r1 = json.loads((tmp_path / "steps-rank1.json").read_text())
+    assert r1["fault_events"] == [[6, "compute", "on"]] and len(r1["step_ms"]) == 14
