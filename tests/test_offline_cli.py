@@ -84,3 +84,19 @@ def test_show_errors(tmp_path: Path) -> None:
 def test_synth_rejects_bad_culprit(tmp_path: Path) -> None:
     res = CliRunner().invoke(synth_cmd, ["--ranks", "4", "--culprit", "9", "--out", str(tmp_path / "x")])
     assert res.exit_code == 2 and "culprit 9" in res.output
+
+
+def test_analyze_real_report_dir(tmp_path: Path) -> None:
+    """A report dir written by a real eroica-run (tests/data/engine/e2e-compute)."""
+    import shutil
+    src = Path(__file__).parent / "data" / "engine" / "e2e-compute"
+    out = tmp_path / "e2e"
+    shutil.copytree(src, out)
+    res = CliRunner().invoke(analyze_cmd, [str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads((out / "report.json").read_text())
+    assert [(f["rank"], f["category"], f["function"]) for f in doc["findings"]] == [(2, "compute", "aten::matmul")]
+    assert sorted(doc["findings"][0]["victims"]) == [0, 1, 3]
+    d44 = json.loads((out / "diagnosis-44.json").read_text())
+    assert any("gc/io phases larger than the step" in n and "rank 2" in n for n in d44["notes"])
+    assert doc["steps"] == 90 and "<polyline" in (out / "report.html").read_text()

@@ -148,6 +148,7 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
                          errors=tuple(errs), notes=("no usable summaries in this capture",),
                          engine_s=time.perf_counter() - t0)
     peers = form_peers(table, topology=topology, world_size=world_size)
+    notes.extend(table.notes)
     notes.extend(peers.notes)
     if any(len(g) == 1 for g in peers.groups):
         notes.append(f"{sum(len(g) == 1 for g in peers.groups)} rank(s) have no peers to compare with")

@@ -59,7 +59,9 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds) -> list[Culprit]:
         own = own_all[rows]
         c_own = center(own, th.sigma_floor_rel)
         step_ref = float(np.median(step_all[rows]))
-        limit = max(th.abs_ms, th.rel_step * step_ref)
+        # how much a K-step average wobbles on this machine: the peers' typical std error
+        noise = th.noise_k * float(np.median(table.step_noise[rows]))
+        limit = max(th.abs_ms, min(th.rel_step, th.small_rel_step) * step_ref, noise)
         cand = np.flatnonzero(own - c_own.ref >= limit)
         if len(cand) == 0:
             continue
@@ -74,7 +76,8 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds) -> list[Culprit]:
                 comm_ref = float(comm_all[rows[1 - k]])
             d_comm = float(comm_all[row] - comm_ref)
             corroborated = d_comm <= -0.5 * excess
-            if not significant(excess, z, step_ref, th, len(rows), corroborated) or d_comm >= excess:
+            if excess < noise or not significant(excess, z, step_ref, th, len(rows), corroborated) \
+                    or d_comm >= excess:
                 continue
             pex = {p: float(table.phases[row, PHASE_INDEX[p]] - ph_ref[i]) for i, p in enumerate(OWN_WORK_PHASES)}
             out.append(Culprit(row=row, group=gi, excess_ms=excess, z=float(z), own=float(own[k]),

@@ -30,7 +30,9 @@ class Thresholds:
     top_functions: int = 5         # functions listed in the evidence
     small_group: int = 8           # peer groups smaller than this use the two knobs below
     small_z: float = 3.0
-    small_rel_step: float = 0.12
+    small_rel_step: float = 0.20
+    noise_k: float = 1.0           # excess must exceed this many std errors of the window's mean step
+                                   # (conservative: synchronized ranks wobble together, bursty loaders too)
 
 
 @dataclass(frozen=True)

@@ -47,9 +47,11 @@ class Table:
     telemetry: dict[str, np.ndarray]  # counters as deltas, gauges at window end; NaN when absent
     throttle: dict[int, list[str]]   # row -> GPU throttle reasons (only rows that reported some)
     gc_count: np.ndarray             # (R,) GC collections per step
+    step_noise: np.ndarray           # (R,) std error of the window's mean step (std / sqrt(K)), 0 if K<2
     capture_step: int | None = None
     capture_trigger: str | None = None
     errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     _fn_index: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -114,6 +116,7 @@ def build_table(summaries: Iterable[dict[str, Any]]) -> Table:
     tele: dict[str, list[float]] = {k: [] for k in _HOST_COUNTERS + _GPU_GAUGES}
     throttle: dict[int, list[str]] = {}
     gc_count: list[float] = []
+    noise: list[float] = []
     seen: set[int] = set()
     errors: list[str] = []
     cap_step: int | None = None
@@ -126,6 +129,7 @@ def build_table(summaries: Iterable[dict[str, Any]]) -> Table:
             continue
         ph = s["phases"]
         vals = [float(ph.get(p, 0.0)) for p in PHASES]
+        samples = [float(x["ms"]) for x in s["steps"]]
         if not all(map(math.isfinite, vals)):   # one NaN would blind its whole peer group's medians
             bad = next(p for p, v in zip(PHASES, vals, strict=True) if not math.isfinite(v))
             errors.append(f"summary from rank {r}: phase {bad!r} is not a finite number; rank skipped")
@@ -135,8 +139,11 @@ def build_table(summaries: Iterable[dict[str, Any]]) -> Table:
         ranks.append(r)
         h = str(s.get("host", "?"))
         host_idx.append(host_ids.setdefault(h, len(host_ids)))
-        if vals[0] <= 0.0 and s["steps"]:
-            vals[0] = sum(float(x["ms"]) for x in s["steps"]) / len(s["steps"])
+        k = len(samples)
+        mean = sum(samples) / k if k else 0.0
+        if vals[0] <= 0.0 and k:
+            vals[0] = mean
+        noise.append(math.sqrt(sum((x - mean) ** 2 for x in samples) / (k - 1) / k) if k > 1 else 0.0)
         phase_rows.append(vals)
         cap = s.get("capture") or {}
         if cap_step is None and isinstance(cap.get("step"), int):
@@ -236,12 +243,43 @@ def build_table(summaries: Iterable[dict[str, Any]]) -> Table:
     def _p(a: np.ndarray) -> np.ndarray:
         return a[perm] if perm is not None else a
 
+    phase_arr = np.asarray(phase_rows, dtype=np.float64).reshape(n, len(PHASES))
+    notes = _fit_separate_phases(phase_arr, ranks)
+
     return Table(
         rank=_p(rank_arr), host_idx=_p(np.asarray(host_idx, dtype=np.int32)),
-        hosts=list(host_ids), phases=_p(np.asarray(phase_rows, dtype=np.float64).reshape(n, len(PHASES))),
+        hosts=list(host_ids), phases=_p(phase_arr),
         fn_names=names_by_id, fn_phase=fn_phase, fn_kind=fn_kind, fn_ms=_p(fn_ms), fn_count=_p(fn_count),
         stage=_p(np.asarray(stage, dtype=np.int32)), alike_groups=list(alike.values()),
         unknown_groups=len(unknown),
         telemetry={k: _p(np.asarray(v, dtype=np.float64)) for k, v in tele.items()},
         throttle=inv_throttle, gc_count=_p(np.asarray(gc_count, dtype=np.float64)),
-        capture_step=cap_step, capture_trigger=cap_trigger, errors=errors)
+        step_noise=_p(np.nan_to_num(np.asarray(noise, dtype=np.float64))),
+        capture_step=cap_step, capture_trigger=cap_trigger, errors=errors, notes=notes)
+
+
+_TIMELINE = [PHASE_INDEX[p] for p in ("data", "forward", "backward", "optimizer", "host_gap")]
+_SEPARATE = [PHASE_INDEX[p] for p in ("gc", "io")]
+
+
+def _fit_separate_phases(ph: np.ndarray, ranks: list[int]) -> list[str]:
+    """gc and io are measured apart from the profiler timeline (callbacks, counters). When they do
+    not fit in the step (own work far above step - comm), they counted time outside the window's
+    steps: scale them down to the room the timeline leaves, in place, and say so."""
+    if ph.shape[0] == 0:
+        return []
+    avail = np.maximum(ph[:, PHASE_INDEX["step"]] - ph[:, PHASE_INDEX["comm"]], 0.0)
+    timeline = ph[:, _TIMELINE].sum(axis=1)
+    extra = ph[:, _SEPARATE].sum(axis=1)
+    bad = (extra > 0) & (timeline + extra > 1.25 * avail + 1.0)
+    if not bad.any():
+        return []
+    rows = np.flatnonzero(bad)
+    scale = np.clip((avail[rows] - timeline[rows]) / extra[rows], 0.0, 1.0)
+    before = ph[rows][:, PHASE_INDEX["gc"]].copy()
+    for c in _SEPARATE:
+        ph[rows, c] *= scale
+    shown = ", ".join(f"rank {ranks[r]} gc {b:.1f}→{ph[r, PHASE_INDEX['gc']]:.1f} ms (step {ph[r, 0]:.1f})"
+                      for r, b in zip(rows[:5].tolist(), before[:5].tolist(), strict=True))
+    more = f" and {len(rows) - 5} more" if len(rows) > 5 else ""
+    return [f"gc/io phases larger than the step (own work > step - comm) were capped: {shown}{more}"]
