@@ -119,8 +119,8 @@ def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
             + (f" (step → {_ms(what_if)} ms if fixed)" if isinstance(what_if, (int, float)) else ""))
     lines = [head]
     facts = []
-    if f.get("category") in ("regression",):
-        for key, label in (("own_work_ms", "own work"), ("step_ms", "step")):
+    if f.get("category") == "regression" or "baseline_step" in ev:
+        for key, label in (("own_work_ms", "own work"), ("comm_wait_ms", "comm wait"), ("step_ms", "step")):
             v = ev.get(key)
             if isinstance(v, list) and len(v) == 2:
                 facts.append(f"{label} {_ms(v[0])} vs baseline {_ms(v[1])} ms")

@@ -362,3 +362,20 @@ def test_non_finite_phase_rejects_only_that_rank() -> None:
     assert d.ranks_analysed == 7 and any("rank 3" in e and "forward" in e for e in d.errors)
     assert [(f.rank, f.function) for f in d.findings] == [(6, "aten::mm")]
     json.dumps(d.to_json(), allow_nan=False)
+
+
+@pytest.mark.parametrize("name,rank,category", [("e2e-compute", 2, "compute"), ("e2e-gc", 1, "gc"),
+                                                ("e2e-data", 1, "dataloader")])
+def test_real_eroica_run_captures(name: str, rank: int, category: str) -> None:
+    """Captures written by a real eroica-run (4 ranks): the spike capture names the planted rank and
+    nothing else (no spurious communication finding from the baseline comparison)."""
+    caps = []
+    for path in sorted((DATA / name / "captures").glob("*.msgpack"), key=lambda p: int(p.stem)):
+        meta, good, errors = summary.decode_capture(path.read_bytes())
+        assert not errors
+        caps.append((meta, good))
+    (base_meta, base), (meta, spike) = caps[0], caps[1]
+    assert base_meta["trigger"] == "baseline"
+    assert diagnose(base, step=12, trigger="baseline", world_size=4).healthy
+    d = diagnose(spike, step=meta["step"], trigger=meta["trigger"], world_size=4, baseline=base)
+    assert [(f.rank, f.category) for f in d.findings] == [(rank, category)]

@@ -196,7 +196,10 @@ def common_mode(cur: Table, base: Table, th: Thresholds, culprit_excess: float,
             impact_ms_per_step=m_own, what_if_step_ms=max(now_step - m_own, 0.0), evidence=ev,
             action=ACTIONS["regression"] + (" Grew most: " + ", ".join(f["name"] for f in fns[:3]) if fns else ""),
             title=f"All ranks slower than the baseline capture: own work +{m_own:.1f} ms/step"))
-    if m_comm >= limit:
+    # with a culprit, the residual wait is a small difference of big numbers: judge it against the
+    # current step as well (a 270 ms culprit on a 13 ms baseline step leaves a few ms of slack)
+    comm_limit = max(limit, th.regression_rel * now_step) if culprit_excess > 0 else limit
+    if m_comm >= comm_limit:
         hosts, ev = localize(cur, link_probe)
         ev.update(common)
         ev["comm_wait_ms"] = [float(np.median(cur.col("comm")[rc])), float(np.median(base.col("comm")[rb]))]
