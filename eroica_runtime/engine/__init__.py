@@ -20,6 +20,14 @@ errors (bad ranks) carried into the diagnosis. ``thresholds`` tunes sensitivity 
 
 Pipeline: table (arrays, once) → peers → culprits (own work up, wait not up) → category and function
 → victims → impact; then baseline/common-mode, local communication excess and hang checks.
+
+Input hygiene: a summary with a non-finite phase or a duplicate rank is dropped with a line in
+``errors``; gc/io phases that do not fit in the step (separately measured, they can count pauses
+outside the window) are capped to the room the profiler timeline leaves, with a line in ``notes``.
+Sensitivity: an excess counts when it passes a robust z-score against the peers (the bar rises
+with the group size), 10% of the peers' step (20% in groups under 8 ranks) and the window's own
+step-time wobble; see ``Thresholds``. Tip for callers: keep the baseline as ``build_table(...)``
+and pass that Table, so it is converted once and the dicts can be dropped.
 """
 
 from __future__ import annotations
