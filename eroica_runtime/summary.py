@@ -7,6 +7,7 @@ boundaries, so they are plain msgpack maps, validated on decode, never pickled.
 from __future__ import annotations
 
 import bisect
+import time
 from typing import Any
 
 import msgpack
@@ -510,13 +511,13 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
     ``prof.profiler.kineto_results.events()`` (recognised by their ``start_ns()`` method).
 
     Reads only the events it is given (never calls the profiler). Steps are the
-    ``ProfilerStep#N`` annotations when present, else the whole window counted as
-    ``len(steps)`` steps. The result is shrunk (fewer top functions) until its encoding fits
-    ``size_budget`` bytes, so the summary stays small whatever the model.
+    ``ProfilerStep#N`` annotations when present (a profiler schedule makes them), else the
+    window cut into ``len(steps)`` pseudo-steps. ``main_tid`` is only a hint for that case and
+    is the profiler's thread id (``FunctionEvent.thread``), not the OS thread id. The result is
+    shrunk (fewer top functions) until its encoding fits ``size_budget`` bytes, so the summary
+    stays small whatever the model.
     """
-    import time as _time
-
-    t0 = _time.perf_counter()
+    t0 = time.perf_counter()
     evs = _normalize(events)
     for ev in evs:
         _classify(ev)
@@ -674,7 +675,7 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
         "versions": dict(identity.get("versions") or {}),
         "capture": {"step": int(capture.get("step", 0)), "trigger": str(capture.get("trigger", "")),
                     "k": int(capture.get("k", n_steps))},
-        "steps": [{"step": int(s["step"]), "ms": _num(s["ms"])} for s in steps],
+        "steps": [{"step": int(s.get("step", 0)), "ms": _num(s.get("ms", 0.0))} for s in steps],
         "functions": [],
         "phases": {k: _num(v) for k, v in phases.items()},
         "gc": {"count": _num(gc_count), "ms": _num(gc_ms)},
@@ -691,7 +692,7 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
             selfs = sum(x for _, (_, sf) in rest_items for x in sf)
             fns.append(_fn_stats(OTHER, "other", "other", durs, selfs, n_steps))
         doc["functions"] = fns
-        doc["profile"]["build_ms"] = _num((_time.perf_counter() - t0) * 1000.0)
+        doc["profile"]["build_ms"] = _num((time.perf_counter() - t0) * 1000.0)
         if limit == 0 or len(msgpack.packb(doc, use_bin_type=True)) <= size_budget:
             break
         limit = limit * 3 // 4
