@@ -101,6 +101,8 @@ def rank_env(ident: Identity, spec: RankSpec, base: dict[str, str]) -> dict[str,
         "EROICA_ENABLED": "1" if spec.enabled else "0",
     })
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    if spec.enabled:
+        env.setdefault("TORCH_FR_BUFFER_SIZE", "200")  # Flight Recorder: where each rank's collectives are
     if ident.local_world_size > 1:
         env.setdefault("OMP_NUM_THREADS", "1")
     if spec.virtual_local_rank and "CUDA_VISIBLE_DEVICES" not in base:

@@ -50,6 +50,7 @@ class Runtime:
         self._next_file_check = 0.0
         self._own_s = 0.0
         self._job_end_done = False
+        self.watchdog: Any = None
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     @classmethod
@@ -74,6 +75,14 @@ class Runtime:
         self._install_signals()
         atexit.register(self._at_exit)
         os.register_at_fork(after_in_child=self._forked_child)
+        if self.side.thread_multiple:
+            from eroica_runtime.hang import DEFAULT_FLOOR_S, Watchdog
+
+            self.watchdog = Watchdog(self, self.cfg.hang_factor, self.cfg.hang_timeout_s or DEFAULT_FLOOR_S,
+                                     self.cfg.hang_action, self.cfg.deadline_s)
+            self.watchdog.start()
+        else:
+            self._warn("MPI gives no MPI_THREAD_MULTIPLE: the hang watchdog is off")
         if self.rank == 0:
             from eroica_runtime.analyst import Analyst
 
@@ -92,6 +101,8 @@ class Runtime:
         self._warn(f"off on this rank: {why}; training continues")
         self.capture.abandon()
         self.clock.uninstall()
+        if self.watchdog is not None:
+            self.watchdog.stop()
 
     def _forked_child(self) -> None:
         """A fork()ed DataLoader worker inherits this object: it must never vote, profile or use MPI."""
@@ -106,6 +117,8 @@ class Runtime:
     def _on_boundary(self, step: int, ms: float) -> None:
         if not self.enabled:
             return
+        if self.watchdog is not None:
+            self.watchdog.progress(step)
         t0 = time.perf_counter()
         try:
             self._boundary(step, ms)
@@ -158,9 +171,10 @@ class Runtime:
         cap = self.capture
         first, trigger, k = cap.step, cap.trigger, cap.k
         main_tid = cap.main_tid
-        events = cap.stop()
+        # read the GC counters before stopping: turning events into Python objects collects a lot
         gc_count0, gc_ms0 = self._window["gc_start"]
         gc_count1, gc_ms1 = self.gc.snapshot()
+        events = cap.stop()
         steps = [{"step": s, "ms": round(m, 4)} for s, m in self.clock.durations if first <= s <= step]
         n = max(len(steps), 1)
         ident = {"rank": self.rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
@@ -283,6 +297,8 @@ class Runtime:
         side = self.side
         if side is None:
             return
+        if self.watchdog is not None:
+            self.watchdog.stop()
         try:
             if self.capture.active:
                 self.capture.abandon()

@@ -54,7 +54,8 @@ class SideChannel:
         try:
             from mpi4py import MPI
         except Exception as exc:  # ImportError, RuntimeError from a broken libmpi, ...
-            raise SideChannelError(f"MPI unavailable ({type(exc).__name__}: {exc})") from None
+            reason = " ".join(str(exc).split())  # one line, whatever the loader printed
+            raise SideChannelError(f"MPI unavailable ({type(exc).__name__}: {reason})") from None
         self.MPI = MPI
         world = MPI.COMM_WORLD
         expected = os.environ.get("WORLD_SIZE")
@@ -62,6 +63,8 @@ class SideChannel:
             raise SideChannelError(
                 f"MPI world size {world.Get_size()} != WORLD_SIZE {expected}: the ranks were not started "
                 "as one MPI job (e.g. srun --mpi=none); start them with eroica-run or srun --mpi=pmi2")
+        # the hang watchdog talks from its own thread while the main thread may be inside MPI too
+        self.thread_multiple = MPI.Query_thread() == MPI.THREAD_MULTIPLE
         self.world = world.Dup()
         self.rank = self.world.Get_rank()
         self.size = self.world.Get_size()

@@ -6,6 +6,7 @@ forced collections each step. Writes nothing itself; eroica (if injected) does t
 """
 import gc
 import os
+import signal
 import time
 
 import torch
@@ -16,6 +17,11 @@ FAULT = os.environ.get("FAULT", "none")
 FAULT_RANK = int(os.environ.get("FAULT_RANK", "2"))
 FAULT_FROM = int(os.environ.get("FAULT_FROM", "40"))
 STEPS = int(os.environ.get("STEPS", "80"))
+STEP_SLEEP = float(os.environ.get("STEP_SLEEP", "0"))       # seconds of (healthy) sleep per step
+KILL_RANK = int(os.environ.get("KILL_RANK", "-1"))           # this rank SIGKILLs itself ...
+KILL_AT = int(os.environ.get("KILL_AT", "-1"))               # ... at this step
+HANG_RANK = int(os.environ.get("HANG_RANK", "-1"))           # this rank blocks forever in forward ...
+HANG_AT = int(os.environ.get("HANG_AT", "-1"))               # ... from this step
 WORKERS = int(os.environ.get("WORKERS", "0"))
 DIM = int(os.environ.get("DIM", "256"))
 state = {"step": 0}
@@ -48,6 +54,8 @@ class Model(torch.nn.Module):
         self.extra = torch.randn(DIM, DIM)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if dist.get_rank() == HANG_RANK and state["step"] >= HANG_AT:
+            time.sleep(3600)  # stuck: the others wait for it in the gradient allreduce
         if faulty("compute"):
             for _ in range(int(os.environ.get("FAULT_MATMULS", "60"))):
                 x = x + 1e-6 * (x @ self.extra)
@@ -73,10 +81,16 @@ def main() -> None:
                 junk.append(a)
             gc.collect()
             junk.clear()
+        if dist.get_rank() == KILL_RANK and state["step"] == KILL_AT:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if STEP_SLEEP:
+            time.sleep(STEP_SLEEP)
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
         state["step"] += 1
+        if state["step"] == 10 and dist.get_rank() == 0:
+            print("reached step 10", flush=True)  # tests wait for this: the runtime is up on all ranks
     if dist.get_rank() == 0:
         print(f"trained {state['step']} steps", flush=True)
     dist.destroy_process_group()

@@ -1,0 +1,101 @@
+"""The online chain on real ranks: trigger, synchronized windows, deadlines, and eroica staying harmless."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import BIN, DATA, RANK_ENV, eroica_run, explain
+
+from eroica_runtime import summary as summary_mod
+
+pytestmark = pytest.mark.multirank
+TRAIN = DATA / "runtime" / "train.py"
+
+
+def captures(report_dir: Path) -> dict[int, tuple[dict, list[dict], list[str]]]:
+    out = {}
+    for path in sorted((report_dir / "captures").glob("*.msgpack"), key=lambda p: int(p.stem)):
+        out[int(path.stem)] = summary_mod.decode_capture(path.read_bytes())
+    return out
+
+
+def test_slowdown_fires_exactly_one_synchronized_capture(tmp_path) -> None:
+    proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, TRAIN,
+                      env={"FAULT": "compute", "FAULT_RANK": "2", "FAULT_FROM": "40", "FAULT_MATMULS": "150",
+                           "STEPS": "90"}, timeout=240)
+    assert proc.returncode == 0, explain(proc)
+    caps = captures(tmp_path)
+    triggers = {step: meta["trigger"] for step, (meta, _, _) in caps.items()}
+    voted = [s for s, t in triggers.items() if t in ("spike", "drift")]
+    assert list(triggers.values()).count("baseline") == 1, triggers
+    assert len(voted) == 1, triggers
+    start = voted[0]
+    assert 40 <= start <= 50, triggers
+    meta, sums, errors = caps[start]
+    assert not errors and meta["missing"] == []
+    assert sorted(s["rank"] for s in sums) == [0, 1, 2, 3]
+    # every rank profiled the same steps
+    assert {s["capture"]["step"] for s in sums} == {start}
+    assert all([st["step"] for st in s["steps"]] == [start, start + 1, start + 2] for s in sums)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [c["step"] for c in report["captures"]] == sorted(triggers)
+    assert "job summary" in proc.stderr
+
+
+def test_healthy_run_fires_only_the_baseline(tmp_path) -> None:
+    proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, TRAIN, env={"STEPS": "120"},
+                      timeout=240)
+    assert proc.returncode == 0, explain(proc)
+    caps = captures(tmp_path)
+    assert [meta["trigger"] for meta, _, _ in caps.values()] == ["baseline"], explain(proc)
+
+
+def test_sigusr1_to_one_rank_captures_on_all_ranks(tmp_path) -> None:
+    env = {**os.environ, **RANK_ENV, "STEPS": "150", "STEP_SLEEP": "0.02"}
+    proc = subprocess.Popen([str(BIN / "eroica-run"), "--nproc-per-node", "3", "--report-dir", str(tmp_path),
+                             "--no-baseline", "--drift-pct", "0", "--spike-ratio", "100", str(TRAIN)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # rank 0 at step 10 => every rank's runtime is installed
+            if "reached step 10" in line:
+                break
+        owner = tmp_path / "launch" / "attempt_0" / "1" / "owner"
+        os.kill(int(owner.read_text()), signal.SIGUSR1)
+        out, err = proc.communicate(timeout=200)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-4000:]
+    caps = captures(tmp_path)
+    assert [meta["trigger"] for meta, _, _ in caps.values()] == ["manual"], err[-4000:]
+    (_, sums, _), = caps.values()
+    assert sorted(s["rank"] for s in sums) == [0, 1, 2]
+
+
+def test_rank_killed_inside_a_window_does_not_hang_the_others(tmp_path) -> None:
+    t0 = time.monotonic()
+    proc = eroica_run("--nproc-per-node", "3", "--report-dir", tmp_path, "--capture-at-steps", "20",
+                      "--window-steps", "10", "--deadline", "10", "--no-baseline", TRAIN,
+                      env={"STEPS": "200", "KILL_RANK": "1", "KILL_AT": "24"}, timeout=180)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 128 + signal.SIGKILL, explain(proc)
+    root = proc.stderr[proc.stderr.index("Root Cause"):]
+    assert "rank      : 1 " in root and "SIGKILL" in root
+    assert elapsed < 120, elapsed
+
+
+def test_broken_mpi_leaves_training_running_with_one_warning(tmp_path) -> None:
+    proc = eroica_run("--nproc-per-node", "2", "--report-dir", tmp_path,
+                      "--mpiexec-args", "-genv MPI4PY_LIBMPI /nonexistent/libmpi.so.12", TRAIN,
+                      env={"STEPS": "30"}, timeout=180)
+    assert proc.returncode == 0, explain(proc)
+    assert "trained 30 steps" in proc.stdout
+    warnings = [ln for ln in proc.stderr.splitlines() if "off on this rank" in ln]
+    assert len(warnings) == 2 and all("MPI unavailable" in w for w in warnings), explain(proc)

@@ -1,0 +1,71 @@
+"""The local detector and the agreed capture schedule (pure logic over step times)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from eroica_runtime.config import Config
+from eroica_runtime.trigger import Detector, Trigger
+
+
+def _jitter(n: int, base: float = 20.0, spread: float = 0.15, seed: int = 0) -> list[float]:
+    rnd = random.Random(seed)
+    return [base * (1 + rnd.uniform(-spread, spread)) for _ in range(n)]
+
+
+def test_single_noisy_step_does_not_fire() -> None:
+    det = Detector(Config())
+    fired = [det.observe(ms)[0] for ms in _jitter(60) + [200.0] + _jitter(20, seed=1)]
+    assert not any(fired)
+
+
+def test_persistent_rise_fires_spike_within_a_few_steps() -> None:
+    det = Detector(Config(drift_pct=0))
+    steps = _jitter(60) + [45.0] * 10
+    fired_at = next(i for i, ms in enumerate(steps) if det.observe(ms)[0])
+    assert 60 <= fired_at <= 63
+
+
+def test_gradual_drift_fires_drift_but_jitter_does_not() -> None:
+    det = Detector(Config(spike_ratio=10))
+    healthy = [any(det.observe(ms)) for ms in _jitter(400, spread=0.2)]
+    assert not any(healthy)
+    det = Detector(Config(spike_ratio=10))
+    ramp = [20.0 * (1 + 0.002 * i) for i in range(300)]
+    assert any(det.observe(ms)[1] for ms in ramp)
+
+
+def test_baseline_and_budget_schedule_is_identical_everywhere() -> None:
+    cfg = Config(warmup_steps=5, window_steps=3, cooldown_steps=10, max_captures=3)
+    a, b = Trigger(cfg), Trigger(cfg)
+    yes = np.array([1, 0, 0])
+    decisions = []
+    for step in range(100):
+        da, db = a.decide(step, yes), b.decide(step, yes)
+        assert da == db
+        if da:
+            decisions.append((da.start_step, da.trigger))
+    assert decisions[0] == (7, "baseline")
+    assert len(decisions) == 3  # capture budget
+    starts = [s for s, _ in decisions]
+    assert all(b - a >= 10 for a, b in zip(starts, starts[1:], strict=False))
+
+
+def test_manual_request_ignores_cooldown_but_not_the_budget() -> None:
+    cfg = Config(warmup_steps=0, baseline=False, cooldown_steps=1000, max_captures=2)
+    t = Trigger(cfg)
+    manual = np.array([0, 0, 1])
+    assert t.decide(10, manual).trigger == "manual"
+    assert t.decide(20, manual).trigger == "manual"
+    assert t.decide(30, manual) is None
+
+
+def test_profiled_fraction_cap() -> None:
+    cfg = Config(warmup_steps=0, baseline=False, cooldown_steps=0, max_captures=100,
+                 max_profiled_fraction=0.1, window_steps=3)
+    t = Trigger(cfg)
+    spike = np.array([1, 0, 0])
+    taken = sum(1 for step in range(200) if t.decide(step, spike))
+    assert 0 < taken and t.profiled_steps <= 0.1 * 200 + 3
