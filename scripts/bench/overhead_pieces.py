@@ -60,7 +60,7 @@ def main() -> None:
     post, done = [], []
     pending = []
     side.barrier(30)
-    for i in range(N):
+    for _ in range(N):
         flags = np.zeros(3, dtype=np.int64)
         t = time.perf_counter()
         pending.append(side.post_vote(flags))
