@@ -32,7 +32,7 @@ class Analyst:
         self.topology = topology or None
         self.diagnoses: list[engine.Diagnosis] = []
         self.captures: list[dict[str, Any]] = []   # step, trigger for every capture taken
-        self.baseline: list[dict[str, Any]] | None = None
+        self.baseline: engine.Table | None = None  # built once, reused by every later capture
         self._lock = threading.Lock()
         self._queue: queue.Queue[Gathered | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="eroica-analyst", daemon=True)
@@ -65,7 +65,7 @@ class Analyst:
                                     missing=g.missing, baseline=self.baseline, topology=self.topology,
                                     errors=errors)
         if g.trigger == "baseline" and not diagnosis.findings:
-            self.baseline = summaries
+            self.baseline = engine.build_table(summaries)
         with self._lock:
             self.diagnoses.append(diagnosis)
         report.write_capture(self.report_dir, diagnosis)   # on disk before it is printed
