@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -46,7 +47,16 @@ def _launch(out: Path) -> subprocess.CompletedProcess[str]:
                PYTHONWARNINGS="ignore")
     cmd = [_mpiexec(), "-n", str(WORLD), sys.executable, str(SCRIPT), "--out", str(out),
            "--scenarios", ",".join(f"{name}:{r}" for name, r in SLOW.items())]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150, cwd=ROOT)
+    # own session, so a timeout kills mpiexec *and* its ranks (never left spinning)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, start_new_session=True)
+    try:
+        out_text, err_text = proc.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out_text, err_text = proc.communicate()
+        pytest.fail(f"mpiexec run timed out after 150 s\n{out_text[-3000:]}\n{err_text[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out_text, err_text)
 
 
 @pytest.fixture(scope="module")
