@@ -2,7 +2,7 @@
 
 Local rules (defaults in Config, all configurable):
 - spike: the median of the last ``spike_steps`` steps exceeds ``spike_ratio`` x the rolling median of
-  the ``spike_history`` steps before them — a persistent rise; one noisy step never fires;
+  the ``spike_history`` steps before them, and their p90 — a persistent rise; one noisy step never fires;
 - drift (EROICA's rule): the mean of the last ``drift_window`` steps (top 10% trimmed, so stray
   spikes don't count) stays more than ``drift_pct`` % above the best window seen since the last
   capture for ``drift_window // 2`` consecutive steps;
@@ -55,9 +55,12 @@ class Detector:
         n_hist = len(self.recent) - cfg.spike_steps
         if n_hist >= max(10, cfg.spike_steps * 3):
             values = list(self.recent)
-            reference = statistics.median(values[:n_hist])
+            history = sorted(values[:n_hist])
+            reference = history[len(history) // 2]
+            p90 = history[int(0.9 * (len(history) - 1))]
             latest = statistics.median(values[n_hist:])
-            spike = latest > cfg.spike_ratio * reference
+            # well above the typical step AND above what this job's own noise reaches 1 step in 10
+            spike = latest > cfg.spike_ratio * reference and latest > p90
         drift = False
         if cfg.drift_pct > 0:
             self.window.append(ms)
@@ -124,7 +127,8 @@ class Trigger:
         elif voted is not None and voted.any():
             # a person asking wins over the detectors, and is not held back by cooldown or budget share
             trigger = "manual" if voted[2] else ("spike" if voted[0] else "drift")
-            if trigger != "manual" and not self._allowed(start):
+            settled = max(self.cfg.warmup_steps, self.baseline_step or 0)  # never before the baseline
+            if trigger != "manual" and (start <= settled or not self._allowed(start)):
                 return None
         if trigger is None:
             return None

@@ -1,0 +1,52 @@
+"""End to end on real ranks: a real fault on rank 2 -> rank 0 names it, its category and its victims."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import DATA, eroica_run, explain
+from eroica_runtime import summary as summary_mod
+
+pytestmark = pytest.mark.multirank
+TRAIN = DATA / "runtime" / "train.py"
+
+
+@pytest.mark.parametrize("fault,category,phase", [("compute", "compute", ("forward", "backward", "optimizer")),
+                                                  ("data", "dataloader", ("data",)),
+                                                  ("gc", "gc", ("gc",))])
+def test_planted_fault_is_named_with_victims(tmp_path, fault: str, category: str, phase: tuple[str, ...]) -> None:
+    proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, TRAIN,
+                      env={"FAULT": fault, "FAULT_RANK": "2", "FAULT_FROM": "40", "FAULT_MATMULS": "150",
+                           "STEPS": "90"}, timeout=240)
+    assert proc.returncode == 0, explain(proc)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["schema"] == "eroica.report/1" and report["world_size"] == 4
+    assert report["findings"], explain(proc)
+    top = report["findings"][0]
+    assert (top["rank"], top["category"]) == (2, category), json.dumps(top, indent=1)
+    assert sorted(top["victims"]) == [0, 1, 3]
+    assert not [f for f in report["findings"] if f["rank"] in (0, 1, 3)], "a victim was reported as a culprit"
+    assert top["impact_ms_per_step"] > 0 and top["action"]
+    # the gathered summaries themselves show it: the culprit's own work up, the victims' waits up
+    step = next(c["step"] for c in report["captures"] if c["findings"])
+    _, sums, errors = summary_mod.decode_capture((tmp_path / "captures" / f"{step}.msgpack").read_bytes())
+    assert not errors
+    by_rank = {s["rank"]: s["phases"] for s in sums}
+    culprit = sum(by_rank[2][p] for p in phase)
+    others = sorted(sum(by_rank[r][p] for p in phase) for r in (0, 1, 3))
+    assert culprit > 1.5 * others[1], by_rank
+    assert by_rank[2]["comm"] < min(by_rank[r]["comm"] for r in (0, 1, 3)), by_rank
+    # printed in rank 0's log, after the files existed
+    assert "rank 2" in proc.stderr and category.upper() in proc.stderr
+
+
+def test_healthy_run_has_no_findings(tmp_path) -> None:
+    proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, "--capture-at-steps", "50", TRAIN,
+                      env={"STEPS": "80"}, timeout=240)
+    assert proc.returncode == 0, explain(proc)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [c["trigger"] for c in report["captures"]][:2] == ["baseline", "manual"], report["captures"]
+    assert report["findings"] == [], json.dumps(report["findings"], indent=1)
+    assert "healthy" in proc.stderr
