@@ -80,27 +80,35 @@ def test_io_fault_pipe_paces_reads() -> None:
 
 
 # ------------------------------------------------------------------------------------------- CPU faults on another process
+def _need_quiet(r: dict) -> None:
+    """Non-root spinners run at nice 0: on a saturated machine their baseline says nothing."""
+    if r["baseline_cpu"] < 0.35 and not IS_ROOT:
+        pytest.skip(f"machine too busy to measure CPU share as non-root: {r}")
+
+
 def test_contend_fault_takes_cpu_and_cleans_up() -> None:
-    r = measure.measure_contend(hogs=2)
-    assert r["baseline_cpu"] > 0.5, r  # else the machine is too busy for this test to mean anything
-    assert r["fault_cpu"] < 0.55 * r["baseline_cpu"], r
-    assert r["hogs_alive_after"] == 0 and r["after_cpu"] > 0.5, r
+    r = measure.measure_contend(hogs=5)  # pinned with 5 equal-priority hogs: at most 1/6 of its core
+    _need_quiet(r)
+    assert r["fault_cpu"] < 0.25 and r["fault_cpu"] < 0.6 * r["baseline_cpu"], r
+    assert r["hogs_alive_after"] == 0 and r["after_cpu"] > 1.5 * r["fault_cpu"], r
 
 
 def test_freeze_fault_stops_and_always_resumes() -> None:
     r = measure.measure_freeze(ms=300, every=0.6)
-    assert r["stopped_samples"] >= 10, r
-    assert r["fault_cpu"] < 0.75 * r["baseline_cpu"], r
-    assert r["after_state"] != "T" and r["after_cpu"] > 0.3, r
+    _need_quiet(r)
+    assert r["stopped_fraction"] >= 0.25, r  # 300 ms of every 600 ms: ideally 0.5
+    assert r["fault_cpu"] < 0.8 * max(r["baseline_cpu"], r["after_cpu"]), r
+    assert r["after_state"] != "T" and r["after_cpu"] > 1.2 * r["fault_cpu"], r
 
 
 @pytest.mark.root
 @pytest.mark.skipif(not IS_ROOT or faults.cgroup_cpu_mode() is None, reason="needs root and a cgroup cpu controller")
 def test_throttle_fault_caps_cpu_and_removes_cgroup() -> None:
-    r = measure.measure_throttle(quota=0.2)
-    assert r["baseline_cpu"] > 0.5, r
-    assert r["fault_cpu"] <= 0.3, r
-    assert r["after_cpu"] > 0.5 and not r["cgroup_left"], r
+    r = measure.measure_throttle(quota=0.1)
+    # the quota is a hard cap whatever else runs; the baseline only has to be clearly above it
+    assert r["fault_cpu"] <= 0.15, r
+    assert r["baseline_cpu"] > 2 * r["fault_cpu"] and r["after_cpu"] > 2 * r["fault_cpu"], r
+    assert not r["cgroup_left"], r
 
 
 @pytest.mark.root
@@ -186,24 +194,25 @@ def test_mpiexec_places_one_rank_per_fake_host_and_slow_link_shows() -> None:
         assert [r["hostname"] for r in clean] == [h.hostname for h in c.hosts]
         assert [r["mpi_processor"] for r in clean] == [h.hostname for h in c.hosts]
         assert all(r["gloo_sum_ok"] and r["mpi_sum_ok"] for r in clean)
-        c.limit_rate(1, 100)
+        c.limit_rate(1, 50)
         slow = measure.run_probe_job(c, 3, mb=2, iters=3)
-    # 2 MiB ring allreduce: each rank moves ~2.7 MB; at 100 Mbit/s that is >= ~150 ms
-    assert max(r["gloo_allreduce_ms"] for r in slow) > 3 * max(r["gloo_allreduce_ms"] for r in clean) + 50
-    assert max(r["mpi_allreduce_ms"] for r in slow) > 3 * max(r["mpi_allreduce_ms"] for r in clean) + 50
+    # 2 MiB ring allreduce over 3 ranks: each rank sends ~2.8 MB; at 50 Mbit/s that is ~450 ms
+    clean_g, slow_g = (max(r["gloo_allreduce_ms"] for r in x) for x in (clean, slow))
+    clean_m, slow_m = (max(r["mpi_allreduce_ms"] for r in x) for x in (clean, slow))
+    assert slow_g > 2 * clean_g + 150 and slow_m > 2 * clean_m + 150, (clean_g, slow_g, clean_m, slow_m)
 
 
 # ------------------------------------------------------------------------------------------- the bench job
 @pytest.mark.multirank
 def test_train_bench_under_torchrun_with_planted_fault(tmp_path: Path) -> None:
     torchrun = Path(sys.executable).parent / "torchrun"
-    env = dict(os.environ, EROICA_BENCH_FAULT="compute:rank=1:start=6:ms=80", OMP_NUM_THREADS="1")
+    env = dict(os.environ, EROICA_BENCH_FAULT="compute:rank=1:start=6:ms=250", OMP_NUM_THREADS="1")
     r = subprocess.run([str(torchrun), "--nproc-per-node", "2", "--master-port", "29547",
                         str(ROOT / "scripts/faultlib/train_bench.py"), "--steps", "14", "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("BENCH_SUMMARY "))[14:])
     assert summary["fault_start"] == 6
-    assert summary["median_after_ms"] > summary["median_before_ms"] + 40, summary
+    assert summary["median_after_ms"] > summary["median_before_ms"] + 100, summary  # noisy shared 2-core box
     r1 = json.loads((tmp_path / "steps-rank1.json").read_text())
     assert r1["fault_events"] == [[6, "compute", "on"]] and len(r1["step_ms"]) == 14

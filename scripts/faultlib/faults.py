@@ -306,6 +306,10 @@ _HOG = """
 import os, sys, time
 parent = os.getppid()
 os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(',')})
+try:
+    os.setpriority(os.PRIO_PROCESS, 0, int(sys.argv[2]))
+except OSError:
+    pass
 while os.getppid() == parent:
     t = time.monotonic() + 0.05
     while time.monotonic() < t:
@@ -321,7 +325,7 @@ def _tids(pid: int) -> list[int]:
 
 
 class ContendFault(Fault):
-    """A contended CPU: ``hogs`` busy processes pinned to the core the rank is pinned to."""
+    """A contended CPU: ``hogs`` busy processes, at the rank's nice level, pinned to the rank's (pinned) core."""
 
     def start(self) -> None:
         cpus = sorted(os.sched_getaffinity(self.pid))
@@ -332,7 +336,8 @@ class ContendFault(Fault):
             with contextlib.suppress(OSError):
                 self.saved[tid] = os.sched_getaffinity(tid)
                 os.sched_setaffinity(tid, {self.core})
-        self.hogs = [_spawn_helper(_HOG, str(self.core)) for _ in range(int(self.spec.num("hogs", 2)))]
+        nice = os.getpriority(os.PRIO_PROCESS, self.pid)  # contend at the rank's own priority
+        self.hogs = [_spawn_helper(_HOG, str(self.core), str(nice)) for _ in range(int(self.spec.num("hogs", 2)))]
 
     def stop(self) -> None:
         for h in getattr(self, "hogs", []):
