@@ -24,7 +24,7 @@ class Config:
     window_steps: int = 3
     baseline: bool = True
     spike_ratio: float = 1.5
-    spike_steps: int = 5
+    spike_steps: int = 4
     spike_history: int = 50
     drift_pct: float = 5.0
     drift_window: int = 50

@@ -1,8 +1,8 @@
 """The trigger: a local detector on each rank, and the lagged vote that makes all ranks agree.
 
 Local rules (defaults in Config, all configurable):
-- spike: the median of the last ``spike_steps`` steps exceeds ``spike_ratio`` x the rolling median of
-  the ``spike_history`` steps before them, and their p90 — a persistent rise; one noisy step never fires;
+- spike: each of the last ``spike_steps`` steps exceeds ``spike_ratio`` x the rolling median of the
+  ``spike_history`` steps before them, and their p90 — a persistent rise; noise bursts never fire;
 - drift (EROICA's rule): the mean of the last ``drift_window`` steps (top 10% trimmed, so stray
   spikes don't count) stays more than ``drift_pct`` % above the best window seen since the last
   capture for ``drift_window // 2`` consecutive steps;
@@ -16,7 +16,6 @@ capture start step without an extra round-trip.
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 from dataclasses import dataclass
 
@@ -58,8 +57,9 @@ class Detector:
             history = sorted(values[:n_hist])
             reference = history[len(history) // 2]
             p90 = history[int(0.9 * (len(history) - 1))]
-            latest = statistics.median(values[n_hist:])
-            # well above the typical step AND above what this job's own noise reaches 1 step in 10
+            latest = min(values[n_hist:])
+            # every recent step well above the typical step AND above what this job's own noise
+            # reaches one step in ten: a burst of noise on a shared machine does not fire
             spike = latest > cfg.spike_ratio * reference and latest > p90
         drift = False
         if cfg.drift_pct > 0:

@@ -154,7 +154,7 @@ def signature_labels(table: Table, merge_below: float = 0.25) -> np.ndarray:
         k = int(np.argmin(dists))
         # a close signature, or a small minority (a stage is never a lone rank among big stages:
         # a minority that calls something extra is more likely a culprit doing extra work)
-        if dists[k] < merge_below or sizes[gi] <= 0.34 * largest:
+        if dists[k] < merge_below or sizes[gi] <= 0.34 * largest or sizes[gi] == 1:
             target[gi] = bigger[k]
     for _ in range(len(groups)):     # follow merge chains to their final cluster
         nxt = target[target]
