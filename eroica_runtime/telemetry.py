@@ -81,6 +81,9 @@ def host_sample() -> dict[str, Any]:
     out["mem_rss_mb"] = mem.rss / 2**20 if mem is not None else None
     vm = _guard(psutil.virtual_memory)
     out["mem_avail_mb"] = vm.available / 2**20 if vm is not None else None
+    io = _guard(proc.io_counters)  # storage traffic of this process (not in the schema's list: extra)
+    out["io_read_bytes"] = io.read_bytes if io is not None else None
+    out["io_write_bytes"] = io.write_bytes if io is not None else None
     out["tcp_retrans"] = _read_tcp_retrans()
     net = _guard(psutil.net_io_counters)
     out["net_bytes_sent"] = net.bytes_sent if net is not None else None

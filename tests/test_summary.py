@@ -307,3 +307,40 @@ def test_profile_without_schedule_falls_back_to_pseudo_steps() -> None:
         assert ph[p] > 0, (p, ph)
     fwd = {f["name"] for f in doc["functions"] if f["phase"] == "forward"}
     assert "aten::addmm" in fwd and "aten::cross_entropy_loss" in fwd
+
+
+def test_build_from_the_capture_module() -> None:
+    """The real hand-off: eroica_runtime.capture's window (start, mark at each boundary, stop)."""
+    capture_mod = pytest.importorskip("eroica_runtime.capture")
+    cap = capture_mod.Capture()
+    if not all(hasattr(cap, a) for a in ("start", "mark", "stop")):
+        pytest.skip("capture API changed")
+    model = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ds = torch.utils.data.TensorDataset(torch.randn(256, 128), torch.randint(0, 10, (256,)))
+    it = iter(torch.utils.data.DataLoader(ds, batch_size=16))
+
+    def step() -> None:
+        x, y = next(it)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    step()
+    k = 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cap.start(100, "test", k)
+        for i in range(k):
+            step()
+            if i < k - 1:
+                cap.mark()
+        events = cap.stop()
+    doc = summary.build(events, identity=IDENTITY, capture={"step": 100, "trigger": "test", "k": k},
+                        steps=[{"step": 100 + i, "ms": 5.0} for i in range(k)], gc={"count": 0, "ms": 0.0},
+                        telemetry=TELEMETRY, main_tid=getattr(cap, "main_tid", None))
+    summary.validate(doc)
+    assert doc["profile"]["steps"] == k
+    for p in ("data", "forward", "backward", "optimizer"):
+        assert doc["phases"][p] > 0, (p, doc["phases"], doc["profile"])

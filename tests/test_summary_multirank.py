@@ -25,7 +25,10 @@ from eroica_runtime import summary
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "data" / "summary" / "train_ddp.py"
 WORLD = 4
-SLOW = {"compute": 1, "data0": 2, "data2": 3, "gc": 1, "direct": 2}
+# capture mode -> scenario -> slow rank. "schedule": torch.profiler with a schedule, so every step
+# is a ProfilerStep annotation; "module": through the product's eroica_runtime.capture.Capture.
+LAUNCHES = {"schedule": {"compute": 1, "data0": 2, "data2": 3, "gc": 1, "direct": 2},
+            "module": {"compute": 2, "data0": 1}}
 
 pytestmark = pytest.mark.multirank
 
@@ -41,12 +44,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(out: Path) -> subprocess.CompletedProcess[str]:
+def _launch(out: Path, mode: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                MPIR_CVAR_ENABLE_HEAVY_YIELD="1", MPIR_CVAR_POLLS_BEFORE_YIELD="10", OMP_NUM_THREADS="1",
                PYTHONWARNINGS="ignore")
     cmd = [_mpiexec(), "-n", str(WORLD), sys.executable, str(SCRIPT), "--out", str(out),
-           "--scenarios", ",".join(f"{name}:{r}" for name, r in SLOW.items())]
+           "--capture", mode, "--scenarios", ",".join(f"{name}:{r}" for name, r in LAUNCHES[mode].items())]
     # own session, so a timeout kills mpiexec *and* its ranks (never left spinning)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=ROOT, start_new_session=True)
@@ -60,25 +63,26 @@ def _launch(out: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
-    """scenario -> the 4 decoded summaries (one launch runs every scenario, each with its slow rank)."""
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """(mode, scenario) -> the 4 decoded summaries; one launch per capture mode runs its scenarios."""
     if _mpiexec() is None:
         pytest.skip("no mpiexec")
-    out = tmp_path_factory.mktemp("summaries")
-    result: dict[str, list[dict[str, Any]]] = {}
-    proc = _launch(out)
-    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    for scenario in SLOW:
-        docs = []
-        for r in range(WORLD):
-            data = (out / f"{scenario}.rank{r}.msgpack").read_bytes()
-            docs.append(summary.decode(data, origin=f"rank {r}"))
-        result[scenario] = docs
-        for r in range(WORLD):  # the raw-kineto path must tell the same story
-            raw = summary.decode((out / f"{scenario}.raw.rank{r}.msgpack").read_bytes(), origin=f"rank {r}")
-            for phase, value in docs[r]["phases"].items():
-                assert raw["phases"][phase] == pytest.approx(value, rel=1e-3, abs=0.01), (scenario, r, phase)
-            assert {f["name"] for f in raw["functions"]} == {f["name"] for f in docs[r]["functions"]}
+    result: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for mode, scenarios in LAUNCHES.items():
+        out = tmp_path_factory.mktemp(f"summaries-{mode}")
+        proc = _launch(out, mode)
+        assert proc.returncode == 0, f"{mode}: rc={proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        for scenario in scenarios:
+            docs = []
+            for r in range(WORLD):
+                data = (out / f"{scenario}.rank{r}.msgpack").read_bytes()
+                docs.append(summary.decode(data, origin=f"rank {r}"))
+            result[(mode, scenario)] = docs
+            for r in range(WORLD):  # the raw-kineto path must tell the same story
+                raw = summary.decode((out / f"{scenario}.raw.rank{r}.msgpack").read_bytes(), origin=f"rank {r}")
+                for phase, value in docs[r]["phases"].items():
+                    assert raw["phases"][phase] == pytest.approx(value, rel=1e-3, abs=0.01), (mode, scenario, r, phase)
+                assert {f["name"] for f in raw["functions"]} == {f["name"] for f in docs[r]["functions"]}
     return result
 
 
@@ -90,21 +94,26 @@ def _victims(values: list[float], slow: int) -> list[float]:
     return [v for i, v in enumerate(values) if i != slow]
 
 
-def test_all_summaries_valid_and_small(runs: dict[str, list[dict[str, Any]]]) -> None:
-    for docs in runs.values():
+Runs = dict[tuple[str, str], list[dict[str, Any]]]
+
+
+def test_all_summaries_valid_and_small(runs: Runs) -> None:
+    for (mode, _), docs in runs.items():
         for r, d in enumerate(docs):
             assert d["rank"] == r and d["world_size"] == WORLD
             assert len(summary.encode(d)) <= summary.SIZE_BUDGET
-            assert d["profile"]["step_source"] == "profiler" and d["profile"]["steps"] == 4
+            assert d["profile"]["steps"] == 4
+            if mode == "schedule":
+                assert d["profile"]["step_source"] == "profiler"
             # the timeline partitions the step: own work + comm ~= step
             own = summary.own_work_ms(d)
             assert abs(own + d["phases"]["comm"] - d["phases"]["step"]) <= 0.15 * d["phases"]["step"] + 2.0
 
 
-@pytest.mark.parametrize("scenario", ["compute", "direct"])
-def test_compute_culprit_vs_victims(runs: dict[str, list[dict[str, Any]]], scenario: str) -> None:
+@pytest.mark.parametrize("mode,scenario", [("schedule", "compute"), ("schedule", "direct"), ("module", "compute")])
+def test_compute_culprit_vs_victims(runs: Runs, mode: str, scenario: str) -> None:
     """Culprit: forward grows, comm shrinks. Victims: comm grows by about the excess, compute unchanged."""
-    docs, slow = runs[scenario], SLOW[scenario]
+    docs, slow = runs[(mode, scenario)], LAUNCHES[mode][scenario]
     fwd, comm = _ph(docs, "forward"), _ph(docs, "comm")
     excess = fwd[slow] - statistics.median(_victims(fwd, slow))
     assert excess > 15.0, (scenario, fwd)
@@ -121,19 +130,20 @@ def test_compute_culprit_vs_victims(runs: dict[str, list[dict[str, Any]]], scena
     assert top["phase"] == "forward" and top["name"] in ("aten::mm", "aten::matmul"), top
 
 
-@pytest.mark.parametrize("scenario", ["data0", "data2"])
-def test_slow_dataloader(runs: dict[str, list[dict[str, Any]]], scenario: str) -> None:
-    docs, slow = runs[scenario], SLOW[scenario]
+@pytest.mark.parametrize("mode,scenario", [("schedule", "data0"), ("schedule", "data2"), ("module", "data0")])
+def test_slow_dataloader(runs: Runs, mode: str, scenario: str) -> None:
+    docs, slow = runs[(mode, scenario)], LAUNCHES[mode][scenario]
     data, comm = _ph(docs, "data"), _ph(docs, "comm")
-    victims = _victims(data, slow)
-    assert data[slow] > 15.0 and data[slow] > 4 * max(victims) + 5.0, (scenario, data)
-    assert statistics.median(_victims(comm, slow)) - comm[slow] > 0.5 * (data[slow] - max(victims)), comm
+    typical = statistics.median(_victims(data, slow))  # victims' own workers compete for the 2 cores
+    excess = data[slow] - typical
+    assert excess > 15.0 and data[slow] > 2 * typical, (mode, scenario, data)
+    assert statistics.median(_victims(comm, slow)) - comm[slow] > 0.4 * excess, (mode, scenario, data, comm)
     kinds = {f["kind"] for f in docs[slow]["functions"]}
     assert "dataloader" in kinds
 
 
-def test_gc_storm(runs: dict[str, list[dict[str, Any]]]) -> None:
-    docs, slow = runs["gc"], SLOW["gc"]
+def test_gc_storm(runs: Runs) -> None:
+    docs, slow = runs[("schedule", "gc")], LAUNCHES["schedule"]["gc"]
     gcms = _ph(docs, "gc")
     assert gcms[slow] > 10.0 and gcms[slow] > 5 * max(_victims(gcms, slow)) + 1.0, gcms
     assert docs[slow]["gc"]["count"] >= 1

@@ -4,7 +4,10 @@ Each scenario trains a small gloo DDP MLP, injects one fault on one rank, profil
 way capture.py does (start at a step boundary, ``prof.step()`` at each boundary inside the
 window, stop after K steps; a ``schedule(wait=0, warmup=0, active=K)`` so every step is a
 ``ProfilerStep#N`` annotation), builds the summary with ``summary.build`` and writes it to
-``<out>/<scenario>.rank<r>.msgpack``. RANK/WORLD_SIZE come from PMI_RANK/PMI_SIZE.
+``<out>/<scenario>.rank<r>.msgpack`` (and ``.raw.`` built from the raw kineto events).
+``--capture module`` profiles through the product's ``eroica_runtime.capture.Capture`` instead
+(taking its profiler object so both event forms can be built). RANK/WORLD_SIZE come from
+PMI_RANK/PMI_SIZE.
 
 ``--scenarios compute:1,gc:3`` picks the slow rank per scenario (default ``--slow-rank``).
 Scenarios: ``compute`` (extra matmuls in forward), ``data0`` / ``data2`` (slow Dataset
@@ -132,16 +135,31 @@ def run(scenario: str, slow_rank: int, model: torch.nn.Module | None, opt: torch
     step_ms = []
     tel_start = telemetry.sample()
     gc0 = gcmon.snapshot()
-    prof = profile(activities=[ProfilerActivity.CPU], record_shapes=False, with_stack=False,
-                   schedule=schedule(wait=0, warmup=0, active=k))
-    prof.start()
-    for i in range(k):
-        t0 = time.perf_counter()
-        step()
-        step_ms.append((time.perf_counter() - t0) * 1000.0)
-        if i < k - 1:
-            prof.step()
-    prof.stop()
+    if ARGS.capture == "module":  # the product's own capture.Capture (lead's module)
+        from eroica_runtime.capture import Capture
+
+        cap = Capture()
+        cap.start(100, "test", k)
+        for i in range(k):
+            t0 = time.perf_counter()
+            step()
+            step_ms.append((time.perf_counter() - t0) * 1000.0)
+            if i < k - 1:
+                cap.mark()
+        prof = cap._prof
+        cap._prof = None
+        prof.stop()
+    else:
+        prof = profile(activities=[ProfilerActivity.CPU], record_shapes=False, with_stack=False,
+                       schedule=schedule(wait=0, warmup=0, active=k))
+        prof.start()
+        for i in range(k):
+            t0 = time.perf_counter()
+            step()
+            step_ms.append((time.perf_counter() - t0) * 1000.0)
+            if i < k - 1:
+                prof.step()
+        prof.stop()
     gc1 = gcmon.snapshot()
     tel_end = telemetry.sample()
     t0 = time.perf_counter()
@@ -188,6 +206,8 @@ def main() -> int:
     ap.add_argument("--extra", type=int, default=40)
     ap.add_argument("--sleep-ms", type=float, default=3.0)
     ap.add_argument("--gc-collects", type=int, default=1)
+    ap.add_argument("--capture", choices=("schedule", "module"), default="schedule",
+                    help="profile with a schedule (ProfilerStep per step) or through eroica_runtime.capture")
     ap.parse_args(namespace=ARGS)
     os.makedirs(ARGS.out, exist_ok=True)
     dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=60))
