@@ -260,6 +260,20 @@ esac
                 "-f", str(self.hostfile(ranks_per_host)), "-iface", self.root_if]
         return argv, self.rank_env()
 
+    def eroica_run_args(self, nproc_per_host: int = 1) -> tuple[list[str], dict[str, str]]:
+        """(flags, env) for ``eroica-run <flags> train.py``: one node per fake host, via its mpiexec plan.
+
+        eroica-run turns ``--hostfile``/``--mpiexec-args`` into ``mpiexec -n N -ppn k -f HOSTFILE <args>``
+        and takes MASTER_ADDR from the hostfile's first host (resolvable inside every fake host).
+        """
+        argv, env = self.mpiexec_layout(nproc_per_host)
+        extra = argv[1:]
+        hostfile = extra[extra.index("-f") + 1]
+        del extra[extra.index("-f"): extra.index("-f") + 2]
+        flags = ["--nnodes", str(self.n_hosts), "--nproc-per-node", str(nproc_per_host), "--hostfile", hostfile,
+                 "--mpiexec-args", shlex.join(extra)]
+        return flags, env
+
     def rank_env(self) -> dict[str, str]:
         """Environment that makes MPICH (ofi/tcp) and gloo use the namespace network."""
         return {
