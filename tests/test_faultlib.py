@@ -58,6 +58,17 @@ def test_controller_starts_and_stops_at_steps() -> None:
 
 
 # ------------------------------------------------------------------------------------------- in-process
+def test_hang_fault_blocks_its_step_once() -> None:
+    ctl = faults.FaultController(faults.parse_specs("hang:rank=0:start=1:seconds=0.3"), 0, log=lambda m: None)
+    t = []
+    for step in range(3):
+        t0 = time.perf_counter()
+        ctl.step(step)
+        t.append(time.perf_counter() - t0)
+    ctl.close()
+    assert t[0] < 0.1 and t[1] >= 0.3 and t[2] < 0.1, t
+
+
 def test_compute_fault_adds_per_step_time() -> None:
     r = measure.measure_compute(ms=40)
     assert 20 <= r["tick_ms"] <= 200, r
@@ -144,6 +155,8 @@ def test_netns_rate_limit_and_delay_are_real_and_cleaned() -> None:
     if DELAY_SKIP is None:
         assert 19 <= r["delayed_rtt_ms"] < 40, r
         assert r["undelayed_rtt_ms"] < 5, r
+        assert r["cut_link_blocks"] and r["restored_rtt_ms"] < 5, r
+        assert r["forward_rules_left"] == [], r
     assert r["leftovers"] == [], r
 
 
@@ -156,6 +169,11 @@ def test_netns_hosts_have_own_hostnames_and_addresses() -> None:
         assert len(set(names)) == 2
         r = c.run(0, [sys.executable, "-c", f"import socket; print(socket.gethostbyname('{c.hosts[1].hostname}'))"])
         assert r.stdout.strip() == c.hosts[1].addr
+        flags, env = c.eroica_run_args()
+        assert flags[:4] == ["--nnodes", "2", "--nproc-per-node", "1"]
+        assert Path(flags[flags.index("--hostfile") + 1]).read_text().split() == [f"{h.hostname}:1" for h in c.hosts]
+        assert "-launcher-exec" in flags[flags.index("--mpiexec-args") + 1]
+        assert env["MPIR_CVAR_CH4_NETMOD"] == "ofi" and env["MASTER_ADDR"] == c.hosts[0].addr
         prefix = c.prefix
     assert netns.leftovers(prefix) == []
 

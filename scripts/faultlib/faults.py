@@ -27,7 +27,8 @@ Spec (``EROICA_BENCH_FAULT``; several separated by ``;``)::
   runs ``gc.collect()`` each step
 - ``io``       kb=2048 mbps=20 via=auto — O_DIRECT read of ``kb`` per step under a blkio read limit
   (root, block device), else through a pipe fed at ``mbps`` by a helper process
-- ``link``     mbit=100 — tbf on this rank's own interface (egress); only inside a non-root netns; root
+- ``link``     mbit=100 — tbf on this rank's own interface (egress); only inside a fake host; root
+- ``hang``     seconds=inf — the rank stops inside its first faulty step (peers block in a collective)
 
 From outside a running process: ``python faults.py apply --pid P --kind throttle quota=0.3 --seconds 10``
 (kinds throttle, contend, freeze); cleanup runs on exit, Ctrl-C and SIGTERM.
@@ -631,6 +632,26 @@ class LinkFault(Fault):
             self.dev = None
 
 
+# ---------------------------------------------------------------------------------------------- hang
+def eroica_fault_hang(seconds: float) -> None:
+    """The planted hang: this rank stops making progress (its peers block in the next collective)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(min(1.0, max(0.0, end - time.monotonic())))
+
+
+class HangFault(Fault):
+    """A hang: at its first step the rank sleeps ``seconds`` (default: for ever) inside the step."""
+
+    def start(self) -> None:
+        self.done = False
+
+    def tick(self, step: int) -> None:
+        if not self.done:
+            self.done = True
+            eroica_fault_hang(self.spec.num("seconds", float("inf")))
+
+
 KINDS: dict[str, type[Fault]] = {
     "compute": ComputeFault,
     "throttle": ThrottleFault,
@@ -640,6 +661,7 @@ KINDS: dict[str, type[Fault]] = {
     "gc": GcFault,
     "io": IoFault,
     "link": LinkFault,
+    "hang": HangFault,
 }
 
 

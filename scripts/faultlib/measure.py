@@ -245,6 +245,15 @@ def measure_net(mbit: float = 50, delay_ms: float = 10) -> dict[str, Any]:
             out["delayed_mbit"] = round(_probe(c, 0, 1, "bulk", mbytes=50)["mbit_s"])
             c.clear_delay(1)
             out["undelayed_rtt_ms"] = round(_probe(c, 0, 1, "rtt", count=20)["rtt_ms_median"], 3)
+            c.cut_link(1)
+            try:
+                _probe(c, 0, 1, "rtt", count=1, timeout=1)
+                out["cut_link_blocks"] = False
+            except RuntimeError:
+                out["cut_link_blocks"] = True
+            c.restore_link(1)
+            out["restored_rtt_ms"] = round(_probe(c, 0, 1, "rtt", count=20)["rtt_ms_median"], 3)
+            out["forward_rules_left"] = c.forward_rules()
         prefix = c.prefix
     out["leftovers"] = netns.leftovers(prefix)
     return out

@@ -15,7 +15,8 @@ Hostnames: commands run as ``ip netns exec <ns> unshare --uts sh -c 'hostname <n
 host plus the root namespace's own hostname to its address on this network.
 
 Faults: :meth:`Cluster.limit_rate` (tbf on both ends of the host's veth, i.e. both directions),
-:meth:`Cluster.add_delay` (iptables NFQUEUE on the switch's FORWARD chain + :mod:`nfq_delay`).
+:meth:`Cluster.add_delay` (iptables NFQUEUE on the switch's FORWARD chain + :mod:`nfq_delay`),
+:meth:`Cluster.cut_link` (iptables DROP: a dead link, for hang tests).
 
 Needs root, iproute2, util-linux ``unshare``; delays also need the ``iptables`` Debian package.
 """
@@ -208,6 +209,28 @@ class Cluster:
         p = self._delays.pop(i, None)
         if p is not None:
             _stop_proc(p)
+
+    def cut_link(self, i: int) -> None:
+        """Drop every packet to and from host i on the bridge (a dead link / NIC, for hang tests)."""
+        reason = delay_unavailable_reason()
+        if reason:
+            raise RuntimeError(reason)
+        for rule in self._cut_rules(i):
+            _run(["ip", "netns", "exec", self.switch_ns, "iptables", "-w", "-I", *rule])
+
+    def restore_link(self, i: int) -> None:
+        """Undo cut_link(i)."""
+        for rule in self._cut_rules(i):
+            _run(["ip", "netns", "exec", self.switch_ns, "iptables", "-w", "-D", *rule], check=False)
+
+    def _cut_rules(self, i: int) -> list[list[str]]:
+        port = self.hosts[i].switch_port
+        return [["FORWARD", "-m", "physdev", f"--physdev-{d}", port, "-j", "DROP"] for d in ("in", "out")]
+
+    def forward_rules(self) -> list[str]:
+        """The switch's FORWARD rules (to check that faults were removed)."""
+        out = _run(["ip", "netns", "exec", self.switch_ns, "iptables", "-w", "-S", "FORWARD"], check=False).stdout
+        return [line for line in out.splitlines() if not line.startswith("-P")]
 
     def _delay_rules(self, i: int, queue: int, direction: str) -> list[list[str]]:
         port = self.hosts[i].switch_port

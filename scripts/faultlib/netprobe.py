@@ -71,9 +71,9 @@ def serve(port: int, host: str = "0.0.0.0") -> None:
         threading.Thread(target=_handle, args=(conn,), daemon=True).start()
 
 
-def rtt(host: str, port: int, count: int) -> dict[str, float]:
+def rtt(host: str, port: int, count: int, timeout: float = 30) -> dict[str, float]:
     """Round-trip times of 1-byte TCP ping-pongs (ms)."""
-    with socket.create_connection((host, port), timeout=30) as s:
+    with socket.create_connection((host, port), timeout=timeout) as s:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         s.sendall(b"r")
         samples = []
@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", required=True)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--count", type=int, default=50)
+    p.add_argument("--timeout", type=float, default=30)
     p = sub.add_parser("bulk")
     p.add_argument("--host", required=True)
     p.add_argument("--port", type=int, required=True)
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "serve":
         serve(a.port)
     elif a.cmd == "rtt":
-        print(json.dumps(rtt(a.host, a.port, a.count)))
+        print(json.dumps(rtt(a.host, a.port, a.count, a.timeout)))
     else:
         print(json.dumps(bulk(a.host, a.port, a.mbytes, a.reverse)))
     return 0
