@@ -61,9 +61,10 @@ class Analyst:
         meta, summaries, errors = summary_mod.decode_capture(g.data, origin=f"capture {g.step}")
         for err in errors:
             say(f"eroica: rejected {err}")
+        probe = (meta.get("extra") or {}).get("link_probe")
         diagnosis = engine.diagnose(summaries, step=g.step, trigger=g.trigger, world_size=self.world_size,
                                     missing=g.missing, baseline=self.baseline, topology=self.topology,
-                                    errors=errors)
+                                    link_probe=probe, errors=errors)
         if g.trigger == "baseline" and not diagnosis.findings:
             self.baseline = engine.build_table(summaries)
         with self._lock:

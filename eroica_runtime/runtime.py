@@ -187,8 +187,12 @@ class Runtime:
                                 telemetry={"start": self._window["tele_start"], "end": telemetry.sample()},
                                 main_tid=main_tid)
         blob = summary_mod.encode(doc)
+        # per-host link latency/bandwidth between node leaders (a no-op on one node): the only way to
+        # name the host of a slow link, since a slow link slows every rank's collectives alike
+        probe = self.side.probe_links(self.cfg.deadline_s)
         gathered = gather_capture(self.side, blob, step=first, trigger=trigger,  # type: ignore[arg-type]
-                                  deadline_s=self.cfg.deadline_s, report_dir=self.report_dir)
+                                  deadline_s=self.cfg.deadline_s, report_dir=self.report_dir,
+                                  extra={"link_probe": probe} if probe else None)
         if gathered is not None and self.analyst is not None:
             if gathered.missing:
                 self._warn(f"capture at step {first}: no summary from ranks {gathered.missing} "

@@ -17,11 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 TAG_GATHER = 7100
-TAG_LEADER = 7101
-TAG_JOBEND = 7102
-TAG_JOBEND_LEADER = 7103
-TAG_HANG = 7104
-TAG_PROBE = 7105
+TAG_PROBE = 30300   # and TAG_PROBE + 1 for the results
 
 
 class SideChannelError(RuntimeError):
@@ -68,12 +64,16 @@ class SideChannel:
         self.world = world.Dup()
         self.rank = self.world.Get_rank()
         self.size = self.world.Get_size()
-        self.node = self.world.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
-        if self.node.Get_size() == self.size and self.size > 1 and os.environ.get("EROICA_NODE_SPLIT") == "host":
-            # A launcher that makes shared-memory splitting trivial (e.g. containers): split by hostname.
-            self.node.Free()
+        split = os.environ.get("EROICA_NODE_SPLIT", "shared")
+        if split == "host":
+            # a launcher that makes shared-memory splitting meaningless (containers sharing /dev/shm)
             import zlib
             self.node = self.world.Split(zlib.crc32(MPI.Get_processor_name().encode()) & 0x7FFFFFFF, self.rank)
+        elif split.isdigit() and int(split) > 0:
+            # emulated nodes of N consecutive ranks (benchmarks and tests of the hierarchy on one machine)
+            self.node = self.world.Split(self.rank // int(split), self.rank)
+        else:
+            self.node = self.world.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.is_leader = self.node.Get_rank() == 0
         self.leaders = self.world.Split(0 if self.is_leader else MPI.UNDEFINED, self.rank)
         # every rank learns its node leader's world rank and the leaders' world ranks
@@ -168,6 +168,61 @@ class SideChannel:
             all_missing.update(int(r) for r in doc["missing"])
         all_missing.update(r for r in range(self.size) if r not in all_blobs)
         return all_blobs, sorted(all_missing - set(all_blobs))
+
+    # ---- link probe (node leaders) -----------------------------------------------------------------
+    def probe_links(self, deadline_s: float, small: int = 8, large: int = 1 << 20, reps: int = 5,
+                    ) -> dict[str, dict[str, float]] | None:
+        """Latency and bandwidth of every node leader's links, in ring-shift rounds.
+
+        Collective over all ranks (non-leaders return at once). In each round every leader sends to
+        the leader ``shift`` places ahead while receiving from the one ``shift`` behind (shifts 1 and
+        n/2), so a slow host is slow in every round while its neighbours are slow in one only: the
+        per-host figure is its best round (min latency, max bandwidth). Returns
+        {host: {latency_us, bandwidth_gbps}} on world rank 0, None elsewhere.
+        """
+        import socket
+
+        import msgpack
+
+        if not self.is_leader:
+            return None
+        comm = self.leaders
+        n, me = comm.Get_size(), comm.Get_rank()
+        if n < 2:
+            return None
+        deadline = time.monotonic() + deadline_s
+        lat, bw = [], []
+        for shift in sorted({1, n // 2} if n > 3 else {1}):
+            for size, count, sink in ((small, reps, lat), (large, 2, bw)):
+                buf = np.zeros(size, dtype=np.uint8)
+                times = [self._shift(comm, buf, (me + shift) % n, (me - shift) % n, deadline)
+                         for _ in range(count)]
+                best = sorted(times)[len(times) // 2]
+                sink.append(best * 1e6 if size == small else size * 8 / best / 1e9)
+        mine = msgpack.packb({"host": socket.gethostname(), "latency_us": min(lat),
+                              "bandwidth_gbps": max(bw)})
+        rows = self._recv_all(comm, list(range(1, n)), TAG_PROBE + 1, deadline) if me == 0 else None
+        if me != 0:
+            self._send(comm, mine, 0, TAG_PROBE + 1, deadline, "link probe (to rank 0)")
+            return None
+        out: dict[str, dict[str, float]] = {}
+        for raw in [mine, *(rows or {}).values()]:
+            doc = msgpack.unpackb(raw, raw=False)
+            out[str(doc["host"])] = {"latency_us": round(float(doc["latency_us"]), 2),
+                                     "bandwidth_gbps": round(float(doc["bandwidth_gbps"]), 4)}
+        return out
+
+    def _shift(self, comm: object, buf: np.ndarray, dest: int, source: int, deadline: float) -> float:
+        """Send ``buf`` to ``dest`` while receiving as much from ``source``; seconds until both are done."""
+        MPI = self.MPI
+        recv = np.empty_like(buf)
+        t0 = time.perf_counter()
+        rreq = comm.Irecv([recv, MPI.BYTE], source=source, tag=TAG_PROBE)  # type: ignore[attr-defined]
+        sreq = comm.Isend([buf, MPI.BYTE], dest=dest, tag=TAG_PROBE)  # type: ignore[attr-defined]
+        if not _poll(lambda: bool(MPI.Request.Testall([rreq, sreq])), deadline):
+            self._pending += [(rreq, recv, None), (sreq, buf, None)]
+            raise DeadlineMissed("link probe", [dest, source])
+        return time.perf_counter() - t0
 
     # ---- shutdown ------------------------------------------------------------------------------------
     def drain(self, timeout_s: float = 2.0) -> None:
