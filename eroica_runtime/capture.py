@@ -57,11 +57,19 @@ class Capture:
             self._prof.step()
 
     def stop(self) -> Any:
-        """Stop (closing the last ProfilerStep) and return the window's events (``prof.events()``)."""
+        """Stop (closing the last ProfilerStep) and return the window's events.
+
+        The raw kineto events are handed over, not ``prof.events()``: torch's post-processing into
+        FunctionEvents costs 2-3x the whole summary (docs/benchmarks.md), on every rank, in the step
+        that closes the window. The summary builder reads either form.
+        """
         prof, self._prof = self._prof, None
         if prof is None:
             return []
         prof.stop()
+        results = getattr(getattr(prof, "profiler", None), "kineto_results", None)
+        if results is not None:
+            return results.events()
         return prof.events()
 
     def abandon(self) -> None:
