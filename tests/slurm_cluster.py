@@ -313,7 +313,8 @@ SlurmdParameters=config_overrides
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
-KillWait=5
+# Slurm's default: how long SIGTERM'd tasks get (to flush eroica's report) before SIGKILL.
+KillWait=30
 InactiveLimit=0
 MinJobAge=600
 SlurmctldTimeout=30

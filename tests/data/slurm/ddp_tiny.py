@@ -5,7 +5,7 @@ runner. Like a torchrun script it reads RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/M
 environment (set by eroica-run). Each rank all-gathers (rank, world size) and writes what it saw to
 <out-dir>/rank-<rank>.json, so a test can check that every rank agrees on the world.
 
-Options: --fail-rank R --fail-step S makes rank R exit 1 at step S (a rank failure);
+Options: --fail-rank R --fail-step S makes rank R raise at step S (a rank crash, exit code 1);
 --steps N --step-sleep T makes the job last long enough to be signalled or cancelled.
 """
 
@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+
+T0 = time.time()  # after the imports: the times printed below leave torch's import out
 
 
 def env_source() -> str:
@@ -48,6 +50,8 @@ def main() -> int:
     world = int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    if rank == 0:
+        print(f"ddp_tiny: process group up after {time.time() - T0:.1f}s", flush=True)
 
     seen = [None] * world
     dist.all_gather_object(seen, {"rank": rank, "world_size": world, "host": socket.gethostname()})
@@ -57,8 +61,9 @@ def main() -> int:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for step in range(args.steps):
         if rank == args.fail_rank and step == args.fail_step:
+            # An uncaught exception, like a real crash (exit code 1 with a traceback).
             print(f"ddp_tiny: rank {rank} failing on purpose at step {step}", file=sys.stderr, flush=True)
-            sys.exit(1)
+            raise RuntimeError(f"ddp_tiny: injected failure on rank {rank} at step {step}")
         x = torch.randn(8, 16)
         loss = model(x).pow(2).mean()
         opt.zero_grad()
@@ -85,7 +90,7 @@ def main() -> int:
     (out / f"rank-{rank}.json").write_text(json.dumps(record))
     dist.barrier()
     dist.destroy_process_group()
-    print(f"ddp_tiny: rank {rank}/{world} done", flush=True)
+    print(f"ddp_tiny: rank {rank}/{world} done after {time.time() - T0:.1f}s", flush=True)
     return 0
 
 
