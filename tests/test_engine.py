@@ -379,3 +379,28 @@ def test_real_eroica_run_captures(name: str, rank: int, category: str) -> None:
     assert diagnose(base, step=12, trigger="baseline", world_size=4).healthy
     d = diagnose(spike, step=meta["step"], trigger=meta["trigger"], world_size=4, baseline=base)
     assert [(f.rank, f.category) for f in d.findings] == [(rank, category)]
+
+
+def test_all_ranks_starved_of_cpu_is_host_contention_not_network() -> None:
+    """Every rank waits longer than in the baseline and is descheduled far more: CPU contention."""
+    import copy
+
+    from eroica_runtime import summary as summary_mod
+    from eroica_runtime.engine import build_table
+
+    here = Path(__file__).parent / "data" / "engine" / "real-4rank"
+    base = [summary_mod.decode((here / f"none.rank{r}.msgpack").read_bytes()) for r in range(4)]
+    cur = copy.deepcopy(base)
+    for s in cur:
+        s["phases"]["comm"] += 15.0
+        s["phases"]["step"] += 15.0
+        t0, t1 = s["telemetry"]["start"]["host"], s["telemetry"]["end"]["host"]
+        t1["ctx_invol"] = t0["ctx_invol"] + 20 * max(1, t1["ctx_invol"] - t0["ctx_invol"]) + 200
+    d = diagnose(cur, step=90, trigger="drift", world_size=4, baseline=build_table(base))
+    assert [f.category for f in d.findings] == ["host"], [f.title for f in d.findings]
+    assert "cpu contention" in d.findings[0].function
+    # the same waits without the context switches stay a communication finding
+    for s, b in zip(cur, base, strict=True):
+        s["telemetry"] = copy.deepcopy(b["telemetry"])
+    d = diagnose(cur, step=90, trigger="drift", world_size=4, baseline=build_table(base))
+    assert [f.category for f in d.findings] == ["communication"]

@@ -203,12 +203,40 @@ def common_mode(cur: Table, base: Table, th: Thresholds, culprit_excess: float,
         hosts, ev = localize(cur, link_probe)
         ev.update(common)
         ev["comm_wait_ms"] = [float(np.median(cur.col("comm")[rc])), float(np.median(base.col("comm")[rb]))]
-        findings.append(_comm_finding(cur, hosts, m_comm, now_step, ev,
-                                      f"Communication wait +{m_comm:.1f} ms/step vs the baseline capture"))
+        contention = _cpu_contention(cur, base, rc, rb)
+        if contention is not None and not ev.get("link_probe"):
+            # every rank descheduled far more than in the baseline: the waits are CPU starvation on
+            # the host(s), not the network (collectives over loopback/shm need CPU too)
+            host_names = sorted({cur.hosts[int(i)] for i in cur.host_idx[rc]})
+            findings.append(Finding(
+                category="host", rank=None, host=",".join(host_names[:4]), function="(cpu contention)",
+                phase="host_gap", impact_ms_per_step=m_comm, what_if_step_ms=max(now_step - m_comm, 0.0),
+                evidence={**ev, **contention}, action=ACTIONS["host"],
+                title=f"All ranks starved of CPU (involuntary context switches x{contention['ctx_invol_ratio']:.0f} "
+                      f"vs the baseline): +{m_comm:.1f} ms/step"))
+        else:
+            findings.append(_comm_finding(cur, hosts, m_comm, now_step, ev,
+                                          f"Communication wait +{m_comm:.1f} ms/step vs the baseline capture"))
     if not findings and now_step - base_step >= limit and culprit_excess == 0.0:
         notes.append(f"step {now_step:.1f} ms vs baseline {base_step:.1f} ms, but neither own work nor "
                      "communication wait explains it on most ranks")
     return findings, notes
+
+
+def _cpu_contention(cur: Table, base: Table, rc: np.ndarray, rb: np.ndarray,
+                    ratio: float = 3.0, floor_per_s: float = 20.0) -> dict[str, Any] | None:
+    """Involuntary context switches per second of wall time, now vs the baseline (median over ranks)."""
+    def rate(t: Table, rows: np.ndarray) -> float:
+        inv, wall = t.telemetry.get("ctx_invol"), t.telemetry.get("wall_s")
+        if inv is None or wall is None:
+            return float("nan")
+        r = inv[rows] / np.where(wall[rows] > 0, wall[rows], np.nan)
+        return float(np.nanmedian(r)) if np.isfinite(r).any() else float("nan")
+
+    now, was = rate(cur, rc), rate(base, rb)
+    if not (np.isfinite(now) and np.isfinite(was)) or now < floor_per_s or now < ratio * max(was, 1.0):
+        return None
+    return {"ctx_invol_per_s": [round(now, 1), round(was, 1)], "ctx_invol_ratio": now / max(was, 1.0)}
 
 
 def _function_growth(cur: Table, base: Table, rc: np.ndarray, rb: np.ndarray,
