@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import DATA, eroica_run, explain
+
 from eroica_runtime import summary as summary_mod
 
 pytestmark = pytest.mark.multirank
@@ -30,7 +30,7 @@ def test_planted_fault_is_named_with_victims(tmp_path, fault: str, category: str
     assert not [f for f in report["findings"] if f["rank"] in (0, 1, 3)], "a victim was reported as a culprit"
     assert top["impact_ms_per_step"] > 0 and top["action"]
     # the gathered summaries themselves show it: the culprit's own work up, the victims' waits up
-    step = next(c["step"] for c in report["captures"] if c["findings"])
+    step = top["captures"][-1]
     _, sums, errors = summary_mod.decode_capture((tmp_path / "captures" / f"{step}.msgpack").read_bytes())
     assert not errors
     by_rank = {s["rank"]: s["phases"] for s in sums}
