@@ -99,3 +99,14 @@ def test_broken_mpi_leaves_training_running_with_one_warning(tmp_path) -> None:
     assert "trained 30 steps" in proc.stdout
     warnings = [ln for ln in proc.stderr.splitlines() if "off on this rank" in ln]
     assert len(warnings) == 2 and all("MPI unavailable" in w for w in warnings), explain(proc)
+
+
+def test_mark_step_drives_the_clock_without_an_optimizer(tmp_path) -> None:
+    proc = eroica_run("--nproc-per-node", "2", "--report-dir", tmp_path, "--no-baseline", "--capture-at-steps",
+                      "15", DATA / "runtime" / "manual_steps.py", timeout=180)
+    assert proc.returncode == 0, explain(proc)
+    caps = captures(tmp_path)
+    assert list(caps) == [15], explain(proc)
+    _, sums, _ = caps[15]
+    assert all([st["step"] for st in s["steps"]] == [15, 16, 17] for s in sums)
+    assert json.loads((tmp_path / "report.json").read_text())["steps"] == 40
