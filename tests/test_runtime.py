@@ -110,3 +110,14 @@ def test_mark_step_drives_the_clock_without_an_optimizer(tmp_path) -> None:
     _, sums, _ = caps[15]
     assert all([st["step"] for st in s["steps"]] == [15, 16, 17] for s in sums)
     assert json.loads((tmp_path / "report.json").read_text())["steps"] == 40
+
+
+def test_forked_dataloader_workers_stay_inert(tmp_path) -> None:
+    """fork()ed workers inherit the runtime object; they must never vote, profile or touch MPI."""
+    proc = eroica_run("--nproc-per-node", "2", "--report-dir", tmp_path, "--capture-at-steps", "20", TRAIN,
+                      env={"WORKERS": "2", "STEPS": "40"}, timeout=180)
+    assert proc.returncode == 0, explain(proc)
+    assert "trained 40 steps" in proc.stdout
+    caps = captures(tmp_path)
+    assert 20 in caps and sorted(s["rank"] for s in caps[20][1]) == [0, 1]
+    assert "off on this rank" not in proc.stderr
