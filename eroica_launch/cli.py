@@ -65,10 +65,11 @@ def _eroica(parser: argparse._ArgumentGroup, name: str, help_text: str, *, flag:
     opts = _both(name.removesuffix("_s") if name.endswith("_s") else name)
     if flag:
         parser.add_argument(*opts, action=_EnvFlag, dest=name, env_var=env_name(name), default=default,
-                            help=f"{help_text} (env {env_name(name)})")
+                            help=f"{help_text.replace('%', '%%')} (env {env_name(name)})")
     else:
+        shown = "" if default in ("", None) else "; default: %(default)s"
         parser.add_argument(*opts, action=_Env, dest=name, env_var=env_name(name), default=default,
-                            metavar=metavar, help=f"{help_text} (env {env_name(name)}; default: %(default)s)")
+                            metavar=metavar, help=f"{help_text.replace('%', '%%')} (env {env_name(name)}{shown})")
 
 
 def get_parser() -> ArgumentParser:
