@@ -134,4 +134,5 @@ def test_help_documents_env_defaults() -> None:
     from eroica_launch.cli import get_parser
     text = get_parser().format_help()
     assert "EROICA_REPORT_DIR" in text and "EROICA_LAUNCHER" in text and "MIN:MAX" in text
+    assert "env_var" not in text and "% above" in text  # help strings are formatted, not dumped
     assert isinstance(get_parser(), argparse.ArgumentParser)
