@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -225,7 +226,10 @@ def test_mpiexec_places_one_rank_per_fake_host_and_slow_link_shows() -> None:
 def test_train_bench_under_torchrun_with_planted_fault(tmp_path: Path) -> None:
     torchrun = Path(sys.executable).parent / "torchrun"
     env = dict(os.environ, EROICA_BENCH_FAULT="compute:rank=1:start=6:ms=250", OMP_NUM_THREADS="1")
-    r = subprocess.run([str(torchrun), "--nproc-per-node", "2", "--master-port", "29547",
+    with socket.socket() as s:  # a free port: other suites may run torchrun at the same time
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run([str(torchrun), "--nproc-per-node", "2", "--master-port", str(port),
                         str(ROOT / "scripts/faultlib/train_bench.py"), "--steps", "14", "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
