@@ -59,6 +59,15 @@ def test_controller_starts_and_stops_at_steps() -> None:
 
 
 # ------------------------------------------------------------------------------------------- in-process
+def test_fault_that_cannot_start_is_dropped_not_fatal() -> None:
+    logs: list[str] = []
+    ctl = faults.FaultController(faults.parse_specs("data:rank=0:start=1"), 0, log=logs.append)
+    for step in range(3):  # no wrap_dataset: the data fault cannot start
+        ctl.step(step)
+    ctl.close()
+    assert ctl.events == [] and any("data failed to start" in m for m in logs), logs
+
+
 def test_hang_fault_blocks_its_step_once() -> None:
     ctl = faults.FaultController(faults.parse_specs("hang:rank=0:start=1:seconds=0.3"), 0, log=lambda m: None)
     t = []

@@ -674,6 +674,7 @@ class FaultController:
         self.log = log or (lambda m: print(f"[fault rank {rank}] {m}", file=sys.stderr, flush=True))
         self.faults: list[tuple[FaultSpec, Fault]] = []
         self.active: set[int] = set()
+        self.broken: set[int] = set()
         self.events: list[tuple[int, str, str]] = []  # (step, kind, 'on'|'off') for the bench's ground truth
         for spec in specs:
             if not spec.applies_to(rank):
@@ -704,9 +705,16 @@ class FaultController:
     def step(self, step: int) -> None:
         """Call at the start of every step: switches faults on/off, then runs per-step fault work."""
         for i, (spec, fault) in enumerate(self.faults):
-            want = spec.active_at(step)
+            want = spec.active_at(step) and i not in self.broken
             if want and i not in self.active:
-                fault.start()
+                try:
+                    fault.start()
+                except Exception as exc:  # a fault that cannot start must not kill the job it is planted in
+                    self.log(f"{spec.kind} failed to start, dropped: {exc!r}")
+                    with contextlib.suppress(Exception):
+                        fault.stop()
+                    self.broken.add(i)
+                    continue
                 self.active.add(i)
                 self.events.append((step, spec.kind, "on"))
             elif not want and i in self.active:

@@ -91,6 +91,7 @@ class Cluster:
     root_if: str = ""
     root_addr: str = ""
     workdir: Path = field(init=False)
+    launcher: Path = field(init=False)
     _helpers: list[subprocess.Popen[str]] = field(default_factory=list)
     _delays: dict[int, subprocess.Popen[str]] = field(default_factory=dict)
     _closed: bool = False
