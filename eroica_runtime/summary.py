@@ -487,6 +487,29 @@ def _pseudo_steps(main_evs: list[_Ev], n_steps: int) -> list[tuple[float, float]
     return [(a, b) for a, b in zip(edges, edges[1:], strict=False) if b > a]
 
 
+def _device_phases(gpu_evs: list[_Ev], spans: list[tuple[float, float]],
+                   n_steps: int) -> dict[str, float | int] | None:
+    """Per-step view of the device timeline (an extra block, absent without device events).
+
+    On a GPU the host runs ahead and may never block where the wait happens, so the host
+    phases can miss it; on the device a victim's wait is the NCCL kernel spinning for its
+    peers (``comm_exposed``: collective time with no compute kernel running), and a culprit's
+    excess is compute kernel time. Compute per phase comes from the op that launched the kernel.
+    """
+    if not gpu_evs or not spans:
+        return None
+    comm = _intersect(_union([(e.start, e.end) for e in gpu_evs if e.kind == "collective"]), spans)
+    compute = _intersect(_union([(e.start, e.end) for e in gpu_evs if e.kind != "collective"]), spans)
+    busy = _union(comm + compute)
+    out = {"busy": _length(busy), "compute": _length(compute), "comm": _length(comm),
+           "comm_exposed": _length(_subtract(comm, compute)),
+           "idle": _length(_subtract(spans, busy))}
+    for phase in ("forward", "backward", "optimizer"):
+        ivs = [(e.start, e.end) for e in gpu_evs if e.kind != "collective" and e.phase == phase]
+        out[phase] = _length(_intersect(_union(ivs), spans))
+    return {k: _num(v / n_steps) for k, v in out.items()}
+
+
 def _trim_steps(step_evs: list[_Ev]) -> list[_Ev]:
     """Drop a stub step at either edge of the window (a ProfilerStep opened by a step() just
     before stop(), or closed right after start()): it would drag every per-step mean down."""
@@ -649,6 +672,8 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
         if ev.phase not in FUNCTION_PHASES:
             ev.phase = "other"
 
+    device = _device_phases([ev for ev in evs if ev.gpu], spans, n_steps)
+
     groups: dict[tuple[str, str, str], tuple[list[float], list[float]]] = {}
     for ev in evs:
         par = ev.parent
@@ -683,6 +708,8 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
         "profile": {"events": len(evs), "steps": n_steps, "step_source": step_source,
                     "threads": len(by_thread), "build_ms": 0.0},
     }
+    if device is not None:
+        doc["device_phases"] = device
     limit = max(0, int(max_functions))
     while True:
         top, rest_items = ranked[:limit], ranked[limit:]
