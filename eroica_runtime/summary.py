@@ -510,15 +510,28 @@ def _device_phases(gpu_evs: list[_Ev], spans: list[tuple[float, float]],
     return {k: _num(v / n_steps) for k, v in out.items()}
 
 
-def _trim_steps(step_evs: list[_Ev]) -> list[_Ev]:
+def _trim_steps(step_evs: list[_Ev], main_starts: list[float]) -> list[_Ev]:
     """Drop a stub step at either edge of the window (a ProfilerStep opened by a step() just
-    before stop(), or closed right after start()): it would drag every per-step mean down."""
+    before stop(), or closed right after start()): it would drag every per-step mean down.
+
+    A stub is short *and* nearly empty (few ops compared with the other steps), so a step that is
+    merely faster than its preempted neighbours on a busy machine is kept.
+    """
+    def ops_in(ev: _Ev) -> int:
+        return bisect.bisect_right(main_starts, ev.end) - bisect.bisect_left(main_starts, ev.start)
+
     while len(step_evs) >= 2:
         durs = sorted(e.end - e.start for e in step_evs)
         typical = durs[len(durs) // 2]
-        if step_evs[-1].end - step_evs[-1].start < 0.1 * typical:
+        counts = sorted(ops_in(e) for e in step_evs)
+        typical_ops = counts[len(counts) // 2]
+
+        def stub(ev: _Ev, typical: float = typical, typical_ops: int = typical_ops) -> bool:
+            return ev.end - ev.start < 0.25 * typical and ops_in(ev) < max(3.0, 0.05 * typical_ops)
+
+        if stub(step_evs[-1]):
             step_evs = step_evs[:-1]
-        elif step_evs[0].end - step_evs[0].start < 0.1 * typical:
+        elif stub(step_evs[0]):
             step_evs = step_evs[1:]
         else:
             break
@@ -546,7 +559,10 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
         _classify(ev)
     step_evs = [ev for ev in evs if not ev.gpu and ev.name.startswith(_STEP_PREFIX)]
     main = _pick_main_thread(evs, step_evs, main_tid)
-    step_evs = _trim_steps(sorted((ev for ev in step_evs if ev.thread == main), key=lambda e: e.start))
+    main_starts = sorted(ev.start for ev in evs if ev.thread == main and not ev.gpu
+                         and not ev.name.startswith(_STEP_PREFIX))
+    step_evs = _trim_steps(sorted((ev for ev in step_evs if ev.thread == main), key=lambda e: e.start),
+                           main_starts)
     evs = [ev for ev in evs if not (not ev.gpu and ev.name.startswith(_STEP_PREFIX))]
 
     by_thread: dict[Any, list[_Ev]] = {}

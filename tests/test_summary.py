@@ -351,3 +351,16 @@ def test_build_from_the_capture_module() -> None:
     assert doc["profile"]["steps"] == k
     for p in ("data", "forward", "backward", "optimizer"):
         assert doc["phases"][p] > 0, (p, doc["phases"], doc["profile"])
+
+
+def test_fast_edge_step_is_kept() -> None:
+    """A genuinely fast step next to slow (preempted) ones is a step, not a stub."""
+    events = []
+    for i, (start, dur) in enumerate([(0, 3), (3, 40), (43, 45)]):
+        events.append(_E(f"ProfilerStep#{i}", start, start + dur, annotation=True))
+        for j in range(10):
+            t = start + dur * j / 10
+            events.append(_E("aten::mm", t, t + dur / 20))
+    doc = summary.build(events, identity=IDENTITY, capture={"step": 0, "trigger": "t", "k": 3}, steps=[],
+                        gc={"count": 0, "ms": 0.0}, telemetry=TELEMETRY)
+    assert doc["profile"]["steps"] == 3
