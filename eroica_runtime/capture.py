@@ -42,13 +42,18 @@ class Capture:
         return self._prof is not None
 
     def start(self, step: int, trigger: str, k: int) -> None:
+        """Start profiling one lead-in step before ``step``; steps step..step+k-1 are the window.
+
+        The lead-in absorbs what differs between ranks at a window's edge (barrier exit skew, the
+        profiler's own start-up), so that no rank looks slow just because it started first.
+        """
         from torch.profiler import profile
 
         self.step, self.trigger, self.k = step, trigger, k
         self.main_tid = threading.get_native_id()
         prof = profile(activities=self._activities(), record_shapes=False, with_stack=False)
-        prof.step_num = step
-        prof.start()  # opens ProfilerStep#<step>: the first profiled step
+        prof.step_num = step - 1
+        prof.start()  # opens ProfilerStep#<step-1>: the lead-in
         self._prof = prof
 
     def mark(self) -> None:
@@ -69,8 +74,16 @@ class Capture:
         prof.stop()
         results = getattr(getattr(prof, "profiler", None), "kineto_results", None)
         if results is not None:
-            return results.events()
+            return self._after_lead_in(results.events())
         return prof.events()
+
+    def _after_lead_in(self, events: Any) -> Any:
+        """Drop what started before the first window step (the lead-in step and its tail)."""
+        first = f"ProfilerStep#{self.step}"
+        t0 = next((e.start_ns() for e in events if e.name() == first), None)
+        if t0 is None:
+            return events
+        return [e for e in events if e.start_ns() >= t0]
 
     def abandon(self) -> None:
         """Stop without processing (eroica is switching off on this rank)."""

@@ -153,7 +153,8 @@ class Runtime:
             self.side.barrier(cfg.deadline_s, f"capture start barrier (step {decision.start_step})")
             self._window = {"tele_start": telemetry.sample(), "gc_start": self.gc.snapshot(),
                             "own_start": self._own_s}
-            self.capture.start(decision.start_step, decision.trigger, cfg.window_steps)
+            # the agreed step is the lead-in; the window proper starts one step later
+            self.capture.start(decision.start_step + 1, decision.trigger, cfg.window_steps)
 
     def _check_trigger_file(self) -> None:
         path = Path(self.report_dir) / "trigger"

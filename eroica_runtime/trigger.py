@@ -117,12 +117,15 @@ class Trigger:
                                                                cfg.max_profiled_fraction * start)
 
     def decide(self, step: int, voted: np.ndarray | None) -> Decision | None:
-        """At the boundary after ``step``: does a capture start at step+1? Same answer on all ranks."""
+        """At the boundary after ``step``: does a capture start at step+1? Same answer on all ranks.
+
+        ``start_step`` is the capture's lead-in step; the profiled window is the K steps after it.
+        """
         start = step + 1
         trigger = None
         if self.baseline_step is not None and start == self.baseline_step:
             trigger = "baseline"
-        elif start in self.cfg.capture_at_steps:
+        elif start + 1 in self.cfg.capture_at_steps:  # start is the lead-in; the window follows it
             trigger = "manual"
         elif voted is not None and voted.any():
             # a person asking wins over the detectors, and is not held back by cooldown or budget share
@@ -136,10 +139,10 @@ class Trigger:
                                                   or start <= self.busy_until):
             return None
         self.captures += 1
-        self.profiled_steps += self.cfg.window_steps
+        self.profiled_steps += self.cfg.window_steps + 1  # the window and its lead-in step
         self.last_capture_start = start
-        # the window plus the vote lag: votes cast inside the window are about profiled steps
-        self.busy_until = start + self.cfg.window_steps + self.cfg.vote_lag
+        # lead-in, window and vote lag: votes cast inside the window are about profiled steps
+        self.busy_until = start + 1 + self.cfg.window_steps + self.cfg.vote_lag
         if trigger != "baseline":
             self.detector.reset()
         return Decision(start, trigger)
