@@ -85,7 +85,7 @@ class Analyst:
 
     def write_job(self, *, steps: int, job: dict[str, Any], history: list[float]) -> dict[str, Any]:
         """steps.msgpack, report.json, report.html — all before the caller prints anything."""
-        data = msgpack.packb({"schema": report.STEPS_SCHEMA, "steps": list(range(len(history))),
+        data = msgpack.packb({"schema": report.STEPS_SCHEMA, "steps": list(range(1, len(history) + 1)),
                               "ms": [round(float(m), 4) for m in history]}, use_bin_type=True)
         report.atomic_write(self.report_dir / "steps.msgpack", data)
         with self._lock:

@@ -149,8 +149,22 @@ def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
              "<h2>Findings (job, by impact)</h2>", _finding_rows(report.get("findings") or [])]
     job = report.get("job") or {}
     if job:
+        scalars = {k: v for k, v in job.items() if not isinstance(v, (list, dict))}
         parts.append("<h3>Job</h3><table>" + "".join(
-            f"<tr><th>{_e(k)}</th><td>{_e(_short(v))}</td></tr>" for k, v in list(job.items())[:40]) + "</table>")
+            f"<tr><th>{_e(k)}</th><td>{_e(_short(v))}</td></tr>" for k, v in list(scalars.items())[:40])
+            + "</table>")
+        caps = job.get("captures_taken") or []
+        if caps:
+            parts.append("<p>Captures: " + ", ".join(f"step {_e(c.get('step'))} ({_e(c.get('trigger'))})"
+                                                      for c in caps[:50]) + "</p>")
+        per_rank = [r for r in job.get("per_rank") or [] if isinstance(r, dict)]
+        if per_rank:
+            cols = ["rank", "host", "steps", "median_ms", "p99_ms", "eroica_ms"]
+            parts.append("<h3>Ranks (step time after warm-up)</h3><table><tr>"
+                         + "".join(f"<th>{c}</th>" for c in cols) + "</tr>" + "".join(
+                             "<tr>" + "".join(f"<td>{_e(_short(r.get(c)))}</td>" for c in cols) + "</tr>"
+                             for r in per_rank[:64]) + "</table>"
+                         + (f"<p>… {len(per_rank) - 64} more ranks in report.json</p>" if len(per_rank) > 64 else ""))
     parts += ["<h2>Step time</h2>", _timeline(steps, report.get("captures") or [])]
     for d in diagnoses:
         parts.append(f"<h2>Capture at step {_e(d.get('step'))} ({_e(d.get('trigger'))}) — "

@@ -343,12 +343,12 @@ class Runtime:
 
 def _step_stats(history: list[float], cfg: Config) -> dict[str, Any]:
     """Steps, median and p99 step time after warm-up (all steps when the job was shorter)."""
-    values = history[cfg.warmup_steps:] or history
+    values = history[cfg.warmup_steps:] or history   # history[i] is step i + 1
     if not values:
-        return {"steps": 0, "median_ms": None, "p99_ms": None}
+        return {"steps": len(history) + 1 if history else 0, "median_ms": None, "p99_ms": None}
     ordered = sorted(values)
     p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
-    return {"steps": len(history), "median_ms": round(statistics.median(values), 4), "p99_ms": round(p99, 4)}
+    return {"steps": len(history) + 1, "median_ms": round(statistics.median(values), 4), "p99_ms": round(p99, 4)}
 
 
 def _torch_version() -> str:

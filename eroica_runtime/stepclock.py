@@ -23,7 +23,7 @@ class StepClock:
         self.on_boundary = on_boundary
         self.step = 0                     # index of the step that ends at the next boundary
         self.durations: deque[tuple[int, float]] = deque(maxlen=history)
-        self.all_ms: list[float] = []     # compact full history (float per step) for the job summary
+        self.all_ms: list[float] = []     # step times of steps 1, 2, ... (compact, for the job summary)
         self._last = time.perf_counter()
         self._first_opt: Any = None
         self._manual = False
@@ -65,8 +65,9 @@ class StepClock:
         now = time.perf_counter()
         ms = (now - self._last) * 1e3
         step = self.step
-        self.durations.append((step, ms))
-        self.all_ms.append(ms)
+        if step > 0:  # step 0 also holds start-up (model build, first batch): not a step time
+            self.durations.append((step, ms))
+            self.all_ms.append(ms)
         self.step += 1
         if self._cuda:
             self._record_cuda(step)

@@ -195,12 +195,14 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
 
 
 def consolidate(diagnoses: Sequence[Diagnosis]) -> list[Finding]:
-    """Merge findings across captures (same category, rank, host, function) into job-level findings,
-    sorted by impact (the worst capture's cost per step; ``captures`` lists where it was seen)."""
+    """Merge findings across captures into job-level findings, sorted by impact (the worst capture's
+    cost per step, whose function is kept; ``captures`` lists where it was seen). A culprit rank is
+    one finding per category even when captures name different functions of it; rank-less
+    (host/link/job-wide) findings merge only when they name the same function."""
     merged: dict[tuple[Any, ...], Finding] = {}
     for d in diagnoses:
         for f in d.findings:
-            key = (f.category, f.rank, f.host, f.function)
+            key = (f.category, f.rank, f.host, f.function if f.rank is None else None)
             prev = merged.get(key)
             caps = tuple(sorted(set((prev.captures if prev else ()) + (f.captures or (d.step,)))))
             victims = tuple(sorted(set(prev.victims if prev else ()) | set(f.victims)))
