@@ -102,7 +102,7 @@ def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int) -> dict[str,
     """Job-level step-time statistics from every rank's end-of-job numbers."""
     ranks = [per_rank[r] for r in sorted(per_rank)]
     medians = [r["median_ms"] for r in ranks if r.get("median_ms") is not None]
-    slowest = sorted(ranks, key=lambda r: -(r.get("own_ms") or r.get("median_ms") or 0))[:3]
+    slowest = sorted(ranks, key=lambda r: -(r.get("median_ms") or 0))[:3]
     return {
         "ranks_reporting": len(ranks), "world_size": world_size,
         "steps": max((r["steps"] for r in ranks), default=0),
@@ -120,8 +120,10 @@ def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]]) -> s
 
     caps = ", ".join(f"step {c['step']} ({c['trigger']})" for c in captures) or "none"
     missing = stats["world_size"] - stats["ranks_reporting"]
+    slow = ", ".join(f"rank {r['rank']} ({r['host']}) {ms(r['median_ms'])}" for r in stats["slowest"])
     lines = [f"eroica: job summary: {stats['steps']} steps on {stats['world_size']} ranks; step time median "
              f"{ms(stats['median_step_ms'])}, p99 {ms(stats['p99_step_ms'])}",
+             f"  slowest ranks by median step: {slow or 'n/a'}",
              f"  captures: {caps}"]
     if missing:
         lines.append(f"  {missing} rank(s) did not report at job end")
