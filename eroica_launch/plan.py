@@ -161,6 +161,9 @@ def plan_launch(args: argparse.Namespace, cfg: Config, env: dict[str, str] | Non
     env = dict(os.environ if env is None else env)
     notes: list[str] = []
     nnodes = parse_nnodes(args.nnodes)
+    if args.standalone and nnodes != 1:
+        notes.append(f"--standalone: single node, so --nnodes {args.nnodes} is treated as 1 (as torchrun does)")
+        nnodes = 1
     nproc = resolve_nproc(str(args.nproc_per_node))
     if args.rdzv_backend not in ("static", "c10d"):
         raise LaunchError(f"--rdzv-backend {args.rdzv_backend}: only static and c10d map onto MPI "
