@@ -76,9 +76,12 @@ class SideChannel:
             self.node = self.world.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.is_leader = self.node.Get_rank() == 0
         self.leaders = self.world.Split(0 if self.is_leader else MPI.UNDEFINED, self.rank)
-        # every rank learns its node leader's world rank and the leaders' world ranks
-        self.leader_world_rank = int(self.node.bcast(self.rank if self.is_leader else None, root=0))
-        self.node_ranks = [int(r) for r in self.node.allgather(self.rank)]
+        # world ranks of this node's members (buffer collectives: nothing is ever pickled)
+        mine = np.array([self.rank], dtype=np.int64)
+        members = np.zeros(self.node.Get_size(), dtype=np.int64)
+        self.node.Allgather(mine, members)
+        self.node_ranks = [int(r) for r in members]
+        self.leader_world_rank = self.node_ranks[0]
         self._pending: list = []
 
     # ---- nonblocking vote -------------------------------------------------------------------------
