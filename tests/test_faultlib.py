@@ -101,25 +101,20 @@ def test_io_fault_pipe_paces_reads() -> None:
 
 
 # ------------------------------------------------------------------------------------------- CPU faults on another process
-def _need_quiet(r: dict) -> None:
-    """Non-root spinners run at nice 0: on a saturated machine their baseline says nothing."""
-    if r["baseline_cpu"] < 0.35 and not IS_ROOT:
-        pytest.skip(f"machine too busy to measure CPU share as non-root: {r}")
-
-
 def test_contend_fault_takes_cpu_and_cleans_up() -> None:
-    r = measure.measure_contend(hogs=5)  # pinned with 5 equal-priority hogs: at most 1/6 of its core
-    _need_quiet(r)
-    assert r["fault_cpu"] < 0.25 and r["fault_cpu"] < 0.6 * r["baseline_cpu"], r
-    assert r["hogs_alive_after"] == 0 and r["after_cpu"] > 1.5 * r["fault_cpu"], r
+    r = measure.measure_contend(hogs=2)
+    # mechanism: target and hogs pinned to one core, hogs really burning CPU there
+    assert len(r["target_affinity"]) == 1 and r["hog_affinity"] == r["target_affinity"], r
+    assert r["hog_cpu_min"] > 0.05, r
+    # effect: three equal tasks on one core, so the target gets at most ~1/3 whatever else runs
+    assert r["fault_cpu"] < 1 / 3 + 0.08, r
+    assert r["hogs_alive_after"] == 0 and len(r["after_affinity"]) == os.cpu_count(), r
 
 
 def test_freeze_fault_stops_and_always_resumes() -> None:
     r = measure.measure_freeze(ms=300, every=0.6)
-    _need_quiet(r)
     assert r["stopped_fraction"] >= 0.25, r  # 300 ms of every 600 ms: ideally 0.5
-    assert r["fault_cpu"] < 0.8 * max(r["baseline_cpu"], r["after_cpu"]), r
-    assert r["after_state"] != "T" and r["after_cpu"] > 1.2 * r["fault_cpu"], r
+    assert r["after_state"] != "T", r
 
 
 @pytest.mark.root
@@ -144,9 +139,11 @@ def test_external_apply_cli_undoes_on_exit() -> None:
     with measure.spinner() as p:
         subprocess.run([sys.executable, str(ROOT / "scripts/faultlib/faults.py"), "apply", "--pid", str(p.pid),
                         "--kind", "freeze", "--seconds", "0.8", "ms=200", "every=0.3"], check=True, timeout=30)
-        state = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        assert state != "T"
-        assert measure.cpu_share(p.pid, 0.4) > 0.3
+        states = []
+        for _ in range(20):  # resumed for good: never seen stopped again
+            states.append(Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[0])
+            time.sleep(0.02)
+        assert "T" not in states, states
 
 
 def test_link_fault_refuses_outside_fake_hosts() -> None:

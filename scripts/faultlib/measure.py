@@ -39,20 +39,21 @@ def cpu_share(pid: int, seconds: float = 1.0) -> float:
     return (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
 
 
-def _raise_priority() -> None:
-    os.setpriority(os.PRIO_PROCESS, 0, -10)
-
-
 @contextlib.contextmanager
-def spinner() -> Iterator[subprocess.Popen[bytes]]:
+def spinner(boost: bool = False) -> Iterator[subprocess.Popen[bytes]]:
     """A CPU-bound child process (killed on exit, at most 60 s).
 
-    As root it runs at nice -10, so other load on a small shared machine does not drown what a fault
-    does to it (contention hogs copy the target's nice level, so they still compete on equal terms).
+    boost (root only): run it in its own session with that autogroup at nice -10, so other jobs on a small
+    shared machine (each session is its own autogroup here) do not drown what a fault does to it.
     """
-    pre = _raise_priority if os.geteuid() == 0 else None
-    p = subprocess.Popen([sys.executable, "-c", SPIN], preexec_fn=pre)
+    boost = boost and os.geteuid() == 0
+    p = subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=boost)
     try:
+        if boost:
+            with contextlib.suppress(OSError):
+                Path(f"/proc/{p.pid}/autogroup").write_text("-10")
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, p.pid, -10)
         time.sleep(0.2)
         yield p
     finally:
@@ -60,25 +61,36 @@ def spinner() -> Iterator[subprocess.Popen[bytes]]:
         p.wait(5)
 
 
-def _external(kind: str, params: dict[str, str], window: float = 1.0) -> dict[str, Any]:
+def affinity(pid: int) -> set[int]:
+    return os.sched_getaffinity(pid)
+
+
+def _external(kind: str, params: dict[str, str], window: float = 1.0, boost: bool = True) -> dict[str, Any]:
     spec = faults.FaultSpec(kind=kind, rank=None, params=params)
     reason = faults.KINDS[kind].unavailable_reason(spec)
     if reason:
         return {"skipped": reason}
-    with spinner() as p:
+    with spinner(boost) as p:
         base = cpu_share(p.pid, window)
         f = faults.KINDS[kind](spec, pid=p.pid)
         f.start()
+        during: dict[str, Any] = {}
         try:
             time.sleep(0.5)  # helpers (hogs) are Python processes: let them start and pin themselves
+            hogs = [h.pid for h in getattr(f, "hogs", [])]
+            h0 = {h: cpu_seconds(h) for h in hogs}
             hit = cpu_share(p.pid, window)
+            during = {"target_affinity": sorted(affinity(p.pid)),
+                      "hog_affinity": sorted({c for h in hogs for c in affinity(h)}),
+                      "hog_cpu_min": round(min((cpu_seconds(h) - h0[h]) / window for h in hogs), 3) if hogs else None}
             extra = f
         finally:
             f.stop()
         after = cpu_share(p.pid, window)
         state = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        affinity_after = affinity(p.pid)
     return {"baseline_cpu": round(base, 3), "fault_cpu": round(hit, 3), "after_cpu": round(after, 3),
-            "after_state": state, "fault": extra}
+            "after_state": state, "after_affinity": sorted(affinity_after), "fault": extra, **during}
 
 
 def measure_throttle(quota: float = 0.2) -> dict[str, Any]:
@@ -93,7 +105,7 @@ def measure_throttle(quota: float = 0.2) -> dict[str, Any]:
 
 def measure_contend(hogs: int = 2) -> dict[str, Any]:
     """A busy process's CPU share while ``hogs`` pinned busy processes share its core."""
-    r = _external("contend", {"hogs": str(hogs)})
+    r = _external("contend", {"hogs": str(hogs)}, boost=False)  # hogs share the target's autogroup
     f = r.pop("fault")
     r["hogs_alive_after"] = sum(1 for h in getattr(f, "hogs", []) if h.poll() is None)
     r["hogs"] = hogs
@@ -103,7 +115,7 @@ def measure_contend(hogs: int = 2) -> dict[str, Any]:
 def measure_freeze(ms: float = 300, every: float = 0.6) -> dict[str, Any]:
     """A busy process's CPU share under SIGSTOP bursts, and whether it was seen stopped."""
     spec = faults.FaultSpec(kind="freeze", rank=None, params={"ms": str(ms), "every": str(every)})
-    with spinner() as p:
+    with spinner(boost=True) as p:
         base = cpu_share(p.pid, 1.0)
         f = faults.FreezeFault(spec, pid=p.pid)
         f.start()
