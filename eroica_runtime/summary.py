@@ -7,6 +7,7 @@ boundaries, so they are plain msgpack maps, validated on decode, never pickled.
 from __future__ import annotations
 
 import bisect
+import sys
 import time
 from typing import Any
 
@@ -228,6 +229,24 @@ _FILTERED_NAMES = frozenset(("[memory]", "[OutOfMemory]", "profiler::_record_fun
                              "aten::is_leaf", "aten::output_nr", "aten::_version"))
 
 
+_DEMANGLED: dict[str, str] = {}
+
+
+def _demangle(name: str) -> str:
+    """C++ kernel names as prof.events() shows them (torch's demangler, only if torch is loaded)."""
+    if not name.startswith("_Z"):
+        return name
+    hit = _DEMANGLED.get(name)
+    if hit is None:
+        torch = sys.modules.get("torch")
+        try:
+            hit = str(torch._C._demangle(name)) if torch is not None else name
+        except Exception:
+            hit = name
+        _DEMANGLED[name] = hit
+    return hit
+
+
 def _normalize_raw(events: Any) -> list[_Ev]:
     """Read raw kineto events (``prof.profiler.kineto_results.events()``, methods not fields).
 
@@ -253,6 +272,7 @@ def _normalize_raw(events: Any) -> list[_Ev]:
         thread: Any = ke.start_thread_id()
         if gpu:
             thread = ("gpu", ke.device_index(), ke.device_resource_id())
+            name = _demangle(name)
         ev = _Ev(name, (ke.start_ns() - base) / 1e6, (ke.end_ns() - base) / 1e6, thread, gpu,
                  bool(ke.is_user_annotation()), int(ke.scope() or 0), int(ke.correlation_id() or 0),
                  int(ke.linked_correlation_id() or 0))
