@@ -489,22 +489,24 @@ def _pick_main_thread(evs: list[_Ev], step_evs: list[_Ev], main_tid: int | None)
 
 
 def _pseudo_steps(main_evs: list[_Ev], n_steps: int) -> list[tuple[float, float]]:
-    """Step spans without ProfilerStep annotations: cut the window at each DataLoader fetch (or
-    after each optimizer step) when there is exactly one per step, else keep it whole."""
+    """Step spans without ProfilerStep annotations: cut the window at each DataLoader fetch (else
+    after each optimizer step). With more such marks than steps (a lead-in step profiled before
+    the window), the last ``n_steps`` pieces are the window; with none, the window stays whole."""
     if not main_evs:
         return []
     lo = min(e.start for e in main_evs)
     hi = max(e.end for e in main_evs)
     fetches = sorted(e.start for e in main_evs if e.marker == "data" and e.kind == "dataloader")
     opt_steps = sorted(e.end for e in main_evs if e.name.startswith("Optimizer.step"))
-    if len(fetches) == n_steps:
+    if len(fetches) >= n_steps:
         cuts = fetches[1:]
-    elif len(opt_steps) == n_steps:
+    elif len(opt_steps) >= n_steps:
         cuts = opt_steps[:-1]
     else:
         cuts = []
-    edges = [lo, *cuts, hi]
-    return [(a, b) for a, b in zip(edges, edges[1:], strict=False) if b > a]
+    edges = [lo, *(c for c in cuts if lo < c < hi), hi]
+    pieces = [(a, b) for a, b in zip(edges, edges[1:], strict=False) if b > a]
+    return pieces[-n_steps:] if len(pieces) > n_steps else pieces
 
 
 def _device_phases(gpu_evs: list[_Ev], spans: list[tuple[float, float]],
@@ -583,6 +585,9 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
                          and not ev.name.startswith(_STEP_PREFIX))
     step_evs = _trim_steps(sorted((ev for ev in step_evs if ev.thread == main), key=lambda e: e.start),
                            main_starts)
+    k_expected = int(capture.get("k", 0) or 0)
+    if 0 < k_expected < len(step_evs):  # a lead-in step the capture did not drop: the window is the last k
+        step_evs = step_evs[-k_expected:]
     evs = [ev for ev in evs if not (not ev.gpu and ev.name.startswith(_STEP_PREFIX))]
 
     by_thread: dict[Any, list[_Ev]] = {}
@@ -710,8 +715,14 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
 
     device = _device_phases([ev for ev in evs if ev.gpu], spans, n_steps)
 
+    # the function table covers the window only (not a lead-in step before it); device work
+    # launched inside the window may finish after it
+    lo_w = spans[0][0] if spans else float("-inf")
+    hi_w = spans[-1][1] if spans else float("inf")
     groups: dict[tuple[str, str, str], tuple[list[float], list[float]]] = {}
     for ev in evs:
+        if ev.start < lo_w or (ev.start > hi_w and not ev.gpu):
+            continue
         par = ev.parent
         if par is not None and par.name == ev.name and par.nchild == 1:
             # an op re-dispatching to itself (aten::sum -> aten::sum): one call, as prof.events() has it

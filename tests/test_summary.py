@@ -338,10 +338,11 @@ def test_build_from_the_capture_module() -> None:
     k = 3
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        # as the runtime drives it: start one lead-in step before the window, mark every boundary
         cap.start(100, "test", k)
-        for i in range(k):
+        for i in range(k + 1):
             step()
-            if i < k - 1:
+            if i < k:
                 cap.mark()
         events = cap.stop()
     doc = summary.build(events, identity=IDENTITY, capture={"step": 100, "trigger": "test", "k": k},
@@ -351,6 +352,10 @@ def test_build_from_the_capture_module() -> None:
     assert doc["profile"]["steps"] == k
     for p in ("data", "forward", "backward", "optimizer"):
         assert doc["phases"][p] > 0, (p, doc["phases"], doc["profile"])
+    # the lead-in step is not counted: one optimizer step and one batch per window step
+    by_kind = {f["kind"]: f for f in doc["functions"]}
+    assert by_kind["optimizer"]["count"] == pytest.approx(1.0, abs=0.34), doc["functions"]
+    assert by_kind["dataloader"]["count"] == pytest.approx(1.0, abs=0.34), doc["functions"]
 
 
 def test_fast_edge_step_is_kept() -> None:
