@@ -204,7 +204,7 @@ def test_template_runs_ddp_job(slurm_cluster: SlurmCluster, tmp_path: Path, temp
 def test_template_rank_failure_fails_job_with_summary(
     slurm_cluster: SlurmCluster, tmp_path: Path, template: str
 ) -> None:
-    """Rank 2 exits 1 mid-training: the job fails (kill-on-bad-exit), and the log names rank 2."""
+    """Rank 2 crashes mid-training: the job fails (kill-on-bad-exit) and the summary blames rank 2."""
     job, output = submit(
         slurm_cluster,
         template,
@@ -223,12 +223,13 @@ def test_template_rank_failure_fails_job_with_summary(
     assert info.state == "FAILED", f"job {job}: {info.state} {info.exit_code}\n{log}"
     assert "rank 2 failing on purpose" in log, log
     assert not list((tmp_path / "ranks").glob("rank-*.json")), "a rank finished although rank 2 failed"
-    # torchrun-style failure summary whose root cause is rank 2
-    summary = re.search(
-        r"ddp_tiny\.py FAILED.*?Root Cause \(first observed failure\):\s*\[0\]:(.*?)={20}", log, re.S
+    # torchrun-style failure summary whose root cause is rank 2. In place (one eroica-run per task)
+    # every task may print one; none may blame a victim (a rank that died of rank 2's crash).
+    roots = re.findall(
+        r"Root Cause \(first observed failure\):\s*\[0\]:.*?^\s*rank\s*:\s*(\d+)", log, re.S | re.M
     )
-    assert summary, f"no torchrun-style failure summary in the job log\n{log}"
-    assert re.search(r"^\s*rank\s*:\s*2\b", summary.group(1), re.M), summary.group(0)
+    assert roots, f"no torchrun-style failure summary in the job log\n{log}"
+    assert set(roots) == {"2"}, f"root cause named as rank(s) {roots}, expected rank 2 only\n{log}"
 
 
 def test_pre_timeout_signal_flushes_report(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
