@@ -632,6 +632,12 @@ class LinkFault(Fault):
             self.dev = None
 
 
+# ---------------------------------------------------------------------------------------------- mark
+class MarkFault(Fault):
+    """Changes nothing: its on/off log lines ("[fault rank R] step S: mark on") let a driver outside the
+    job act at a training step (e.g. shape a link from the namespace owner, which a rank cannot do)."""
+
+
 # ---------------------------------------------------------------------------------------------- hang
 def eroica_fault_hang(seconds: float) -> None:
     """The planted hang: this rank stops making progress (its peers block in the next collective)."""
@@ -662,6 +668,7 @@ KINDS: dict[str, type[Fault]] = {
     "io": IoFault,
     "link": LinkFault,
     "hang": HangFault,
+    "mark": MarkFault,
 }
 
 
@@ -676,6 +683,7 @@ class FaultController:
         self.active: set[int] = set()
         self.broken: set[int] = set()
         self.events: list[tuple[int, str, str]] = []  # (step, kind, 'on'|'off') for the bench's ground truth
+        self.event_wall: list[float] = []  # time.time() of each event: the bench's time-to-diagnosis origin
         for spec in specs:
             if not spec.applies_to(rank):
                 continue
@@ -717,10 +725,14 @@ class FaultController:
                     continue
                 self.active.add(i)
                 self.events.append((step, spec.kind, "on"))
+                self.event_wall.append(time.time())
+                self.log(f"step {step}: {spec.kind} on")
             elif not want and i in self.active:
                 fault.stop()
                 self.active.discard(i)
                 self.events.append((step, spec.kind, "off"))
+                self.event_wall.append(time.time())
+                self.log(f"step {step}: {spec.kind} off")
             if i in self.active:
                 fault.tick(step)
 

@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
 def report(rank: int, world: int, step_ms: list[float], ctl: FaultController, loss: float, out: str | None) -> None:
     """Print (and optionally write) per-step timings; rank 0 also prints the job view."""
     mine = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "step_ms": [round(x, 3) for x in step_ms],
-            "fault_events": ctl.events, "loss": loss}
+            "fault_events": ctl.events, "fault_event_wall": ctl.event_wall, "loss": loss,
+            "end_wall": time.time()}
     print("BENCH_STEPS " + json.dumps(mine), flush=True)
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,518 @@
+"""The fault bench (issue 6): plant one real fault per case in a 4-rank DDP job, run it under eroica-run,
+and score eroica's report against the planted truth. ``scripts/fault-bench`` is the command line.
+
+Why: eroica's claims (right rank, right host, right category, victims not blamed, nothing on a healthy
+job) are only worth what a bench with real faults says, and a miss must show up as a miss.
+
+Per case: detected, culprit rank / category / host right, steps and seconds from the fault's onset to
+the printed diagnosis, summary bytes per rank, false findings. Also dormant overhead of eroica vs no
+runtime and always-on torch.profiler's overhead and trace volume, from interleaved runs. ``--write-doc``
+puts the table into docs/bench-faults.md between ``<!-- fault-bench:begin -->`` and ``:end -->``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from faultlib import faults, netns
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+TRAIN = ROOT / "scripts" / "faultlib" / "train_bench.py"
+PROFILE_WRAP = ROOT / "scripts" / "faultlib" / "profile_wrap.py"
+BIN = Path(sys.executable).parent
+EROICA_RUN = str(BIN / "eroica-run") if (BIN / "eroica-run").exists() else "eroica-run"
+# 4 ranks share 2 cores: keep MPICH from spinning and torch from oversubscribing (as tests/conftest.py).
+RANK_ENV = {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1", "MPIR_CVAR_POLLS_BEFORE_YIELD": "10",
+            "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+INTERMITTENT = "intermittent:on=8:off=12"
+DIAG_RE = re.compile(r"eroica: step (\d+) \(([a-z_-]+)\)")
+MARK_RE = re.compile(r"\[fault rank (\d+)\] step (\d+): mark (on|off)")
+
+
+@dataclass
+class Case:
+    """One bench case: the planted fault and what a correct diagnosis names."""
+
+    name: str
+    fault: str  # EROICA_BENCH_FAULT value ('' = none); {rank} {start} {int} are filled in
+    categories: tuple[str, ...]  # acceptable categories ('' = expect no finding at all)
+    rank: int | None = 1  # culprit rank (None = no culprit rank: every rank / a host)
+    needs_netns: bool = False
+    link_mbit: float = 0.0  # with a 'mark' fault: the driver rate-limits the culprit's host (both ways)
+    link_delay_ms: float = 0.0  # with a 'mark' fault: the driver delays the culprit's host (both ways)
+    note: str = ""
+
+    @property
+    def healthy(self) -> bool:
+        return self.categories == ("",)
+
+
+CPU = ("compute", "host")
+CASES: list[Case] = [
+    Case("healthy-1", "", ("",), None, note="no fault: natural jitter only, expect no finding"),
+    Case("healthy-2", "", ("",), None, note="second healthy run"),
+    Case("compute", "compute:rank={rank}:start={start}:ms=150", ("compute",)),
+    Case("compute-int", "compute:rank={rank}:start={start}:ms=150:{int}", ("compute",)),
+    Case("throttle", "throttle:rank={rank}:start={start}:quota=0.15", CPU, note="root: cgroup cpu quota"),
+    Case("throttle-int", "throttle:rank={rank}:start={start}:quota=0.15:{int}", CPU, note="root"),
+    Case("contend", "contend:rank={rank}:start={start}:hogs=2", CPU, note="2 busy processes on the rank's core"),
+    Case("contend-int", "contend:rank={rank}:start={start}:hogs=2:{int}", CPU),
+    Case("freeze", "freeze:rank={rank}:start={start}:ms=250:every=1.0", ("host",), note="SIGSTOP 250 ms / s"),
+    Case("freeze-int", "freeze:rank={rank}:start={start}:ms=250:every=1.0:{int}", ("host",)),
+    Case("data", "data:rank={rank}:start={start}:ms=80", ("dataloader",)),
+    Case("data-int", "data:rank={rank}:start={start}:ms=80:{int}", ("dataloader",)),
+    Case("gc", "gc:rank={rank}:start={start}", ("gc",)),
+    Case("gc-int", "gc:rank={rank}:start={start}:{int}", ("gc",)),
+    Case("io", "io:rank={rank}:start={start}:kb=2048:mbps=8", ("io",), note="blkio when root, else a paced pipe"),
+    Case("io-int", "io:rank={rank}:start={start}:kb=2048:mbps=8:{int}", ("io",)),
+    Case("everyone-slower", "compute:rank=*:start={start}:ms=100", ("regression",), None,
+         note="every rank slower: no culprit rank"),
+    Case("hang", "hang:rank={rank}:start={start}:seconds=40", ("hang",), note="rank stops 40 s, then goes on"),
+    Case("link", "mark:rank={rank}:start={start}", ("communication",), needs_netns=True, link_mbit=100,
+         note="tbf 100 Mbit/s both ways on the culprit's host"),
+    Case("link-int", "mark:rank={rank}:start={start}:{int}", ("communication",), needs_netns=True,
+         link_mbit=100, note="tbf on/off with the mark"),
+    Case("link-delay", "mark:rank={rank}:start={start}", ("communication",), needs_netns=True,
+         link_delay_ms=5.0, note="NFQUEUE 5 ms each way on the culprit's host"),
+]
+
+
+@dataclass
+class CaseResult:
+    case: str
+    fault: str
+    expected_rank: int | None
+    expected_host: str | None
+    expected_categories: list[str]
+    argv: list[str] = field(default_factory=list)
+    exit_code: int | None = None
+    wall_s: float = 0.0
+    timed_out: bool = False
+    summary: dict[str, Any] | None = None
+    fault_events: dict[str, list[Any]] = field(default_factory=dict)
+    onset_step: int | None = None
+    onset_wall: float | None = None
+    diag_lines: dict[str, float] = field(default_factory=dict)  # capture step -> wall time it was printed
+    score: dict[str, Any] | None = None
+    skipped: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------- scoring
+def _hosts(f: dict[str, Any]) -> list[str]:
+    """The host(s) a finding names (a communication finding may name several, comma-joined)."""
+    return [h for h in str(f.get("host") or "").split(",") if h]
+
+
+def _names_culprit(case: Case, f: dict[str, Any], host: str | None) -> bool:
+    """Does finding ``f`` blame the planted culprit (rank; host for link cases; no rank for regression)?"""
+    if case.needs_netns:
+        return host in _hosts(f) or (f.get("rank") == case.rank and case.rank is not None)
+    if case.rank is None:
+        return f.get("rank") is None
+    return f.get("rank") == case.rank
+
+
+def summary_bytes(report_dir: Path) -> list[int]:
+    """Sizes of every per-rank summary blob in every captures/<step>.msgpack."""
+    import msgpack  # eroica's own dependency
+
+    sizes: list[int] = []
+    for p in sorted((report_dir / "captures").glob("*.msgpack")):
+        with contextlib.suppress(Exception):
+            doc = msgpack.unpackb(p.read_bytes(), raw=False, strict_map_key=False)
+            sizes += [len(b) for b in doc.get("summaries", []) if isinstance(b, (bytes, bytearray))]
+    return sizes
+
+
+def score_case(case: Case, res: CaseResult, report_dir: Path) -> dict[str, Any]:
+    """Score eroica's report against the planted fault.
+
+    detected: a capture at/after the onset names the culprit (any category); healthy: no finding.
+    rank/category/host_ok: of the job's top finding (report.json's findings[0], sorted by impact).
+    ttd: from the onset to the first capture whose diagnosis names the culprit with an accepted category
+    (else the culprit at all), in steps (capture step - onset step) and seconds (its printed line's
+    time - the onset's wall time). false_findings: distinct (rank, host, category) blamed that are not
+    the culprit, or anything before the onset / on a healthy run.
+    """
+    path = report_dir / "report.json"
+    if not path.exists():
+        return {"scored": False, "reason": f"no {path.name}", "detected": False, "reported": False}
+    rep = json.loads(path.read_text())
+    host = res.expected_host
+    caps = sorted(rep.get("captures", []), key=lambda c: c.get("step", 0))
+    onset = res.onset_step
+    false: set[tuple[Any, Any, Any]] = set()
+    first_any: dict[str, Any] | None = None
+    first_ok: dict[str, Any] | None = None
+    for cap in caps:
+        after = onset is not None and cap.get("step", 0) >= onset - 2  # a capture may open on the onset step
+        for f in cap.get("findings", []):
+            blame = (f.get("rank"), f.get("host"), f.get("category"))
+            if case.healthy or not after or not _names_culprit(case, f, host):
+                false.add(blame)
+                continue
+            first_any = first_any or cap
+            if f.get("category") in case.categories and first_ok is None:
+                first_ok = cap
+    top = (rep.get("findings") or [None])[0]
+    out: dict[str, Any] = {
+        "scored": True, "reported": bool(rep.get("findings")),
+        "captures": [(c.get("step"), c.get("trigger"), len(c.get("findings", []))) for c in caps],
+        "top": None if top is None else {k: top.get(k) for k in ("rank", "host", "category", "function", "phase",
+                                                                  "impact_ms_per_step", "victims")},
+        "false_findings": len(false), "false_blamed": sorted(map(str, false)),
+    }
+    sizes = summary_bytes(report_dir)
+    out["summary_bytes"] = {"n": len(sizes), "median": int(statistics.median(sizes)) if sizes else None,
+                            "max": max(sizes) if sizes else None}
+    if case.healthy:
+        out.update(detected=None, rank_ok=None, category_ok=None, host_ok=None, ok=not false)
+        return out
+    out["detected"] = first_any is not None
+    out["rank_ok"] = top is not None and _names_culprit(case, top, host) and (
+        not case.needs_netns or case.rank is None or top.get("rank") in (case.rank, None))
+    out["category_ok"] = top is not None and top.get("category") in case.categories
+    out["host_ok"] = (top is not None and top.get("host") == host) if host else None
+    hit = first_ok or first_any
+    if hit is not None and onset is not None:
+        out["ttd_steps"] = hit["step"] - onset
+        t = res.diag_lines.get(str(hit["step"]))
+        out["ttd_s"] = round(t - res.onset_wall, 1) if t is not None and res.onset_wall else None
+    out["ok"] = bool(out["detected"] and out["rank_ok"] and out["category_ok"])
+    return out
+
+
+def phases_of(report_dir: Path, step: int | None = None) -> list[str]:
+    """Per-rank phase rows of a capture's diagnosis (the evidence for a miss), as text lines."""
+    files = sorted(report_dir.glob("diagnosis-*.json"), key=lambda p: int(p.stem.split("-")[1]))
+    if step is not None:
+        files = [p for p in files if p.stem == f"diagnosis-{step}"]
+    lines: list[str] = []
+    for p in files:
+        d = json.loads(p.read_text())
+        pt = d.get("phase_table") or {}
+        cols = pt.get("columns", [])
+        lines.append(f"capture {d.get('step')} ({d.get('trigger')}): " + "; ".join(
+            f"{f.get('category')} r{f.get('rank')}@{f.get('host')} {f.get('function')}" for f in d.get("findings", []))
+            + (f" notes={d.get('notes')}" if d.get("notes") else ""))
+        lines.append("   " + " ".join(f"{c:>9}" for c in ["row", *cols]))
+        for row in pt.get("rows", []):
+            lines.append("   " + f"{row.get('label', '')[:9]:>9} " + " ".join(f"{v:9.1f}" for v in row.get("values", [])))
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------- running
+def _launcher(args: argparse.Namespace, cluster: netns.Cluster | None, extra: list[str]) -> tuple[list[str], dict[str, str]]:
+    """argv prefix (eroica-run + layout flags) and env for one launch."""
+    env = dict(RANK_ENV)
+    if cluster is None:
+        return [EROICA_RUN, "--nproc-per-node", str(args.ranks), *extra], env
+    flags, renv = cluster.eroica_run_args()
+    env.update(renv)
+    return [EROICA_RUN, *flags, *extra], env
+
+
+def launch(argv: list[str], env: dict[str, str], log_path: Path, timeout: float,
+           on_line: Callable[[float, str], None] | None = None) -> tuple[int | None, bool, float, str]:
+    """Run one job; every output line is timestamped (wall) for time-to-diagnosis. Never raises on a
+    failing or hanging job: it is killed (whole process group) at ``timeout``."""
+    t0 = time.monotonic()
+    lines: list[str] = []
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                         env={**os.environ, **env}, cwd=ROOT, start_new_session=True)
+
+    def pump() -> None:
+        assert p.stdout is not None
+        for line in p.stdout:
+            now = time.time()
+            lines.append(f"{now:.3f} {line}")
+            if on_line is not None:
+                with contextlib.suppress(Exception):
+                    on_line(now, line)
+
+    th = threading.Thread(target=pump, daemon=True)
+    th.start()
+    timed_out = False
+    try:
+        rc: int | None = p.wait(timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        for sig, grace in ((15, 15), (9, 15)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, sig)
+            try:
+                rc = p.wait(grace)
+                break
+            except subprocess.TimeoutExpired:
+                rc = None
+    th.join(10)
+    text = "".join(lines)
+    log_path.write_text(text)
+    return rc, timed_out, round(time.monotonic() - t0, 2), text
+
+
+def _json_tag(text: str, tag: str) -> list[dict[str, Any]]:
+    out = []
+    for m in re.finditer(re.escape(tag) + " ", text):
+        with contextlib.suppress(ValueError):
+            out.append(json.JSONDecoder().raw_decode(text, m.end())[0])
+    return out
+
+
+def run_case(case: Case, args: argparse.Namespace, cluster: netns.Cluster | None) -> CaseResult:
+    """Run one case under eroica-run and score it; never raises for a failing job."""
+    fault = case.fault.format(rank=case.rank, start=args.start, int=INTERMITTENT)
+    host = cluster.hosts[case.rank].hostname if cluster is not None and case.rank is not None else None
+    res = CaseResult(case.name, fault, case.rank, host, list(case.categories))
+    if case.needs_netns and cluster is None:
+        res.skipped = netns.unavailable_reason() or "needs fake hosts (--netns)"
+        return res
+    for spec in faults.parse_specs(fault):
+        why = faults.KINDS[spec.kind].unavailable_reason(spec)
+        if why:
+            res.skipped = why
+            return res
+    if case.link_delay_ms and netns.delay_unavailable_reason():
+        res.skipped = netns.delay_unavailable_reason()
+        return res
+    cdir = Path(args.out) / case.name
+    cdir.mkdir(parents=True, exist_ok=True)
+    rdir = cdir / "report"
+    argv, env = _launcher(args, cluster, ["--report-dir", str(rdir)])
+    env["EROICA_BENCH_FAULT"] = fault
+    argv += [str(TRAIN), "--steps", str(args.steps), "--out", str(cdir / "steps")]
+    res.argv = argv
+    marks: list[tuple[float, str]] = []
+
+    def on_line(now: float, line: str) -> None:
+        m = DIAG_RE.search(line)
+        if m and line.startswith("[rank0]:") or (m and "[rank" not in line):
+            res.diag_lines.setdefault(m.group(1), now)
+        m = MARK_RE.search(line)
+        if m and cluster is not None and case.rank is not None:  # the driver's link fault follows the mark
+            on = m.group(3) == "on"
+            if case.link_mbit:
+                cluster.limit_rate(case.rank, case.link_mbit) if on else cluster.clear_rate(case.rank)
+            if case.link_delay_ms:
+                cluster.add_delay(case.rank, case.link_delay_ms) if on else cluster.clear_delay(case.rank)
+            marks.append((time.time(), m.group(3)))
+
+    try:
+        res.exit_code, res.timed_out, res.wall_s, text = launch(argv, env, cdir / "launcher.log", args.case_timeout,
+                                                                 on_line)
+    finally:
+        if cluster is not None and case.rank is not None:
+            cluster.clear_rate(case.rank)
+            cluster.clear_delay(case.rank)
+    sums = _json_tag(text, "BENCH_SUMMARY")
+    res.summary = sums[-1] if sums else None
+    walls: list[float] = []
+    for f in sorted((cdir / "steps").glob("steps-rank*.json")):
+        d = json.loads(f.read_text())
+        if d.get("fault_events"):
+            res.fault_events[str(d["rank"])] = d["fault_events"]
+            for (step, _kind, what), w in zip(d["fault_events"], d.get("fault_event_wall", []), strict=False):
+                if what == "on" and (res.onset_step is None or step < res.onset_step):
+                    res.onset_step = step
+                if what == "on":
+                    walls.append(w)
+    if marks:  # a link fault starts when the driver applied it, not when the rank logged the mark
+        walls = [t for t, what in marks if what == "on"]
+    res.onset_wall = min(walls) if walls else None
+    res.score = score_case(case, res, rdir)
+    return res
+
+
+def run_overhead(args: argparse.Namespace) -> dict[str, Any]:
+    """Interleaved healthy runs: no runtime, eroica (dormant apart from its baseline capture) and an
+    always-on torch.profiler with a chrome trace per rank. Ratios of the median step time per round."""
+    modes = {"none": (["--no-eroica"], TRAIN), "eroica": ([], TRAIN), "profiler": (["--no-eroica"], PROFILE_WRAP)}
+    rounds: list[dict[str, Any]] = []
+    odir = Path(args.out) / "overhead"
+    for r in range(args.overhead_rounds):
+        row: dict[str, Any] = {}
+        for mode, (extra, script) in modes.items():
+            d = odir / f"{mode}-{r}"
+            d.mkdir(parents=True, exist_ok=True)
+            argv, env = _launcher(args, None, ["--report-dir", str(d / "report"), *extra])
+            env["EROICA_BENCH_TRACE_DIR"] = str(d / "traces")
+            argv += [str(script), "--steps", str(args.overhead_steps)]
+            rc, to, wall, text = launch(argv, env, d / "launcher.log", args.case_timeout)
+            sums = _json_tag(text, "BENCH_SUMMARY")
+            traces = _json_tag(text, "BENCH_TRACE")
+            row[mode] = {"rc": rc, "timed_out": to, "wall_s": wall,
+                         "median_step_ms": sums[-1]["median_step_ms"] if sums else None,
+                         "trace_bytes": [t["bytes"] for t in traces],
+                         "trace_Bps": [t["bytes"] / t["seconds"] for t in traces if t.get("seconds")],
+                         "export_s": [t["export_s"] for t in traces]}
+            print(f"overhead round {r} {mode:8} rc={rc} wall={wall}s median={row[mode]['median_step_ms']}",
+                  flush=True)
+        rounds.append(row)
+
+    def ratios(mode: str) -> list[float]:
+        return [x[mode]["median_step_ms"] / x["none"]["median_step_ms"] for x in rounds
+                if x[mode]["median_step_ms"] and x["none"]["median_step_ms"]]
+
+    bps = [b for x in rounds for b in x["profiler"]["trace_Bps"]]
+    tb = [b for x in rounds for b in x["profiler"]["trace_bytes"]]
+    return {"rounds": rounds, "steps": args.overhead_steps, "eroica_ratio": ratios("eroica"),
+            "profiler_ratio": ratios("profiler"),
+            "trace_bytes_per_rank_per_s": statistics.median(bps) if bps else None,
+            "trace_bytes_per_rank": statistics.median(tb) if tb else None}
+
+
+# ---------------------------------------------------------------------------------------------- table
+def _yn(v: Any) -> str:
+    return "–" if v is None else ("yes" if v else "**no**")
+
+
+def precision_recall(results: list[CaseResult]) -> dict[str, Any]:
+    """Case-level, on the job's top finding. recall = fault cases whose top finding is right / fault
+    cases run; precision = right / cases where eroica reported any finding (healthy runs included)."""
+    ran = [r for r in results if not r.skipped and r.score and r.score.get("scored") is not None]
+    faulty = [r for r in ran if r.expected_categories != [""]]
+    reported = [r for r in ran if r.score.get("reported")]  # type: ignore[union-attr]
+    out: dict[str, Any] = {"fault_cases": len(faulty), "reported_cases": len(reported)}
+    for key in ("rank_ok", "category_ok"):
+        tp = sum(1 for r in faulty if r.score.get(key))  # type: ignore[union-attr]
+        out[key.split("_")[0]] = {"tp": tp, "precision": round(tp / len(reported), 3) if reported else None,
+                                  "recall": round(tp / len(faulty), 3) if faulty else None}
+    return out
+
+
+def table(results: list[CaseResult], overhead: dict[str, Any] | None) -> str:
+    rows = ["| case | fault (planted on rank 1 at the onset step) | detected | rank | category | host "
+            "| top finding | onset → diagnosis | summary bytes/rank (median, max) | false findings |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        if r.skipped:
+            rows.append(f"| {r.case} | `{r.fault or '-'}` | skipped: {r.skipped} | | | | | | | |")
+            continue
+        s = r.score or {}
+        top = s.get("top")
+        topt = f"{top['category']} r{top['rank']} `{top['function']}`" if top else "none"
+        if r.expected_host and top:
+            topt += " @" + ",".join(h.split("-")[-1] for h in _hosts(top))
+        ttd = (f"{s['ttd_steps']} steps, {s.get('ttd_s')} s" if s.get("ttd_steps") is not None else "–")
+        b = s.get("summary_bytes") or {}
+        bytes_ = f"{b.get('median')}, {b.get('max')}" if b.get("n") else "–"
+        fail = f" (exit {r.exit_code}{', timed out' if r.timed_out else ''})" if r.exit_code or r.timed_out else ""
+        det = _yn(s.get("detected")) if s.get("detected") is not None else ("n/a" if s.get("scored") else "no report")
+        rows.append(f"| {r.case}{fail} | `{r.fault or '-'}` | {det} | {_yn(s.get('rank_ok'))} "
+                    f"| {_yn(s.get('category_ok'))} | {_yn(s.get('host_ok'))} | {topt} | {ttd} | {bytes_} "
+                    f"| {s.get('false_findings', '–')} |")
+    pr = precision_recall(results)
+    lines = ["\n".join(rows), "",
+             f"Culprit rank: precision {pr['rank']['precision']}, recall {pr['rank']['recall']} "
+             f"({pr['rank']['tp']} right of {pr['fault_cases']} fault cases; {pr['reported_cases']} cases reported "
+             f"a finding). Category: precision {pr['category']['precision']}, recall {pr['category']['recall']} "
+             f"({pr['category']['tp']} right)."]
+    if overhead:
+        def med(xs: list[float]) -> str:
+            return f"{statistics.median(xs):.3f} (rounds: {', '.join(f'{x:.3f}' for x in xs)})" if xs else "–"
+        tb = overhead.get("trace_bytes_per_rank_per_s")
+        lines += ["", f"Overhead ({len(overhead['rounds'])} interleaved rounds of {overhead['steps']} healthy steps; "
+                  "median step time (max over ranks) relative to `eroica-run --no-eroica`):", "",
+                  "| | step-time ratio | trace bytes per rank per second |", "| --- | --- | --- |",
+                  f"| eroica, dormant (plus its one baseline capture) | {med(overhead['eroica_ratio'])} | 0 "
+                  "(summaries only on a capture) |",
+                  f"| always-on torch.profiler, chrome trace per rank | {med(overhead['profiler_ratio'])} | "
+                  f"{tb / 1e3:.0f} kB/s ({(overhead.get('trace_bytes_per_rank') or 0) / 1e6:.1f} MB per rank per run) |"
+                  if tb else "| always-on torch.profiler | – | – |"]
+    return "\n".join(lines)
+
+
+def write_doc(doc: Path, text: str) -> None:
+    """Replace the generated block in the doc (appended at the end the first time)."""
+    begin, end = "<!-- fault-bench:begin -->", "<!-- fault-bench:end -->"
+    old = doc.read_text() if doc.exists() else ""
+    block = f"{begin}\n{text}\n{end}"
+    if begin in old and end in old:
+        new = old[: old.index(begin)] + block + old[old.index(end) + len(end):]
+    else:
+        new = old.rstrip("\n") + "\n\n" + block + "\n"
+    doc.write_text(new)
+
+
+# ---------------------------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="fault-bench", description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--cases", default="all", help="comma list of case names, or 'all' / 'none' (see --list)")
+    ap.add_argument("--list", action="store_true", help="list cases and exit")
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--start", type=int, default=50, help="fault onset step (eroica needs ~50 healthy steps)")
+    ap.add_argument("--netns", action="store_true",
+                    help="run every case on fake hosts (default: only the link cases, which need them)")
+    ap.add_argument("--out", default="fault-bench-out")
+    ap.add_argument("--case-timeout", type=float, default=300)
+    ap.add_argument("--overhead-rounds", type=int, default=3, help="0 = skip the overhead runs")
+    ap.add_argument("--overhead-steps", type=int, default=100)
+    ap.add_argument("--write-doc", default=None, help="put the table into this markdown file")
+    args = ap.parse_args(argv)
+    if args.list:
+        for c in CASES:
+            print(f"{c.name:16} {c.fault.format(rank=c.rank, start=args.start, int=INTERMITTENT) or '-':58} "
+                  f"expect {'/'.join(c.categories) or 'nothing'}  {c.note}")
+        return 0
+    names = [c.name for c in CASES]
+    wanted = names if args.cases == "all" else [] if args.cases == "none" else args.cases.split(",")
+    unknown = set(wanted) - set(names)
+    if unknown:
+        ap.error(f"unknown cases: {sorted(unknown)}")
+    cases = [c for c in CASES if c.name in wanted]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: list[CaseResult] = []
+    t0 = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        cluster: netns.Cluster | None = None
+        for case in cases:
+            use_ns = case.needs_netns or args.netns
+            if use_ns and cluster is None and not netns.unavailable_reason():
+                cluster = stack.enter_context(netns.cluster(args.ranks))
+            r = run_case(case, args, cluster if use_ns else None)
+            results.append(r)
+            s = r.score or {}
+            print(f"{r.case:16} " + (f"skipped: {r.skipped}" if r.skipped else
+                  f"exit={r.exit_code} wall={r.wall_s}s onset={r.onset_step} detected={s.get('detected')} "
+                  f"rank={s.get('rank_ok')} cat={s.get('category_ok')} host={s.get('host_ok')} "
+                  f"ttd={s.get('ttd_steps')}st/{s.get('ttd_s')}s false={s.get('false_findings')} top={s.get('top')}"),
+                  flush=True)
+            Path(out, "bench.json").write_text(json.dumps({"results": [asdict(x) for x in results]}, indent=1))
+    overhead = run_overhead(args) if args.overhead_rounds > 0 else None
+    text = table(results, overhead)
+    cmd = "scripts/fault-bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    meta = (f"Generated by `{cmd}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+            f"{args.ranks} ranks, {args.steps} steps, onset step {args.start}, intermittent = `{INTERMITTENT}`; "
+            f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; "
+            f"{time.monotonic() - t0:.0f} s in all.")
+    text = meta + "\n\n" + text
+    Path(out, "bench.json").write_text(json.dumps({"results": [asdict(x) for x in results], "overhead": overhead,
+                                                   "precision_recall": precision_recall(results)}, indent=1))
+    Path(out, "table.md").write_text(text + "\n")
+    print(text)
+    for r in results:
+        if not r.skipped and not (r.score or {}).get("ok", False):
+            print(f"\n--- {r.case}: not right; captures (per-rank phases, ms per step):")
+            print("\n".join(phases_of(out / r.case / "report")))
+    if args.write_doc:
+        write_doc(Path(args.write_doc), text)
+    failed = [r.case for r in results if not r.skipped and r.timed_out]
+    if failed:
+        print(f"timed out: {failed}", file=sys.stderr)
+    return 1 if failed else 0

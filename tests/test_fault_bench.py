@@ -1,0 +1,83 @@
+"""CI subset of the fault bench (scripts/fault-bench): two real cases end to end, scored by the bench.
+
+Why: the full bench takes ~25 minutes; these two cases keep its driver, its scoring and eroica's most
+basic claims honest on every CI run: a rank with extra compute is named as the culprit with category
+'compute', and a healthy job reports nothing. Assertions are on behaviour, never on absolute times.
+Scoring itself is also checked offline on a stored report (tests/data/faultbench).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from faultlib import bench  # noqa: E402
+
+DATA = Path(__file__).resolve().parent / "data" / "faultbench"
+
+
+def _args(out: Path) -> argparse.Namespace:
+    return argparse.Namespace(ranks=4, steps=100, start=50, out=str(out), case_timeout=150)
+
+
+def _case(name: str) -> bench.Case:
+    return next(c for c in bench.CASES if c.name == name)
+
+
+@pytest.mark.multirank
+def test_compute_fault_named_rank_and_category(tmp_path: Path) -> None:
+    r = bench.run_case(_case("compute"), _args(tmp_path), None)
+    log = (tmp_path / "compute" / "launcher.log").read_text()[-4000:]
+    assert not r.timed_out and r.exit_code == 0, log
+    assert r.onset_step == 50 and r.fault_events == {"1": [[50, "compute", "on"]]}
+    s = r.score or {}
+    assert s.get("scored"), s
+    assert s["top"]["rank"] == 1 and s["top"]["category"] == "compute", (s, bench.phases_of(tmp_path / "compute" / "report"))
+    assert s["detected"] and s["rank_ok"] and s["category_ok"]
+    assert 1 not in s["top"]["victims"] and set(s["top"]["victims"]) <= {0, 2, 3}
+    assert s["ttd_steps"] is not None and s["ttd_steps"] >= 0
+    assert s["summary_bytes"]["n"] >= 4 and 0 < s["summary_bytes"]["median"] < 1_000_000
+
+
+@pytest.mark.multirank
+def test_healthy_run_reports_nothing(tmp_path: Path) -> None:
+    r = bench.run_case(_case("healthy-1"), _args(tmp_path), None)
+    log = (tmp_path / "healthy-1" / "launcher.log").read_text()[-4000:]
+    assert not r.timed_out and r.exit_code == 0, log
+    s = r.score or {}
+    assert s.get("scored") and s["false_findings"] == 0, (s, bench.phases_of(tmp_path / "healthy-1" / "report"))
+
+
+def test_scoring_on_stored_reports(tmp_path: Path) -> None:
+    """score_case/table on a stored report: a right diagnosis, a wrong rank, and a healthy run with a finding."""
+    rdir = tmp_path / "report"
+    shutil.copytree(DATA / "compute-report", rdir)
+    case = _case("compute")
+    res = bench.CaseResult("compute", "compute:rank=1:start=36:ms=150", 1, None, ["compute"], onset_step=36,
+                           onset_wall=100.0, diag_lines={"43": 103.5})
+    s = bench.score_case(case, res, rdir)
+    assert (s["detected"], s["rank_ok"], s["category_ok"], s["ttd_steps"], s["ttd_s"]) == (True, True, True, 7, 3.5)
+    assert s["false_findings"] == 0 and s["summary_bytes"]["n"] == 8
+    wrong = bench.Case("compute-r2", "", ("compute",), 2)
+    s2 = bench.score_case(wrong, bench.CaseResult("x", "", 2, None, ["compute"], onset_step=36), rdir)
+    assert not s2["detected"] and not s2["rank_ok"] and s2["false_findings"] == 1
+    s3 = bench.score_case(_case("healthy-1"), bench.CaseResult("h", "", None, None, [""]), rdir)
+    assert s3["false_findings"] == 1 and not s3["ok"]
+    res.score = s
+    text = bench.table([res], None)
+    assert "| compute |" in text and "precision 1.0, recall 1.0" in text
+    doc = tmp_path / "doc.md"
+    doc.write_text("intro\n")
+    bench.write_doc(doc, text)
+    bench.write_doc(doc, "second")
+    body = doc.read_text()
+    assert body.startswith("intro\n") and "second" in body and "| compute |" not in body
+    assert json.dumps(s)  # serialisable into bench.json
