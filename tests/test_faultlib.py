@@ -59,6 +59,21 @@ def test_controller_starts_and_stops_at_steps() -> None:
 
 
 # ------------------------------------------------------------------------------------------- in-process
+
+def test_mark_fault_logs_steps_for_an_outside_driver() -> None:
+    """The bench shapes links from outside the job when a rank logs its 'mark' on/off lines."""
+    logged: list[str] = []
+    ctl = faults.FaultController(faults.parse_specs("mark:rank=0:start=3:intermittent:on=2:off=2"), 0,
+                                 log=logged.append)
+    t0 = time.time()
+    for step in range(8):
+        ctl.step(step)
+    ctl.close()
+    assert ctl.events == [(3, "mark", "on"), (5, "mark", "off"), (7, "mark", "on")]
+    assert logged == ["step 3: mark on", "step 5: mark off", "step 7: mark on"]
+    assert len(ctl.event_wall) == 3 and all(t0 <= t <= time.time() for t in ctl.event_wall)
+
+
 def test_fault_that_cannot_start_is_dropped_not_fatal() -> None:
     logs: list[str] = []
     ctl = faults.FaultController(faults.parse_specs("data:rank=0:start=1"), 0, log=logs.append)
