@@ -175,6 +175,9 @@ _SYNC_NAMES = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynch
                "cudaStreamWaitEvent", "cuStreamSynchronize", "cuCtxSynchronize",
                "hipStreamSynchronize", "hipDeviceSynchronize", "aten::_local_scalar_dense",
                "aten::item", "c10d::wait", "aten::wait", "_c10d_functional::wait_tensor")
+# DDP's Reducer finalizes backward after the last gradient hook (copies reduced buckets into
+# .grad, scales them): still the backward pass, though no autograd node is running.
+_DDP_REDUCER_PREFIXES = ("torch.distributed.ddp.reducer::", "torch::distributed::reducer::")
 _OPTIMIZER_PREFIXES = ("Optimizer.step#", "Optimizer.zero_grad#", "Optimizer.")
 _DATALOADER_MARKERS = ("DataLoader", "DataLoaderIter")
 _MEMORY_NAMES = ("[memory]", "[OutOfMemory]")
@@ -341,7 +344,8 @@ def _classify(ev: _Ev) -> None:
         ev.kind, ev.marker = "optimizer", "optimizer"
     elif ev.annotation and any(m in name for m in _DATALOADER_MARKERS):
         ev.kind, ev.marker = "dataloader", "data"
-    elif name.startswith("autograd::engine::evaluate_function") or ev.scope == 1:
+    elif (name.startswith("autograd::engine::evaluate_function") or ev.scope == 1
+          or name.startswith(_DDP_REDUCER_PREFIXES)):
         ev.kind, ev.marker = "cpu_op", "backward"
     elif ev.annotation:
         ev.kind = "annotation"
