@@ -187,7 +187,7 @@ class _Ev:
     """One profiler event reduced to what the builder needs (plain floats, milliseconds)."""
 
     __slots__ = ("name", "start", "end", "thread", "gpu", "annotation", "scope", "corr",
-                 "linked", "kind", "marker", "phase", "self_ms", "blocking_self", "parent", "nchild")
+                 "linked", "kind", "marker", "phase", "self_ms", "parent", "nchild")
 
     def __init__(self, name: str, start: float, end: float, thread: int, gpu: bool,
                  annotation: bool, scope: int, corr: int, linked: int) -> None:
@@ -204,7 +204,6 @@ class _Ev:
         self.marker: str | None = None
         self.phase: str | None = None
         self.self_ms = self.end - self.start
-        self.blocking_self = False
         self.parent: _Ev | None = None
         self.nchild = 0
 
