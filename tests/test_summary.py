@@ -369,3 +369,23 @@ def test_fast_edge_step_is_kept() -> None:
     doc = summary.build(events, identity=IDENTITY, capture={"step": 0, "trigger": "t", "k": 3}, steps=[],
                         gc={"count": 0, "ms": 0.0}, telemetry=TELEMETRY)
     assert doc["profile"]["steps"] == 3
+
+
+def test_long_kernel_names_and_gpu_telemetry_stay_within_budget() -> None:
+    """Worst case for size: hundreds of distinct long CUDA kernel names plus a full NVML block."""
+    events: list[_E] = [_E("ProfilerStep#1", 0, 1000, annotation=True)]
+    for i in range(300):
+        events.append(_E(f"aten::op{i}", i * 3, i * 3 + 2, corr=i + 1))
+        events.append(_E("void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_" + "x" * 200 + str(i) + ">(Params)",
+                         i * 3 + 0.5, i * 3 + 1 + (i % 7), device="CUDA", linked=i + 1, stream=7))
+    gpu = dict.fromkeys(("sm_mhz", "sm_max_mhz", "mem_mhz", "mem_max_mhz", "temp_c", "power_w", "power_limit_w",
+                         "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max", "nvlink_crc", "nvlink_replay",
+                         "ecc_corrected", "ecc_uncorrected"), 1234.5678)
+    gpu["throttle"] = ["sw_power_cap", "hw_thermal"]
+    tel = {"start": {"host": TELEMETRY["start"]["host"], "gpu": gpu}, "end": {"host": TELEMETRY["end"]["host"], "gpu": gpu}}
+    doc = summary.build(events, identity=IDENTITY, capture={"step": 1, "trigger": "t", "k": 1},
+                        steps=[{"step": 1, "ms": 1000.0}], gc={"count": 0, "ms": 0.0}, telemetry=tel)
+    assert len(summary.encode(doc)) <= summary.SIZE_BUDGET
+    assert doc["functions"][-1]["name"] == summary.OTHER
+    assert all(len(f["name"]) <= summary.NAME_LIMIT for f in doc["functions"])
+    assert doc["device_phases"]["forward"] > 0
