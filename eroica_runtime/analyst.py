@@ -33,6 +33,7 @@ class Analyst:
         self.diagnoses: list[engine.Diagnosis] = []
         self.captures: list[dict[str, Any]] = []   # step, trigger for every capture taken
         self.baseline: engine.Table | None = None  # built once, reused by every later capture
+        self.history_source: Any = None   # callable -> rank 0's step history (set by the runtime)
         self._lock = threading.Lock()
         self._queue: queue.Queue[Gathered | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="eroica-analyst", daemon=True)
@@ -70,6 +71,7 @@ class Analyst:
         with self._lock:
             self.diagnoses.append(diagnosis)
         report.write_capture(self.report_dir, diagnosis)   # on disk before it is printed
+        self._write_partial()  # a job killed from now on still leaves a report.json
         say(report.format_capture(diagnosis))
 
     def wait(self, timeout_s: float) -> bool:
@@ -93,6 +95,11 @@ class Analyst:
             job = {**job, "captures_taken": list(self.captures)}
         return report.write_job(self.report_dir, diagnoses=diagnoses, world_size=self.world_size,
                                 steps=steps, job=job)
+
+    def _write_partial(self) -> None:
+        """report.json/html with what is known so far (rank 0's own step history only)."""
+        history = list(self.history_source()) if self.history_source else []
+        self.write_job(steps=len(history) + 1 if history else 0, job={"partial": True}, history=history)
 
     def stop(self) -> None:
         self._queue.put(None)

@@ -19,7 +19,7 @@ _failed = False
 
 
 def failed() -> bool:
-    """True once an uncaught exception reached the top level of this process."""
+    """True once an uncaught exception reached the top level, or sys.exit() got a failure status."""
     return _failed
 
 
@@ -40,12 +40,21 @@ def write(exc_type: type[BaseException], exc: BaseException, tb: TracebackType |
 
 
 def install() -> None:
-    """Chain onto sys.excepthook (idempotent)."""
+    """Chain onto sys.excepthook and sys.exit (idempotent): remember that this rank is failing."""
     global _installed
     if _installed:
         return
     _installed = True
     previous = sys.excepthook
+    real_exit = sys.exit
+
+    def exit_(status: object = None) -> None:
+        global _failed
+        if status not in (None, 0):
+            _failed = True
+        real_exit(status)
+
+    sys.exit = exit_
 
     def hook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         global _failed

@@ -51,6 +51,7 @@ class Runtime:
         self._own_s = 0.0
         self._job_end_done = False
         self.watchdog: Any = None
+        self._world_broken = False   # a peer missed a deadline: never wait for it again (no finalize)
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     @classmethod
@@ -88,6 +89,7 @@ class Runtime:
 
             Path(self.report_dir).mkdir(parents=True, exist_ok=True)
             self.analyst = Analyst(self.report_dir, self.side.size, self.cfg.topology)
+            self.analyst.history_source = lambda: self.clock.all_ms
         self.enabled = True
 
     def _warn(self, msg: str) -> None:
@@ -123,6 +125,7 @@ class Runtime:
         try:
             self._boundary(step, ms)
         except DeadlineMissed as exc:
+            self._world_broken = True
             self._disable(str(exc))
         except Exception as exc:
             self._disable(f"internal error at step {step}: {type(exc).__name__}: {exc}")
@@ -251,7 +254,7 @@ class Runtime:
             self.groups.append({"name": str(name), "ranks": [int(r) for r in ranks]})
 
     def _install_signals(self) -> None:
-        """SIGUSR1: capture now. SIGUSR2: flush the report. SIGTERM (if unhandled): flush, then die."""
+        """SIGUSR1: capture now. SIGUSR2: flush the report now."""
         def chain(previous: Any, signum: int, frame: Any) -> None:
             if callable(previous):
                 previous(signum, frame)
@@ -270,13 +273,9 @@ class Runtime:
             chain(prev2, signum, frame)
 
         signal.signal(signal.SIGUSR2, on_usr2)
-        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-            def on_term(signum: int, frame: Any) -> None:
-                self._flush("SIGTERM")
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                os.kill(os.getpid(), signal.SIGTERM)
-
-            signal.signal(signal.SIGTERM, on_term)
+        # No SIGTERM handler: a Python handler never runs while a rank is stuck in C++ (a collective),
+        # so it would make the rank ignore SIGTERM. Rank 0 rewrites report.json after every capture
+        # instead, so a killed job still leaves its diagnoses.
 
     def _flush(self, why: str) -> None:
         """Write what rank 0 knows so far (no collective: other ranks may be gone)."""
@@ -304,15 +303,27 @@ class Runtime:
             return
         if self.watchdog is not None:
             self.watchdog.stop()
+        failing = errorfile.failed()
         try:
             if self.capture.active:
                 self.capture.abandon()
-            if self.enabled and not errorfile.failed():
+            if self.enabled and not failing:
                 self._job_end(side)
+        except DeadlineMissed as exc:
+            self._world_broken = True
+            self._warn(f"job-end report incomplete: {exc}")
         except Exception as exc:
             self._warn(f"job-end report failed: {type(exc).__name__}: {exc}")
-        finally:
-            side.drain()
+        if failing or self._world_broken:
+            # MPI_Finalize would wait for ranks that are still training (or gone): leave without it,
+            # so this rank's failure ends the job now, as torchrun does
+            side.drain(timeout_s=0.2)
+            return
+        side.drain()
+        try:
+            side.finalize()
+        except Exception as exc:
+            self._warn(f"MPI_Finalize failed: {type(exc).__name__}: {exc}")
 
     def _job_end(self, side: SideChannel) -> None:
         from eroica_runtime.analyst import format_job_stats, job_stats

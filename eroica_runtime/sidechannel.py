@@ -48,6 +48,11 @@ class SideChannel:
 
     def __init__(self) -> None:
         try:
+            import mpi4py
+
+            # eroica decides at exit whether finalizing is safe: MPICH's MPI_Finalize waits for every
+            # rank, so a failing rank that finalized would sit there until the healthy ones finish
+            mpi4py.rc.finalize = False
             from mpi4py import MPI
         except Exception as exc:  # ImportError, RuntimeError from a broken libmpi, ...
             reason = " ".join(str(exc).split())  # one line, whatever the loader printed
@@ -238,6 +243,11 @@ class SideChannel:
             except Exception:
                 pass
         self._pending.clear()
+
+    def finalize(self) -> None:
+        """MPI_Finalize (waits for every rank: call it only on a normal, collective exit)."""
+        if not self.MPI.Is_finalized():
+            self.MPI.Finalize()
 
     def abort(self, code: int = 1) -> None:
         """End the whole MPI job (used by --hang-action abort)."""
