@@ -18,7 +18,7 @@ TRAIN = DATA / "runtime" / "train.py"
                                                   ("gc", "gc", ("gc",))])
 def test_planted_fault_is_named_with_victims(tmp_path, fault: str, category: str, phase: tuple[str, ...]) -> None:
     proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, TRAIN,
-                      env={"FAULT": fault, "FAULT_RANK": "2", "FAULT_FROM": "40", "FAULT_MATMULS": "150",
+                      env={"FAULT": fault, "FAULT_RANK": "2", "FAULT_FROM": "40", "FAULT_MATMULS": "300",
                            "STEPS": "90"}, timeout=240)
     assert proc.returncode == 0, explain(proc)
     report = json.loads((tmp_path / "report.json").read_text())
