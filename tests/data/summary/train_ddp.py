@@ -101,7 +101,7 @@ def run(scenario: str, slow_rank: int, model: torch.nn.Module | None, opt: torch
     FAULT["data"] = slow and scenario.startswith("data")
     FAULT["gc"] = slow and scenario == "gc"
     workers = 2 if scenario == "data2" else 0
-    loader = torch.utils.data.DataLoader(SlowDataset(FAULT["data"], 4.0 if workers else 1.0), batch_size=ARGS.batch,
+    loader = torch.utils.data.DataLoader(SlowDataset(FAULT["data"], 8.0 if workers else 1.0), batch_size=ARGS.batch,
                                          num_workers=workers)
     it = iter(loader)
     flat = torch.randn(300_000)
