@@ -70,19 +70,11 @@ def check_torch() -> list[Check]:
 
 
 def check_nvml() -> list[Check]:
-    try:
-        import pynvml
-    except ImportError:
-        return [Check("NVML", True, "nvidia-ml-py not installed: no GPU telemetry",
-                      "pip install nvidia-ml-py on GPU nodes")]
-    try:
-        pynvml.nvmlInit()
-        n = pynvml.nvmlDeviceGetCount()
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        pynvml.nvmlShutdown()
-        return [Check("NVML", True, f"{n} GPU(s), driver {driver}")]
-    except Exception as exc:
-        return [Check("NVML", True, f"no NVIDIA driver ({type(exc).__name__}): no GPU telemetry")]
+    from eroica_runtime.telemetry import gpu_inventory
+
+    n, status = gpu_inventory()
+    return [Check("NVML", True, status, "pip install nvidia-ml-py on GPU nodes" if "not installed" in status
+                  else "")]
 
 
 def check_slurm() -> list[Check]:

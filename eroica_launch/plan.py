@@ -100,16 +100,10 @@ def resolve_nproc(value: str) -> int:
 
 
 def _gpu_count() -> int:
-    try:
-        import pynvml  # optional; cheaper than importing torch in the launcher
+    """GPUs on this node, from NVML (cheaper than importing torch in the launcher)."""
+    from eroica_runtime.telemetry import gpu_inventory
 
-        pynvml.nvmlInit()
-        try:
-            return int(pynvml.nvmlDeviceGetCount())
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return 0
+    return gpu_inventory()[0]
 
 
 def parse_nnodes(value: str) -> int:

@@ -7,8 +7,14 @@ The profiler's first start costs about a second of imports, so ``warm_up()`` pay
 
 from __future__ import annotations
 
-import threading
 from typing import Any
+
+
+def _always_record(action: Any) -> Any:
+    def schedule(_step: int) -> Any:
+        return action.RECORD
+
+    return schedule
 
 
 class Capture:
@@ -47,11 +53,14 @@ class Capture:
         The lead-in absorbs what differs between ranks at a window's edge (barrier exit skew, the
         profiler's own start-up), so that no rank looks slow just because it started first.
         """
-        from torch.profiler import profile
+        from torch.profiler import ProfilerAction, profile
 
         self.step, self.trigger, self.k = step, trigger, k
-        self.main_tid = threading.get_native_id()
-        prof = profile(activities=self._activities(), record_shapes=False, with_stack=False)
+        self.main_tid = None  # the builder finds the main thread from the step annotations
+        # a schedule that always records: torch only emits ProfilerStep#N annotations when a
+        # schedule is given (torch.profiler.schedule() itself would save and clear mid-window)
+        prof = profile(activities=self._activities(), record_shapes=False, with_stack=False,
+                       schedule=_always_record(ProfilerAction))
         prof.step_num = step - 1
         prof.start()  # opens ProfilerStep#<step-1>: the lead-in
         self._prof = prof

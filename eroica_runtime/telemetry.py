@@ -219,6 +219,24 @@ def gpu_identity() -> dict[str, Any]:
     return {k: _NVML.static.get(k) for k in ("index", "uuid", "name")}
 
 
+def gpu_inventory() -> tuple[int, str]:
+    """(number of GPUs NVML sees, a one-line status) for the launcher and `eroica doctor`."""
+    try:
+        import pynvml
+    except ImportError:
+        return 0, "nvidia-ml-py not installed: no GPU telemetry"
+    try:
+        pynvml.nvmlInit()
+        try:
+            n = int(pynvml.nvmlDeviceGetCount())
+            driver = pynvml.nvmlSystemGetDriverVersion()
+            return n, f"{n} GPU(s), driver {driver}"
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as exc:
+        return 0, f"no NVIDIA driver ({type(exc).__name__}): no GPU telemetry"
+
+
 def sample() -> dict[str, Any]:
     """One telemetry sample ``{host: {...}, gpu: {...} | None}``; never raises."""
     try:
