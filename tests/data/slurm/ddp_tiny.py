@@ -6,7 +6,8 @@ environment (set by eroica-run). Each rank all-gathers (rank, world size) and wr
 <out-dir>/rank-<rank>.json, so a test can check that every rank agrees on the world.
 
 Options: --fail-rank R --fail-step S makes rank R raise at step S (a rank crash, exit code 1);
---steps N --step-sleep T makes the job last long enough to be signalled or cancelled.
+--steps N --step-sleep T makes the job last long enough to be signalled or cancelled;
+--workers W feeds batches through W DataLoader worker processes.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, TensorDataset
 
 T0 = time.time()  # after the imports: the times printed below leave torch's import out
 
@@ -39,6 +41,7 @@ def main() -> int:
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--fail-step", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     args = parser.parse_args()
 
     source = env_source()
@@ -59,12 +62,25 @@ def main() -> int:
     torch.manual_seed(0)
     model = DistributedDataParallel(nn.Linear(16, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    # Batches come from a DataLoader so that --workers adds worker processes, which Slurm signals
+    # along with the ranks (every process of a job step gets scancel's / --signal's signal).
+    data = DataLoader(
+        TensorDataset(torch.randn(64, 16)),
+        batch_size=8,
+        num_workers=args.workers,
+        persistent_workers=args.workers > 0,
+    )
+    batches = iter(())
     for step in range(args.steps):
+        try:
+            (x,) = next(batches)
+        except StopIteration:
+            batches = iter(data)
+            (x,) = next(batches)
         if rank == args.fail_rank and step == args.fail_step:
             # An uncaught exception, like a real crash (exit code 1 with a traceback).
             print(f"ddp_tiny: rank {rank} failing on purpose at step {step}", file=sys.stderr, flush=True)
             raise RuntimeError(f"ddp_tiny: injected failure on rank {rank} at step {step}")
-        x = torch.randn(8, 16)
         loss = model(x).pow(2).mean()
         opt.zero_grad()
         loss.backward()
