@@ -179,6 +179,10 @@ def common_mode(cur: Table, base: Table, th: Thresholds, culprit_excess: float,
                      f"latest rank's own work grew ({late:.1f}): not blamed on the network")
         m_comm = 0.0
     findings: list[Finding] = []
+    if now_step - base_step < limit:
+        # the job is not slower than its healthy reference: a phase that grew is not a problem to
+        # report (per-rank deltas of a few ms on a faster step are noise)
+        return findings, notes
     common = {"step_ms": [now_step, base_step], "baseline_step": base.capture_step,
               "ranks_compared": int(len(rc)), "step_delta_ms": float(np.median(step_c - step_b))}
     if m_own >= limit:
