@@ -81,7 +81,8 @@ CASES: list[Case] = [
     Case("io-int", "io:rank={rank}:start={start}:kb=2048:mbps=8:{int}", ("io",)),
     Case("everyone-slower", "compute:rank=*:start={start}:ms=100", ("regression",), None,
          note="every rank slower: no culprit rank"),
-    Case("hang", "hang:rank={rank}:start={start}:seconds=40", ("hang",), note="rank stops 40 s, then goes on"),
+    Case("hang", "hang:rank={rank}:start={start}:seconds=80", ("hang",),
+         note="rank stops 80 s, then goes on (eroica's hang floor is 60 s; a 40 s stall is not reported)"),
     Case("link", "mark:rank={rank}:start={start}", ("communication",), needs_netns=True, link_mbit=100,
          note="tbf 100 Mbit/s both ways on the culprit's host"),
     Case("link-int", "mark:rank={rank}:start={start}:{int}", ("communication",), needs_netns=True,
@@ -369,6 +370,11 @@ def run_overhead(args: argparse.Namespace) -> dict[str, Any]:
             print(f"overhead round {r} {mode:8} rc={rc} wall={wall}s median={row[mode]['median_step_ms']}",
                   flush=True)
         rounds.append(row)
+    return summarize_overhead(rounds, args.overhead_steps)
+
+
+def summarize_overhead(rounds: list[dict[str, Any]], steps: int) -> dict[str, Any]:
+    """Per-round ratios to the no-runtime run, and the profiler's trace volume."""
 
     def ratios(mode: str) -> list[float]:
         return [x[mode]["median_step_ms"] / x["none"]["median_step_ms"] for x in rounds
@@ -376,7 +382,7 @@ def run_overhead(args: argparse.Namespace) -> dict[str, Any]:
 
     bps = [b for x in rounds for b in x["profiler"]["trace_Bps"]]
     tb = [b for x in rounds for b in x["profiler"]["trace_bytes"]]
-    return {"rounds": rounds, "steps": args.overhead_steps, "eroica_ratio": ratios("eroica"),
+    return {"rounds": rounds, "steps": steps, "eroica_ratio": ratios("eroica"),
             "profiler_ratio": ratios("profiler"),
             "trace_bytes_per_rank_per_s": statistics.median(bps) if bps else None,
             "trace_bytes_per_rank": statistics.median(tb) if tb else None}
@@ -405,9 +411,13 @@ def table(results: list[CaseResult], overhead: dict[str, Any] | None) -> str:
     rows = ["| case | fault (planted on rank 1 at the onset step) | detected | rank | category | host "
             "| top finding | onset → diagnosis | summary bytes/rank (median, max) | false findings |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    by_name = {c.name: c for c in CASES}
     for r in results:
+        c = by_name.get(r.case)
+        what = f"`{r.fault or '-'}`" + (f" + tbf {c.link_mbit:g} Mbit/s" if c and c.link_mbit else "") + (
+            f" + delay {c.link_delay_ms:g} ms" if c and c.link_delay_ms else "")
         if r.skipped:
-            rows.append(f"| {r.case} | `{r.fault or '-'}` | skipped: {r.skipped} | | | | | | | |")
+            rows.append(f"| {r.case} | {what} | skipped: {r.skipped} | | | | | | | |")
             continue
         s = r.score or {}
         top = s.get("top")
@@ -419,7 +429,7 @@ def table(results: list[CaseResult], overhead: dict[str, Any] | None) -> str:
         bytes_ = f"{b.get('median')}, {b.get('max')}" if b.get("n") else "–"
         fail = f" (exit {r.exit_code}{', timed out' if r.timed_out else ''})" if r.exit_code or r.timed_out else ""
         det = _yn(s.get("detected")) if s.get("detected") is not None else ("n/a" if s.get("scored") else "no report")
-        rows.append(f"| {r.case}{fail} | `{r.fault or '-'}` | {det} | {_yn(s.get('rank_ok'))} "
+        rows.append(f"| {r.case}{fail} | {what} | {det} | {_yn(s.get('rank_ok'))} "
                     f"| {_yn(s.get('category_ok'))} | {_yn(s.get('host_ok'))} | {topt} | {ttd} | {bytes_} "
                     f"| {s.get('false_findings', '–')} |")
     pr = precision_recall(results)
@@ -470,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overhead-rounds", type=int, default=3, help="0 = skip the overhead runs")
     ap.add_argument("--overhead-steps", type=int, default=100)
     ap.add_argument("--write-doc", default=None, help="put the table into this markdown file")
+    ap.add_argument("--merge", action="store_true", help="replace only these cases' rows in OUT/bench.json")
     ap.add_argument("--rescore", action="store_true", help="re-score OUT's stored reports, rewrite the table")
     args = ap.parse_args(argv)
     if args.rescore:  # score the stored reports again (after a scoring change) and rewrite the table
@@ -511,13 +522,25 @@ def main(argv: list[str] | None = None) -> int:
                   f"rank={s.get('rank_ok')} cat={s.get('category_ok')} host={s.get('host_ok')} "
                   f"ttd={s.get('ttd_steps')}st/{s.get('ttd_s')}s false={s.get('false_findings')} top={s.get('top')}"),
                   flush=True)
-            Path(out, "bench.json").write_text(json.dumps({"results": [asdict(x) for x in results]}, indent=1))
+            Path(out, "bench-partial.json").write_text(json.dumps({"results": [asdict(x) for x in results]}, indent=1))
     overhead = run_overhead(args) if args.overhead_rounds > 0 else None
     cmd = "scripts/fault-bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    meta = (f"Generated by `{cmd}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-            f"{args.ranks} ranks, {args.steps} steps, onset step {args.start}, intermittent = `{INTERMITTENT}`; "
-            f"{os.cpu_count()} cores shared with other jobs, load average {os.getloadavg()[0]:.1f} at the end; "
-            f"{time.monotonic() - t0:.0f} s in all.")
+    now = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())
+    load = f"load average {os.getloadavg()[0]:.1f} at the end; {time.monotonic() - t0:.0f} s"
+    if args.merge and Path(out, "bench.json").exists():  # replace these cases' rows in the stored run
+        stored = json.loads(Path(out, "bench.json").read_text())
+        new = {r.case: r for r in results}
+        old = [CaseResult(**r) for r in stored["results"]]
+        results = [new.pop(r.case, r) for r in old] + list(new.values())
+        if overhead and stored.get("overhead"):  # more interleaved rounds of the same comparison
+            overhead = summarize_overhead(stored["overhead"]["rounds"] + overhead["rounds"], overhead["steps"])
+        overhead = overhead or stored.get("overhead")
+        prev = Path(out, "table.md")
+        meta = stored.get("meta") or (prev.read_text().split("\n\n")[0] if prev.exists() else "")
+        meta += f" Re-run by `{cmd}` on {now} ({load}): {', '.join(c.name for c in cases)}."
+    else:
+        meta = (f"Generated by `{cmd}` on {now}, {args.ranks} ranks, {args.steps} steps, onset step {args.start}, "
+                f"intermittent = `{INTERMITTENT}`; {os.cpu_count()} cores shared with other jobs, {load} in all.")
     _finish(args, results, overhead, meta, argv)
     failed = [r.case for r in results if not r.skipped and r.timed_out]
     if failed:
