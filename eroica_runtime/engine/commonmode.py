@@ -119,7 +119,13 @@ def _comm_finding(table: Table, hosts: list[str], impact: float, step_ms: float,
 
 def local_comm_excess(table: Table, peers: Peers, th: Thresholds,
                       link_probe: dict[str, Any] | None) -> list[Finding]:
-    """Ranks that wait much longer in communication than their peers while nobody is late."""
+    """Ranks that wait much longer in communication than their peers while nobody is late.
+
+    Only across hosts: on one host there is no network path to blame, and a rank that waits alone
+    there was preempted (its collective thread descheduled), which the step-level checks see.
+    """
+    if len(table.hosts) < 2 and not link_probe:
+        return []
     comm = table.col("comm")
     step = table.col("step")
     own = table.own
