@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -298,6 +299,7 @@ def run_case(case: Case, args: argparse.Namespace, cluster: netns.Cluster | None
         res.skipped = netns.delay_unavailable_reason()
         return res
     cdir = Path(args.out) / case.name
+    shutil.rmtree(cdir, ignore_errors=True)  # a stale report from an earlier run must not be scored
     cdir.mkdir(parents=True, exist_ok=True)
     rdir = cdir / "report"
     argv, env = _launcher(args, cluster, ["--report-dir", str(rdir)])
