@@ -155,7 +155,16 @@ def score_case(case: Case, res: CaseResult, report_dir: Path) -> dict[str, Any]:
         return {"scored": False, "reason": f"no {path.name}", "detected": False, "reported": False}
     rep = json.loads(path.read_text())
     host = res.expected_host
-    caps = sorted(rep.get("captures", []), key=lambda c: c.get("step", 0))
+    caps = list(rep.get("captures", []))
+    # hang diagnoses are written to hang-<step>.json and printed, but are not in report.json
+    for hp in sorted(report_dir.glob("hang-*.json")):
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            h = json.loads(hp.read_text())
+            if h.get("finding"):
+                caps.append({"step": int(h.get("step", hp.stem.split("-")[1])), "trigger": "hang",
+                             "findings": [h["finding"]]})
+    caps.sort(key=lambda c: c.get("step", 0))
+    printed = {**res.diag_lines, **printed_lines(report_dir.parent / "launcher.log")}
     onset = res.onset_step
     false: set[tuple[Any, Any, Any]] = set()
     first_any: dict[str, Any] | None = None
@@ -176,7 +185,8 @@ def score_case(case: Case, res: CaseResult, report_dir: Path) -> dict[str, Any]:
         top = (rep.get("findings") or [None])[0]
     else:
         valid = [f for c in caps if c.get("step", 0) >= onset - 2 for f in c.get("findings", [])]
-        ranked = sorted(valid, key=lambda f: -(f.get("impact_ms_per_step") or 0.0))
+        # a hang has no per-step impact, and outranks everything
+        ranked = sorted(valid, key=lambda f: -(f.get("impact_ms_per_step") or 0.0) - 1e12 * (f["category"] == "hang"))
         top = ranked[0] if ranked else None
     out: dict[str, Any] = {
         "scored": True, "reported": top is not None,  # (for fault cases: at/after the onset)
@@ -198,10 +208,27 @@ def score_case(case: Case, res: CaseResult, report_dir: Path) -> dict[str, Any]:
     out["host_ok"] = (top is not None and top.get("host") == host) if host else None
     hit = first_ok or first_any
     if hit is not None and onset is not None:
-        out["ttd_steps"] = hit["step"] - onset
-        t = res.diag_lines.get(str(hit["step"]))
+        out["ttd_steps"] = max(0, hit["step"] - onset)  # a hang names the last finished step
+        t = printed.get("hang" if hit.get("trigger") == "hang" else str(hit["step"]))
         out["ttd_s"] = round(t - res.onset_wall, 1) if t is not None and res.onset_wall else None
     out["ok"] = bool(out["detected"] and out["rank_ok"] and out["category_ok"])
+    return out
+
+
+def printed_lines(log: Path) -> dict[str, float]:
+    """When rank 0 printed each capture's diagnosis (and a hang's), from the bench's timestamped log."""
+    out: dict[str, float] = {}
+    if not log.exists():
+        return out
+    for line in log.read_text(errors="replace").splitlines():
+        ts, _, rest = line.partition(" ")
+        if not rest.startswith("[rank0]:") and "[rank" in rest[:8]:
+            continue
+        m = DIAG_RE.search(rest)
+        key = m.group(1) if m else ("hang" if "eroica: HANG" in rest else None)
+        if key is not None:
+            with contextlib.suppress(ValueError):
+                out.setdefault(key, float(ts))
     return out
 
 
