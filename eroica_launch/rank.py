@@ -105,6 +105,10 @@ def rank_env(ident: Identity, spec: RankSpec, base: dict[str, str]) -> dict[str,
         env.setdefault("TORCH_FR_BUFFER_SIZE", "200")  # Flight Recorder: where each rank's collectives are
     if ident.local_world_size > 1:
         env.setdefault("OMP_NUM_THREADS", "1")
+    if ident.local_world_size > (os.cpu_count() or 1):
+        # oversubscribed MPICH spins a core in every blocking wait unless told to yield
+        env.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
+        env.setdefault("MPIR_CVAR_POLLS_BEFORE_YIELD", "10")
     if spec.virtual_local_rank and "CUDA_VISIBLE_DEVICES" not in base:
         env["CUDA_VISIBLE_DEVICES"] = str(ident.local_rank)
     # The bootstrap folder goes first so its sitecustomize runs before the user's program.
@@ -158,7 +162,8 @@ class _Pump(threading.Thread):
         self.src.close()
 
 
-def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = None) -> int:
+def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = None,
+             forward_signals: bool = True) -> int:
     """Start the training program as this rank, supervise it, record how it ended; return its code."""
     base = dict(os.environ if env is None else env)
     base.pop(SPEC_VAR, None)
@@ -225,7 +230,7 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
             pass
 
     for name in FORWARDED:
-        signal.signal(getattr(signal, name), forward)
+        signal.signal(getattr(signal, name), forward if forward_signals else signal.SIG_IGN)
     rc = child.wait()
     for pump in pumps:
         pump.join(timeout=5)

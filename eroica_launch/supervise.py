@@ -33,8 +33,10 @@ def run_plan(plan: Plan) -> int:
         log(f"note: {note}")
     if plan.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
         log("setting OMP_NUM_THREADS=1 for each rank (as torchrun does); tune it for your application")
-    if plan.spec.enabled:
-        log(f"{plan.world_size} ranks via {plan.mode}; eroica reports in {plan.report_dir}")
+    first_task = plan.mode != "inplace" or os.environ.get("SLURM_PROCID", os.environ.get("PMI_RANK", "0")) == "0"
+    if plan.spec.enabled and first_task:  # in place, every task runs eroica-run: one line is enough
+        log(f"{plan.world_size if plan.mode != 'inplace' else 'all'} ranks via {plan.mode}; "
+            f"eroica reports in {plan.report_dir}")
     rc = 0
     for attempt in range(plan.max_restarts + 1):
         spec = replace(plan.spec, attempt=attempt)
@@ -43,12 +45,15 @@ def run_plan(plan: Plan) -> int:
         attempt_dir = Path(spec.run_dir) / f"attempt_{attempt}"
         teardown: list[float] = []
         if plan.mode == "inplace":
-            rc = run_rank(spec, plan.command, env)
+            # under Slurm every process of the step gets the step's signals already: don't double them
+            rc = run_rank(spec, plan.command, env, forward_signals=not os.environ.get("SLURM_JOB_ID"))
         else:
             rc = _run_launcher(plan, env, attempt_dir, teardown)
         if rc == 0:
             return 0
         failures = read_failures(attempt_dir)
+        if plan.mode == "inplace" and not failures:
+            return rc  # this task never started its program (its one-line error says why)
         if teardown:  # ranks we stopped after the root cause are not failures of their own
             failures = failures[:1] + [f for f in failures[1:] if (f.get("ended") or 0) < teardown[0]]
         print(failure_summary(plan.script, failures, launcher_rc=rc, mode=plan.mode), file=sys.stderr,
@@ -146,8 +151,24 @@ def read_failures(attempt_dir: Path) -> list[dict[str, Any]]:
         if doc.get("exitcode") != 0:
             doc["traceback"] = _traceback(doc)
             out.append(doc)
-    out.sort(key=lambda d: (d.get("ended") or 0, d.get("rank", 0)))
+    out.sort(key=lambda d: (_failed_at(d), d.get("rank", 0)))
     return out
+
+
+def _failed_at(status: dict[str, Any]) -> float:
+    """When the rank failed: its error file's timestamp (torchrun's rule), else when it ended.
+
+    Under load a failing rank can be reaped after the ranks it brought down, so end times alone
+    can blame a victim.
+    """
+    path = status.get("error_file")
+    if path and os.path.exists(path):
+        try:
+            ts = json.loads(Path(path).read_text())["message"]["extraInfo"]["timestamp"]
+            return min(float(ts), float(status.get("ended") or float(ts)))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    return float(status.get("ended") or 0)
 
 
 def _traceback(status: dict[str, Any]) -> str:

@@ -24,10 +24,18 @@ def bootstrap() -> None:
     errorfile.install()
     if os.environ.get("EROICA_ENABLED", "0") != "1":
         return
+    import signal
+
+    # SIGUSR1 (capture now) / SIGUSR2 (flush) arriving while the runtime starts must not kill the
+    # rank (their default action): ignore them until the runtime's handlers are in place
+    early = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGUSR1, signal.SIGUSR2)}
     try:
         install()
     except Exception as exc:
         warn(f"disabled on this rank: {type(exc).__name__}: {exc}")
+    if _agent is None or not getattr(_agent, "enabled", False):
+        for sig, previous in early.items():
+            signal.signal(sig, previous)
 
 
 def install() -> None:

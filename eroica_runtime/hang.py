@@ -137,7 +137,7 @@ class Watchdog(threading.Thread):
         self.last_progress = time.monotonic()
         self.last_step = -1
         self.fired_at_step: int | None = None
-        self._stop = threading.Event()
+        self._stop_event = threading.Event()  # not _stop: Thread._stop() is used at fork
 
     def progress(self, step: int) -> None:
         """Called at every step boundary (cheap: two attribute writes)."""
@@ -150,10 +150,10 @@ class Watchdog(threading.Thread):
         return max(self.factor * median, self.floor_s)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stop_event.set()
 
     def run(self) -> None:
-        while not self._stop.wait(0.5):
+        while not self._stop_event.wait(0.5):
             if self.last_step < self.rt.cfg.warmup_steps or self.fired_at_step == self.last_step:
                 continue
             stalled = time.monotonic() - self.last_progress

@@ -90,6 +90,9 @@ class Runtime:
             Path(self.report_dir).mkdir(parents=True, exist_ok=True)
             self.analyst = Analyst(self.report_dir, self.side.size, self.cfg.topology)
             self.analyst.history_source = lambda: self.clock.all_ms
+            # a report.json from the start: a job cancelled at any moment leaves one (rewritten
+            # after every capture and at job end)
+            self.analyst.write_job(steps=0, job={"partial": True}, history=[])
         self.enabled = True
 
     def _warn(self, msg: str) -> None:
