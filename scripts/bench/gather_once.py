@@ -29,6 +29,7 @@ def main() -> None:
                                       "median_ms": round(statistics.median(times) * 1e3, 3),
                                       "p90_ms": round(sorted(times)[int(0.9 * len(times))] * 1e3, 3)}))
     side.drain()
+    side.finalize()
 
 
 if __name__ == "__main__":

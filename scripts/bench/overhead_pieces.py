@@ -78,6 +78,7 @@ def main() -> None:
                   "detector": per_call_us(det), "vote_post": per_call_us(post), "vote_complete": per_call_us(done)}
         print("PIECES " + json.dumps(result), flush=True)
     side.drain()
+    side.finalize()
 
 
 if __name__ == "__main__":
