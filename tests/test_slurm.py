@@ -260,17 +260,17 @@ def test_pre_timeout_signal_flushes_report(slurm_cluster: SlurmCluster, tmp_path
         wait_while_running(
             slurm_cluster, job, output, lambda: "ddp_tiny: step 3 " in read(output), 90, "training to start"
         )
-        assert not (report_dir / "report.json").exists(), "report.json before any signal: test proves nothing"
+        # rank 0 keeps a partial report.json from the start; the signal must make it write a flushed one
+        def flushed() -> bool:
+            try:
+                return load_report(report_dir).get("job", {}).get("flushed_by") == "SIGUSR2"
+            except Exception:
+                return False
+
+        assert not flushed(), "a flushed report before any signal: test proves nothing"
         slurm_cluster.run(["scontrol", "update", f"JobId={job}", "TimeLimit=2"])
-        wait_while_running(
-            slurm_cluster,
-            job,
-            output,
-            lambda: (report_dir / "report.json").exists(),
-            50,
-            f"report.json in {report_dir} after the pre-timeout SIGUSR2",
-        )
-        load_report(report_dir)
+        wait_while_running(slurm_cluster, job, output, flushed, 50,
+                           f"report.json flushed by SIGUSR2 in {report_dir} after the pre-timeout signal")
         # Training carries on (and its DataLoader workers survived the signal): more steps follow.
         steps_at_flush = read(output).count("ddp_tiny: step ")
         wait_while_running(
