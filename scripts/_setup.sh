@@ -17,9 +17,12 @@ VPY="$VENV/bin/python"
 if ! "$VPY" -c "import torch" 2>/dev/null; then
   # Never let set-up pull a multi-GB CUDA build: a CPU wheel from local disk (find-links) first,
   # else PyTorch's CPU index.
-  echo "[setup] installing torch==$TORCH_VERSION (CPU)"
-  "$VPY" -m pip install -q --no-index "torch==$TORCH_VERSION" 2>/dev/null \
-    || "$VPY" -m pip install -q "torch==$TORCH_VERSION" --index-url https://download.pytorch.org/whl/cpu
+  # "+cpu" is a CPU-only build's local version: a local wheel (pip's find-links) or PyTorch's CPU
+  # index has it; PyPI's plain torch (CUDA on Linux) never matches it.
+  echo "[setup] installing torch==$TORCH_VERSION+cpu"
+  "$VPY" -m pip install -q "torch==$TORCH_VERSION+cpu" 2>/dev/null \
+    || "$VPY" -m pip install -q "torch==$TORCH_VERSION+cpu" --index-url https://download.pytorch.org/whl/cpu \
+         --extra-index-url https://pypi.org/simple
 fi
 
 stamp="$VENV/.eroica-installed"
