@@ -66,13 +66,37 @@ class Analyst:
         diagnosis = engine.diagnose(summaries, step=g.step, trigger=g.trigger, world_size=self.world_size,
                                     missing=g.missing, baseline=self.baseline, topology=self.topology,
                                     link_probe=probe, errors=errors)
-        if g.trigger == "baseline" and not diagnosis.findings:
-            self.baseline = engine.build_table(summaries)
+        if g.trigger == "baseline":
+            # the job's healthy reference; ranks flagged in it (noise, or a fault from the start)
+            # are left out rather than losing the reference for the whole job
+            flagged = {f.rank for f in diagnosis.findings if f.rank is not None}
+            kept = [s for s in summaries if s["rank"] not in flagged]
+            if len(kept) >= max(1, len(summaries) // 2):
+                self.baseline = engine.build_table(kept)
         with self._lock:
             self.diagnoses.append(diagnosis)
         report.write_capture(self.report_dir, diagnosis)   # on disk before it is printed
         self._write_partial()  # a job killed from now on still leaves a report.json
         say(report.format_capture(diagnosis))
+
+    def add_hang(self, doc: dict[str, Any], step: int) -> None:
+        """A diagnosed hang (hang.analyse) joins the job's findings in report.json."""
+        f = doc.get("finding")
+        if not f:
+            return
+        finding = engine.Finding(
+            category="hang", rank=f.get("rank"), host=f.get("host"), function=f.get("function"),
+            phase="hang", impact_ms_per_step=float((f.get("evidence") or {}).get("stalled_s") or 0) * 1e3,
+            what_if_step_ms=None, victims=tuple(f.get("victims") or ()), evidence=f.get("evidence") or {},
+            action=f.get("action") or "", title=f"hang: rank {f.get('rank')} at {f.get('function')}",
+            captures=(step,))
+        diagnosis = engine.Diagnosis(step=step, trigger="hang", world_size=self.world_size,
+                                     ranks_analysed=self.world_size - len(doc.get("missing") or []),
+                                     findings=(finding,), missing=tuple(doc.get("missing") or ()))
+        with self._lock:
+            self.diagnoses.append(diagnosis)
+            self.captures.append({"step": step, "trigger": "hang", "missing": list(doc.get("missing") or [])})
+        self._write_partial()
 
     def wait(self, timeout_s: float) -> bool:
         """Let queued analyses finish (bounded); True when the queue drained."""

@@ -194,6 +194,8 @@ class Watchdog(threading.Thread):
 
         path = Path(self.rt.report_dir) / f"hang-{self.last_step}.json"
         atomic_write(path, json.dumps(doc, indent=1, default=str))
+        if self.rt.analyst is not None:
+            self.rt.analyst.add_hang(json.loads(json.dumps(doc, default=str)), self.last_step)
         print(format_hang(doc, stalled) + f"\n  written to {path}", file=sys.stderr, flush=True)
         if self.action == "abort":
             finding = doc.get("finding") or {}

@@ -52,6 +52,8 @@ def test_stuck_rank_is_named_and_abort_ends_the_job(tmp_path) -> None:
     assert doc["finding"]["rank"] == 2 and doc["finding"]["victims"] == [0, 1, 3]
     assert doc["finding"]["evidence"]["stalled_s"] < 5 + 10  # threshold plus a few seconds
     assert any("time.sleep(3600)" in frame for frame in doc["finding"]["evidence"]["stack"])
+    report = json.loads((tmp_path / "report.json").read_text())  # written before the job was ended
+    assert [(f["category"], f["rank"]) for f in report["findings"]] == [("hang", 2)]
     root = proc.stderr[proc.stderr.index("Root Cause"):]
     assert "hang diagnosed" in root
     assert elapsed < 120, elapsed
