@@ -404,3 +404,31 @@ def test_all_ranks_starved_of_cpu_is_host_contention_not_network() -> None:
         s["telemetry"] = copy.deepcopy(b["telemetry"])
     d = diagnose(cur, step=90, trigger="drift", world_size=4, baseline=build_table(base))
     assert [f.category for f in d.findings] == ["communication"]
+
+
+def test_host_stall_with_the_rank_reading_storage_is_io() -> None:
+    """A plain read() is no profiled op: the stall shows as host time, the telemetry shows the reads."""
+    import copy
+
+    from eroica_runtime import summary as summary_mod
+
+    here = Path(__file__).parent / "data" / "engine" / "real-4rank"
+    cur = [summary_mod.decode((here / f"none.rank{r}.msgpack").read_bytes()) for r in range(4)]
+    cur = copy.deepcopy(cur)
+    for s in cur:
+        for point in ("start", "end"):
+            s["telemetry"][point]["host"]["io_read_bytes"] = 0
+            s["telemetry"][point]["host"]["io_write_bytes"] = 0
+    slow = cur[1]
+    slow["phases"]["host_gap"] += 60.0
+    slow["phases"]["step"] += 5.0
+    for s in cur:
+        if s is not slow:
+            s["phases"]["comm"] += 55.0
+            s["phases"]["step"] += 5.0
+    slow["telemetry"]["end"]["host"]["io_read_bytes"] = 8 << 20
+    d = diagnose(cur, step=60, trigger="spike", world_size=4)
+    assert [(f.category, f.rank) for f in d.findings] == [("io", 1)], [f.title for f in d.findings]
+    slow["telemetry"]["end"]["host"]["io_read_bytes"] = 0
+    d = diagnose(cur, step=60, trigger="spike", world_size=4)
+    assert [(f.category, f.rank) for f in d.findings] == [("host", 1)]

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -59,6 +60,8 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float) -> 
     rank = int(table.rank[row])
     host = table.hosts[int(table.host_idx[row])]
     tele_ev, hint = telemetry_refinement(table, row, peers.groups[c.group], c.category)
+    if tele_ev.get("io"):  # the host stall is the rank's own storage traffic
+        c = replace(c, category="io")
     ev: dict[str, Any] = {
         "excess_ms": c.excess_ms, "z": c.z,
         "own_work_ms": [c.own, c.own_ref], "comm_wait_ms": [c.comm, c.comm_ref],

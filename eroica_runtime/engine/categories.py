@@ -112,6 +112,18 @@ def telemetry_refinement(table: Table, row: int, peer_rows: np.ndarray,
                 hints.append(f"GPU clock {sm:.0f} MHz of {smax:.0f} MHz max (peers {peer_sm:.0f})"
                              + (f", throttle reasons: {', '.join(reasons)}" if reasons else "")
                              + ": hardware throttling — check cooling/power capping, drain the node.")
+    if category == "host" and "io_read_bytes" in t:
+        # a plain read() is no profiled op: a host stall while this rank read far more than its peers
+        # is storage I/O
+        io = t["io_read_bytes"][row] + t["io_write_bytes"][row]
+        peer_vals = t["io_read_bytes"][peers] + t["io_write_bytes"][peers]
+        peer_vals = peer_vals[np.isfinite(peer_vals)]
+        peer_io = float(np.median(peer_vals)) if peer_vals.size else float("nan")
+        if math.isfinite(io) and math.isfinite(peer_io) and io > 4.0 * peer_io + (1 << 20):
+            ev["io_bytes"] = [float(io), peer_io]
+            ev["io"] = True
+            hints.append(f"{io / 2**20:.1f} MiB read/written in the window vs peers' {peer_io / 2**20:.1f} MiB: "
+                         "the stall is storage I/O.")
     if category in ("compute", "host", "dataloader", "gc"):
         with np.errstate(all="ignore"):
             inv = _per_cpu_s(t, "ctx_invol", np.asarray([row]))[0]

@@ -24,7 +24,8 @@ ALIKE_DIMS = frozenset({"dp", "tp", "cp", "sp", "ep", "fsdp", "ddp", "shard", "r
                         "tensor", "dp_shard", "dp_replicate", "dp_cp", "context", "expert", "world",
                         "default", "mp", "model"})
 # telemetry counters (delta end-start) and gauges (value at the end of the window)
-_HOST_COUNTERS = ("cpu_s", "wall_s", "ctx_vol", "ctx_invol", "tcp_retrans", "net_drops")
+_HOST_COUNTERS = ("cpu_s", "wall_s", "ctx_vol", "ctx_invol", "tcp_retrans", "net_drops", "io_read_bytes",
+                  "io_write_bytes")
 _GPU_GAUGES = ("sm_mhz", "sm_max_mhz", "temp_c", "power_w", "power_limit_w")
 
 
