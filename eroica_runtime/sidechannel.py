@@ -203,8 +203,15 @@ class SideChannel:
         for shift in sorted({1, n // 2} if n > 3 else {1}):
             for size, count, sink in ((small, reps, lat), (large, 2, bw)):
                 buf = np.zeros(size, dtype=np.uint8)
-                times = [self._shift(comm, buf, (me + shift) % n, (me - shift) % n, deadline)
-                         for _ in range(count)]
+                times = []
+                for _ in range(count):
+                    # start every exchange together: otherwise a slow host makes its neighbours late
+                    # for their next exchange, and the lateness travels round the ring
+                    req = comm.Ibarrier()  # type: ignore[attr-defined]
+                    if not _poll(req.Test, deadline):
+                        self._pending.append((req, None, None))
+                        raise DeadlineMissed("link probe (barrier)")
+                    times.append(self._shift(comm, buf, (me + shift) % n, (me - shift) % n, deadline))
                 best = sorted(times)[len(times) // 2]
                 sink.append(best * 1e6 if size == small else size * 8 / best / 1e9)
         mine = msgpack.packb({"host": socket.gethostname(), "latency_us": min(lat),

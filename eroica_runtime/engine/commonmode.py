@@ -59,20 +59,27 @@ def slow_hosts_from_probe(link_probe: dict[str, Any] | None) -> tuple[list[str],
 
     lat = col("latency_us", "latency_ms", scale=(1.0, 1000.0))
     bw = col("bandwidth_gbps", "bandwidth_mbps", scale=(1.0, 0.001))
-    bad: list[str] = []
     ev: dict[str, Any] = {}
-    if np.isfinite(lat).sum() >= 2:
-        for h, v, med in zip(names, lat, _others_median(lat), strict=True):
-            if math.isfinite(v) and math.isfinite(med) and v > 3.0 * med and v - med > 5.0:
-                bad.append(h)
-                ev.setdefault("probe", {})[h] = {"latency_us": v, "hosts_median_latency_us": med}
+    slow_bw: list[str] = []
+    slow_lat: list[str] = []
     if np.isfinite(bw).sum() >= 2:
         for h, v, med in zip(names, bw, _others_median(bw), strict=True):
             if math.isfinite(v) and math.isfinite(med) and v < 0.5 * med:
-                if h not in bad:
-                    bad.append(h)
+                slow_bw.append(h)
                 ev.setdefault("probe", {}).setdefault(h, {}).update(
                     {"bandwidth_gbps": v, "hosts_median_bandwidth_gbps": med})
+    if np.isfinite(lat).sum() >= 2:
+        for h, v, med in zip(names, lat, _others_median(lat), strict=True):
+            if math.isfinite(v) and math.isfinite(med) and v > 3.0 * med and v - med > 5.0:
+                slow_lat.append(h)
+                ev.setdefault("probe", {}).setdefault(h, {}).update(
+                    {"latency_us": v, "hosts_median_latency_us": med})
+    # a slow link (rate limit, delay, errors) always costs bandwidth; a latency outlier alone is
+    # often one descheduled ping, so it names a host only when no host stands out in bandwidth
+    bad = slow_bw or slow_lat
+    ev["probe"] = {h: v for h, v in ev.get("probe", {}).items() if h in bad}
+    if not bad:
+        ev = {}
     return bad, ev
 
 
