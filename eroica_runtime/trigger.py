@@ -4,8 +4,9 @@ Local rules (defaults in Config, all configurable):
 - spike: each of the last ``spike_steps`` steps exceeds ``spike_ratio`` x the rolling median of the
   ``spike_history`` steps before them, and their p90 — a persistent rise; noise bursts never fire;
 - drift (EROICA's rule): the mean of the last ``drift_window`` steps (top 10% trimmed, so stray
-  spikes don't count) stays more than ``drift_pct`` % above the best window seen since the last
-  capture for ``drift_window // 2`` consecutive steps;
+  spikes don't count) stays more than ``drift_pct`` % — and more than 3 standard errors of that
+  mean — above the best window seen since the last capture, for ``drift_window // 2`` consecutive
+  steps;
 - manual: SIGUSR1, a ``trigger`` file in the report dir, ``--capture-at-steps``;
 - baseline: one automatic capture right after warm-up, so every job has a healthy reference.
 
@@ -68,9 +69,13 @@ class Detector:
                 ordered = sorted(self.window)
                 kept = ordered[: max(1, int(len(ordered) * 0.9))]
                 mean = sum(kept) / len(kept)
+                var = sum((x - mean) ** 2 for x in kept) / max(1, len(kept) - 1)
+                stderr = (var / len(kept)) ** 0.5
                 if self.best is None or mean < self.best:
                     self.best = mean
-                if mean > self.best * (1 + cfg.drift_pct / 100.0):
+                # drift_pct above the best window, and beyond what the window's own noise explains
+                # (the best of many noisy windows is biased low by a few standard errors)
+                if mean - self.best > max(self.best * cfg.drift_pct / 100.0, 3.0 * stderr):
                     self.over += 1
                 else:
                     self.over = 0

@@ -169,6 +169,15 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
     culprits = find_culprits(table, peers, th)
     attribute(table, peers, culprits, th)
     find_victims(table, culprits, th)
+    if table.n > 1 and len(culprits) > 1:
+        # beside a culprit others wait for, a rank nobody waits on did not slow the job: its excess
+        # is absorbed (noise, or a small side effect), not a root cause
+        waited_on = [c for c in culprits if len(c.victims)]
+        dropped = [c for c in culprits if not len(c.victims)]
+        if waited_on and dropped:
+            notes.append(f"{len(dropped)} rank(s) with extra own work that no rank waited on were not reported: "
+                         + ", ".join(f"rank {int(table.rank[c.row])} +{c.excess_ms:.1f} ms" for c in dropped[:5]))
+            culprits = waited_on
     excesses = [c.excess_ms for c in culprits]
     findings = [_culprit_finding(table, peers, c, culprit_what_if(step_med, excesses, i))
                 for i, c in enumerate(culprits)]
