@@ -46,7 +46,8 @@ def test_healthy_run_has_no_findings(tmp_path) -> None:
     # detectors off: this test is about the engine judging a healthy capture (test_runtime.py covers
     # the trigger staying quiet), so the manual capture at step 50 always happens
     proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, "--capture-at-steps", "50",
-                      "--spike-ratio", "100", "--drift-pct", "0", TRAIN, env={"STEPS": "80"}, timeout=240)
+                      "--spike-ratio", "100", "--drift-pct", "0", TRAIN, env={"STEPS": "80", "DIM": "512"},
+                      timeout=240)
     assert proc.returncode == 0, explain(proc)
     report = json.loads((tmp_path / "report.json").read_text())
     assert [c["trigger"] for c in report["captures"]][:2] == ["baseline", "manual"], report["captures"]
