@@ -30,7 +30,7 @@ class Thresholds:
     top_functions: int = 5         # functions listed in the evidence
     small_group: int = 8           # peer groups smaller than this use the two knobs below
     small_z: float = 3.0
-    small_rel_step: float = 0.20
+    small_rel_step: float = 0.25   # 4 ranks on 2 shared cores: one rank can lose ~20% of a window to preemption
     noise_k: float = 1.0           # excess must exceed this many std errors of the window's mean step
                                    # (conservative: synchronized ranks wobble together, bursty loaders too)
 
