@@ -77,7 +77,9 @@ def _run_launcher(plan: Plan, env: dict[str, str], attempt_dir: Path, teardown: 
     others when the failed process never initialized MPI).
     """
     try:
-        proc = subprocess.Popen(plan.argv, env=env, start_new_session=True)
+        # own session (so a terminal's Ctrl-C reaches us, not mpiexec, and we stop it cleanly), but
+        # tied to our life: if eroica-run is killed outright, mpiexec gets SIGTERM and takes the ranks
+        proc = subprocess.Popen(plan.argv, env=env, start_new_session=True, preexec_fn=_die_with_parent)
     except OSError as exc:
         log(f"error: cannot start {plan.argv[0]!r}: {exc}")
         return 127
@@ -122,6 +124,15 @@ def _run_launcher(plan: Plan, env: dict[str, str], attempt_dir: Path, teardown: 
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
 
 
 def _any_failed(attempt_dir: Path) -> bool:
