@@ -168,7 +168,7 @@ def get_parser() -> ArgumentParser:
                    help="Do not prefix rank output with [rankN]: (env EROICA_NO_PREFIX).")
     _eroica(e, "warmup_steps", "Steps ignored by the detectors at the start.", metavar="N")
     _eroica(e, "window_steps", "Steps profiled per capture.", metavar="K")
-    _eroica(e, "spike_ratio", "Spike rule: every one of the last --spike-steps steps above this x the "
+    _eroica(e, "spike_ratio", "Spike rule: all but one of the last --spike-steps steps above this x the "
                               "rolling median (and its p90) fires.", metavar="X")
     _eroica(e, "spike_steps", "Spike rule: how many recent steps must be slow.", metavar="N")
     _eroica(e, "drift_pct", "Drift rule: mean of the last --drift-window steps this % above the best "

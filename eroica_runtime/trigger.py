@@ -1,8 +1,8 @@
 """The trigger: a local detector on each rank, and the lagged vote that makes all ranks agree.
 
 Local rules (defaults in Config, all configurable):
-- spike: each of the last ``spike_steps`` steps exceeds ``spike_ratio`` x the rolling median of the
-  ``spike_history`` steps before them, and their p90 — a persistent rise; noise bursts never fire;
+- spike: all but one of the last ``spike_steps`` steps exceed ``spike_ratio`` x the rolling median of
+  the ``spike_history`` steps before them, and their p90 — a persistent rise; noise bursts don't fire;
 - drift (EROICA's rule): the mean of the last ``drift_window`` steps (top 10% trimmed, so stray
   spikes don't count) stays more than ``drift_pct`` % — and more than 3 standard errors of that
   mean — above the best window seen since the last capture, for ``drift_window // 2`` consecutive
@@ -58,9 +58,10 @@ class Detector:
             history = sorted(values[:n_hist])
             reference = history[len(history) // 2]
             p90 = history[int(0.9 * (len(history) - 1))]
-            latest = min(values[n_hist:])
-            # every recent step well above the typical step AND above what this job's own noise
-            # reaches one step in ten: a burst of noise on a shared machine does not fire
+            recent = sorted(values[n_hist:])
+            latest = recent[1] if len(recent) > 2 else recent[0]
+            # all but one of the recent steps well above the typical step AND above what this job's
+            # own noise reaches one step in ten: a burst of noise does not fire, one dip does not hide
             spike = latest > cfg.spike_ratio * reference and latest > p90
         drift = False
         if cfg.drift_pct > 0:

@@ -171,7 +171,7 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
     find_victims(table, culprits, th)
     if table.n > 1 and len(culprits) > 1:
         # beside a culprit others wait for, a rank nobody waits on did not slow the job: its excess
-        # is absorbed (noise, or a small side effect), not a root cause
+        # is absorbed (noise, or a side effect of that culprit), not a root cause
         waited_on = [c for c in culprits if len(c.victims)]
         dropped = [c for c in culprits if not len(c.victims)]
         if waited_on and dropped:
