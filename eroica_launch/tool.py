@@ -21,11 +21,8 @@ def doctor() -> None:
     raise SystemExit(code)
 
 
-try:  # the offline commands live beside the engine they drive
-    from eroica_launch.offline import analyze_cmd, show_cmd, synth_cmd
+from eroica_launch.offline import analyze_cmd, show_cmd, synth_cmd  # noqa: E402  (beside the engine)
 
-    cli.add_command(analyze_cmd, "analyze")
-    cli.add_command(show_cmd, "show")
-    cli.add_command(synth_cmd, "synth")
-except ImportError:  # pragma: no cover - only while the engine is being built
-    pass
+cli.add_command(analyze_cmd, "analyze")
+cli.add_command(show_cmd, "show")
+cli.add_command(synth_cmd, "synth")

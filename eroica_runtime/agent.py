@@ -51,4 +51,4 @@ def install() -> None:
 def mark_step() -> None:
     """Mark a step boundary, for training loops without a torch.optim optimizer."""
     if _agent is not None:
-        _agent.on_step(manual=True)
+        _agent.on_step()

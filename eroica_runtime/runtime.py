@@ -116,7 +116,8 @@ class Runtime:
         self.analyst = None
 
     # ---- per step ----------------------------------------------------------------------------------------
-    def on_step(self, manual: bool = False) -> None:
+    def on_step(self) -> None:
+        """mark_step(): a step boundary set by the user's loop."""
         self.clock.mark()
 
     def _on_boundary(self, step: int, ms: float) -> None:

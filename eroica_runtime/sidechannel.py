@@ -255,7 +255,3 @@ class SideChannel:
         """MPI_Finalize (waits for every rank: call it only on a normal, collective exit)."""
         if not self.MPI.Is_finalized():
             self.MPI.Finalize()
-
-    def abort(self, code: int = 1) -> None:
-        """End the whole MPI job (used by --hang-action abort)."""
-        self.world.Abort(code)
