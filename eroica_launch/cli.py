@@ -132,7 +132,8 @@ def get_parser() -> ArgumentParser:
                    help="Address of rank 0's node (multi-node: default is the first host of the "
                         "allocation or hostfile).")
     t.add_argument(*_both("master_port"), action=_Env, dest="master_port", type=int, default=None,
-                   help="Port of rank 0's store (default: a free port on one node, 29500 otherwise).")
+                   help="Port of rank 0's store (default: on one node a free port below the ephemeral "
+                        "range; under Slurm one derived from the job id; 29500 otherwise).")
     t.add_argument(*_both("local_addr"), action=_Env, dest="local_addr", type=str, default=None,
                    help="This node's address; used as MASTER_ADDR on a single node.")
     t.add_argument(*_both("logs_specs"), action=_Env, dest="logs_specs", type=str, default=None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import random
 import shlex
 import shutil
 import socket
@@ -119,7 +120,30 @@ def parse_nnodes(value: str) -> int:
     return int(value)
 
 
-def _free_port() -> int:
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_port() -> int:
+    """A port free now and outside the kernel's ephemeral range.
+
+    A port the kernel handed out for bind(0) sits in the ephemeral range, where any outgoing
+    connection (gloo, MPI, a test next door) may take it before rank 0's store listens on it
+    (EADDRINUSE at init_process_group). Ports below the range are only ever taken by explicit binds.
+    """
+    lo, hi = _ephemeral_range()
+    candidates = [p for p in (random.randrange(20000, lo) if lo > 21000 else 0 for _ in range(20)) if p]
+    for port in candidates:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return int(s.getsockname()[1])
@@ -208,7 +232,7 @@ def plan_launch(args: argparse.Namespace, cfg: Config, env: dict[str, str] | Non
         if not explicit_addr:
             master_addr = args.local_addr or "localhost"
         if master_port is None:
-            master_port = _free_port()
+            master_port = free_port()
     if master_port is None:
         master_port = 29500
 

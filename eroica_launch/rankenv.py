@@ -118,7 +118,8 @@ def slurm_first_host(env: Mapping[str, str]) -> str | None:
 
 
 def slurm_default_port(env: Mapping[str, str]) -> int:
-    """A port every task of a Slurm step can compute alone: spread over 20000-39999 by job id."""
+    """A port every task of a Slurm step can compute alone: spread over 20000-31999 by job id
+    (below Linux's default ephemeral range, where outgoing connections could hold it)."""
     job = int(env.get("SLURM_JOB_ID", "0") or 0)
     step = int(re.sub(r"\D", "", env.get("SLURM_STEP_ID", "0")) or 0)
-    return 20000 + (job * 7 + step) % 20000
+    return 20000 + (job * 7 + step) % 12000

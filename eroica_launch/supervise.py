@@ -152,34 +152,47 @@ def _any_failed(attempt_dir: Path) -> bool:
 
 
 def read_failures(attempt_dir: Path) -> list[dict[str, Any]]:
-    """Every rank that ended non-zero in this attempt, first failure first."""
+    """Every rank that ended non-zero in this attempt, first failure first.
+
+    A rank whose error file exists but whose wrapper has not yet recorded its end (it is still being
+    reaped, or on another node its status lags) counts too: in place, a victim's eroica-run can
+    print its summary before the culprit's status lands, and must not blame itself.
+    """
     out = []
-    for status in sorted(attempt_dir.glob("*/status.json")):
+    for rank_dir in sorted(p for p in attempt_dir.glob("*") if p.is_dir()):
+        status, error = rank_dir / "status.json", rank_dir / "error.json"
         try:
             doc = json.loads(status.read_text())
+        except FileNotFoundError:
+            if not error.exists():
+                continue
+            doc = {"rank": int(rank_dir.name) if rank_dir.name.isdigit() else rank_dir.name,
+                   "exitcode": 1, "error_file": str(error), "ended": None, "host": None, "pid": None,
+                   "local_rank": None}
         except (OSError, ValueError):
             continue
         if doc.get("exitcode") != 0:
             doc["traceback"] = _traceback(doc)
             out.append(doc)
-    out.sort(key=lambda d: (_failed_at(d), d.get("rank", 0)))
+    out.sort(key=lambda d: (_failed_at(d), str(d.get("rank", 0)).zfill(12)))
     return out
 
 
 def _failed_at(status: dict[str, Any]) -> float:
-    """When the rank failed: its error file's timestamp (torchrun's rule), else when it ended.
+    """When the rank failed: when its error file was written (torchrun's rule), else when it ended.
 
     Under load a failing rank can be reaped after the ranks it brought down, so end times alone
-    can blame a victim.
+    can blame a victim. The file's own timestamp has whole seconds only (torchrun's format), and a
+    victim usually fails within the same second, so the file's mtime decides.
     """
     path = status.get("error_file")
-    if path and os.path.exists(path):
+    ended = float(status.get("ended") or 0) or float("inf")
+    if path:
         try:
-            ts = json.loads(Path(path).read_text())["message"]["extraInfo"]["timestamp"]
-            return min(float(ts), float(status.get("ended") or float(ts)))
-        except (OSError, ValueError, KeyError, TypeError):
+            return min(os.stat(path).st_mtime, ended)
+        except OSError:
             pass
-    return float(status.get("ended") or 0)
+    return ended if ended != float("inf") else 0.0
 
 
 def _traceback(status: dict[str, Any]) -> str:

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import psutil
 
+from eroica_launch.plan import free_port
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("srun", "sbatch", "scontrol", "scancel", "sinfo", "squeue")
 # Debian's metapackage slurm-wlm = slurmctld + slurmd + slurm-client; munge comes with them.
@@ -164,17 +166,13 @@ def _pid_alive(pid_file: Path) -> bool:
 
 
 def _free_ports(count: int) -> list[int]:
-    """Ports free right now on 127.0.0.1 (held open together so they are distinct)."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """Distinct ports free right now, below the ephemeral range (no outgoing connection takes them)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
 
 
 def _node_name() -> str:

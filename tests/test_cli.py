@@ -1,8 +1,10 @@
-"""eroica-run's flag parsing against torchrun's own parser, and launch planning refusals."""
+"""eroica-run's flag parsing against torchrun's own parser, launch planning refusals, failure ordering."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 
 import pytest
 from torch.distributed.run import get_args_parser
@@ -136,3 +138,42 @@ def test_help_documents_env_defaults() -> None:
     assert "EROICA_REPORT_DIR" in text and "EROICA_LAUNCHER" in text and "MIN:MAX" in text
     assert "env_var" not in text and "% above" in text  # help strings are formatted, not dumped
     assert isinstance(get_parser(), argparse.ArgumentParser)
+
+
+def _rank_dir(attempt, rank: int, *, error_at: float | None, ended: float | None, exitcode: int = 1):
+    d = attempt / str(rank)
+    d.mkdir(parents=True)
+    err = d / "error.json"
+    if error_at is not None:
+        err.write_text(json.dumps({"message": {"message": f"rank {rank} broke", "extraInfo": {
+            "py_callstack": f"Traceback: rank {rank} broke", "timestamp": str(int(error_at))}}}))
+        os.utime(err, (error_at, error_at))
+    if ended is not None:
+        (d / "status.json").write_text(json.dumps({
+            "rank": rank, "local_rank": rank, "host": "h", "pid": 1, "exitcode": exitcode, "signal": None,
+            "started": 0.0, "ended": ended, "error_file": str(err), "message": ""}))
+
+
+def test_root_cause_is_the_first_error_file_even_within_one_second(tmp_path) -> None:
+    """A victim fails a few ms after the culprit (same whole second, torchrun's timestamp unit) and is
+    reaped first: the error files' mtimes still put the culprit first."""
+    from eroica_launch.supervise import read_failures
+    t = 1_800_000_000.0
+    _rank_dir(tmp_path, 1, error_at=t + 0.40, ended=t + 0.45)  # victim, lower rank, reaped first
+    _rank_dir(tmp_path, 2, error_at=t + 0.10, ended=t + 0.90)  # culprit
+    _rank_dir(tmp_path, 0, error_at=None, ended=t + 1.0, exitcode=0)
+    assert [f["rank"] for f in read_failures(tmp_path)] == [2, 1]
+
+
+def test_culprit_still_being_reaped_is_counted(tmp_path) -> None:
+    """In place (one eroica-run per task), a victim may summarise before the culprit's status is written:
+    the culprit's error file alone makes it the root cause."""
+    from eroica_launch.supervise import failure_summary, read_failures
+    t = 1_800_000_000.0
+    _rank_dir(tmp_path, 1, error_at=t + 0.40, ended=t + 0.45)
+    _rank_dir(tmp_path, 2, error_at=t + 0.10, ended=None)
+    failures = read_failures(tmp_path)
+    assert [f["rank"] for f in failures] == [2, 1]
+    text = failure_summary("train.py", failures, launcher_rc=1, mode="inplace")
+    root = text[text.index("Root Cause"):]
+    assert "rank      : 2" in root and "rank 2 broke" in root

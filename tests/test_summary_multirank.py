@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from eroica_launch.plan import free_port
 from eroica_runtime import summary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,14 +38,8 @@ def _mpiexec() -> str | None:
     return str(here) if here.exists() else shutil.which("mpiexec")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(out: Path, mode: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                MPIR_CVAR_ENABLE_HEAVY_YIELD="1", MPIR_CVAR_POLLS_BEFORE_YIELD="10", OMP_NUM_THREADS="1",
                PYTHONWARNINGS="ignore")
     cmd = [_mpiexec(), "-n", str(WORLD), sys.executable, str(SCRIPT), "--out", str(out),
