@@ -232,6 +232,7 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
     for name in FORWARDED:
         signal.signal(getattr(signal, name), forward if forward_signals else signal.SIG_IGN)
     rc = child.wait()
+    ended = time.time()  # before draining output: a killed rank's end must not look later than its victims'
     for pump in pumps:
         pump.join(timeout=5)
     for f in files.values():
@@ -243,15 +244,16 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
             signame = signal.Signals(-rc).name
         except ValueError:
             signame = f"signal {-rc}"
-    _write_status(attempt_dir, ident, pid=child.pid, exitcode=rc, signame=signame, started=started)
+    _write_status(attempt_dir, ident, pid=child.pid, exitcode=rc, signame=signame, started=started, ended=ended)
     return rc if rc >= 0 else 128 - rc
 
 
 def _write_status(attempt_dir: Path, ident: Identity, *, pid: int | None, exitcode: int,
-                  signame: str | None, started: float, message: str = "") -> None:
+                  signame: str | None, started: float, message: str = "", ended: float | None = None) -> None:
     """Record how this rank ended (read by the launcher's failure summary)."""
     doc = {"rank": ident.rank, "local_rank": ident.local_rank, "host": socket.gethostname(),
-           "pid": pid, "exitcode": exitcode, "signal": signame, "started": started, "ended": time.time(),
+           "pid": pid, "exitcode": exitcode, "signal": signame, "started": started,
+           "ended": ended if ended is not None else time.time(),
            "error_file": str(attempt_dir / "error.json"), "message": message}
     tmp = attempt_dir / "status.json.tmp"
     tmp.write_text(json.dumps(doc))

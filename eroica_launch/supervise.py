@@ -51,7 +51,7 @@ def run_plan(plan: Plan) -> int:
             rc = _run_launcher(plan, env, attempt_dir, teardown)
         if rc == 0:
             return 0
-        failures = read_failures(attempt_dir)
+        failures = read_failures(attempt_dir, pending=plan.mode == "inplace")
         if plan.mode == "inplace" and not failures:
             return rc  # this task never started its program (its one-line error says why)
         if teardown:  # ranks we stopped after the root cause are not failures of their own
@@ -151,12 +151,13 @@ def _any_failed(attempt_dir: Path) -> bool:
     return False
 
 
-def read_failures(attempt_dir: Path) -> list[dict[str, Any]]:
+def read_failures(attempt_dir: Path, *, pending: bool = False) -> list[dict[str, Any]]:
     """Every rank that ended non-zero in this attempt, first failure first.
 
-    A rank whose error file exists but whose wrapper has not yet recorded its end (it is still being
-    reaped, or on another node its status lags) counts too: in place, a victim's eroica-run can
-    print its summary before the culprit's status lands, and must not blame itself.
+    pending (in place): a rank whose error file exists but whose wrapper has not yet recorded its end
+    counts too; there a victim's eroica-run can print its summary while the culprit is still being
+    reaped, and must not blame itself. Under mpiexec every wrapper has ended by now, and one without a
+    status was stopped by the teardown: its error is the teardown's doing, not a failure of its own.
     """
     out = []
     for rank_dir in sorted(p for p in attempt_dir.glob("*") if p.is_dir()):
@@ -164,7 +165,7 @@ def read_failures(attempt_dir: Path) -> list[dict[str, Any]]:
         try:
             doc = json.loads(status.read_text())
         except FileNotFoundError:
-            if not error.exists():
+            if not pending or not error.exists():
                 continue
             doc = {"rank": int(rank_dir.name) if rank_dir.name.isdigit() else rank_dir.name,
                    "exitcode": 1, "error_file": str(error), "ended": None, "host": None, "pid": None,

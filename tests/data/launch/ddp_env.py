@@ -2,6 +2,7 @@
 
 Writes its torchrun environment and training result to $OUT_DIR/rank<R>.json.
 """
+import gc
 import json
 import os
 import sys
@@ -33,6 +34,9 @@ def main() -> None:
            "argv": sys.argv[1:]}
     with open(os.path.join(os.environ["OUT_DIR"], f"rank{dist.get_rank()}.json"), "w") as f:
         json.dump(out, f)
+    del model, opt, dl  # DDP's reducer holds the process group: free it before the group goes
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
 
 

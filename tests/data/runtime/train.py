@@ -93,7 +93,11 @@ def main() -> None:
             print("reached step 10", flush=True)  # tests wait for this: the runtime is up on all ranks
     if dist.get_rank() == 0:
         print(f"trained {state['step']} steps", flush=True)
-    dist.barrier()  # nobody tears gloo down while a peer still talks to it (a rare SIGABRT at exit)
+    # DDP's reducer holds the process group: free it first, and tear down together (a DDP model left
+    # to the interpreter's final GC, after its group is gone, aborts the rank now and then)
+    del model, opt, loader
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
 
 

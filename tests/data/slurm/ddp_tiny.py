@@ -13,6 +13,7 @@ Options: --fail-rank R --fail-step S makes rank R raise at step S (a rank crash,
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import socket
@@ -104,6 +105,8 @@ def main() -> int:
         "seen": seen,
     }
     (out / f"rank-{rank}.json").write_text(json.dumps(record))
+    del model  # DDP's reducer holds the process group: free it before the group goes
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
     print(f"ddp_tiny: rank {rank}/{world} done after {time.time() - T0:.1f}s", flush=True)

@@ -220,6 +220,8 @@ def main() -> int:
         scenario, _, who = item.partition(":")
         run(scenario, int(who) if who else ARGS.slow_rank, model, opt, ARGS.out, gcmon)
         dist.barrier()
+    del model, opt  # DDP's reducer holds the process group: free it before the group goes
+    gc.collect()
     dist.destroy_process_group()
     return 0
 
