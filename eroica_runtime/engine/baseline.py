@@ -33,6 +33,8 @@ class Thresholds:
     small_rel_step: float = 0.25   # 4 ranks on 2 shared cores: one rank can lose ~20% of a window to preemption
     noise_k: float = 1.0           # excess must exceed this many std errors of the window's mean step
                                    # (conservative: synchronized ranks wobble together, bursty loaders too)
+    regression_noise_k: float = 2.0  # job-wide growth vs the baseline capture must exceed this many std
+                                     # errors of the difference of the two windows' mean steps
 
 
 @dataclass(frozen=True)

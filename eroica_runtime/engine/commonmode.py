@@ -186,7 +186,11 @@ def common_mode(cur: Table, base: Table, th: Thresholds, culprit_excess: float,
     step_c, step_b = cur.col("step")[rc], base.col("step")[rb]
     base_step = float(np.median(step_b))
     now_step = float(np.median(cur.col("step")))
-    limit = max(th.abs_ms, th.regression_rel * base_step)
+    # two short windows of a noisy job differ by chance: the growth must also clear the std error
+    # of the difference of their mean steps (a 3-step window on a shared host wobbles by 10-20%)
+    noise = th.regression_noise_k * math.hypot(float(np.median(cur.step_noise[rc])),
+                                               float(np.median(base.step_noise[rb])))
+    limit = max(th.abs_ms, th.regression_rel * base_step, noise)
     d_own = cur.own[rc] - base.own[rb]
     d_comm = cur.col("comm")[rc] - base.col("comm")[rb]
     m_own, m_comm = float(np.median(d_own)), float(np.median(d_comm)) - culprit_excess
