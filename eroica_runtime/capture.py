@@ -23,7 +23,6 @@ class Capture:
         self.step: int | None = None
         self.trigger = ""
         self.k = 0
-        self.main_tid: int | None = None
 
     @staticmethod
     def _activities() -> list[Any]:
@@ -56,7 +55,6 @@ class Capture:
         from torch.profiler import ProfilerAction, profile
 
         self.step, self.trigger, self.k = step, trigger, k
-        self.main_tid = None  # the builder finds the main thread from the step annotations
         # a schedule that always records: torch only emits ProfilerStep#N annotations when a
         # schedule is given (torch.profiler.schedule() itself would save and clear mid-window)
         prof = profile(activities=self._activities(), record_shapes=False, with_stack=False,

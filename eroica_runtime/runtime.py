@@ -178,7 +178,6 @@ class Runtime:
         assert self.side is not None
         cap = self.capture
         first, trigger, k = cap.step, cap.trigger, cap.k
-        main_tid = cap.main_tid
         # read the GC counters before stopping: turning events into Python objects collects a lot
         gc_count0, gc_ms0 = self._window["gc_start"]
         gc_count1, gc_ms1 = self.gc.snapshot()
@@ -192,8 +191,7 @@ class Runtime:
         doc = summary_mod.build(events, identity=ident, capture={"step": first, "trigger": trigger, "k": k},
                                 steps=steps,
                                 gc={"count": (gc_count1 - gc_count0) / n, "ms": (gc_ms1 - gc_ms0) / n},
-                                telemetry={"start": self._window["tele_start"], "end": telemetry.sample()},
-                                main_tid=main_tid)
+                                telemetry={"start": self._window["tele_start"], "end": telemetry.sample()})
         blob = summary_mod.encode(doc)
         # per-host link latency/bandwidth between node leaders (a no-op on one node): the only way to
         # name the host of a slow link, since a slow link slows every rank's collectives alike

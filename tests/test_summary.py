@@ -349,7 +349,7 @@ def test_build_from_the_capture_module() -> None:
         events = cap.stop()
     doc = summary.build(events, identity=IDENTITY, capture={"step": 100, "trigger": "test", "k": k},
                         steps=[{"step": 100 + i, "ms": 5.0} for i in range(k)], gc={"count": 0, "ms": 0.0},
-                        telemetry=TELEMETRY, main_tid=getattr(cap, "main_tid", None))
+                        telemetry=TELEMETRY)
     summary.validate(doc)
     assert doc["profile"]["steps"] == k
     for p in ("data", "forward", "backward", "optimizer"):
