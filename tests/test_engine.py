@@ -256,11 +256,27 @@ def test_host_wide_slowness_is_one_host_finding() -> None:
     sums = _gpu_job(16)
     for r in range(4, 8):               # every rank of gpu-a01
         _make_slow(sums[r], "forward", 35.0 + r, "aten::addmm")
-    _victimize(sums, -1, 0.0)
+    for s in sums:                      # the other hosts' ranks wait for them
+        if s["host"] != "gpu-a01":
+            s["phases"]["comm"] += 40.0
     d = diagnose(sums, step=1, trigger="slow_step", world_size=16)
     assert len(d.findings) == 1
     f = d.findings[0]
     assert f.host == "gpu-a01" and f.evidence["ranks"] == [4, 5, 6, 7] and f.rank == 7
+
+
+def test_extra_own_work_nobody_waited_on_is_no_finding() -> None:
+    """One rank's backward +30 ms, but no peer's wait grew: the work overlapped the step's waits
+    (or was preemption noise) and cost the job nothing. A healthy 4-rank CI run once blamed rank 0
+    for +6 ms in copy_bucket_to_grad with "0 ranks waiting on it"; a real straggler has victims."""
+    sums = _gpu_job(8)
+    sums[3]["phases"]["backward"] += 30.0
+    d = diagnose(sums, step=1, trigger="slow_step", world_size=8)
+    assert list(d.findings) == [], [f.title for f in d.findings]
+    assert any("no rank waited on" in n and "rank 3" in n for n in d.notes), d.notes
+    _victimize(sums, 3, 30.0)           # the same work, now the others wait for it: a culprit
+    d = diagnose(sums, step=1, trigger="slow_step", world_size=8)
+    assert [(f.rank, f.victims) for f in d.findings] == [(3, (0, 1, 2, 4, 5, 6, 7))]
 
 
 def test_local_comm_excess_without_baseline() -> None:

@@ -169,15 +169,14 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
     culprits = find_culprits(table, peers, th)
     attribute(table, peers, culprits, th)
     find_victims(table, culprits, th)
-    if table.n > 1 and len(culprits) > 1:
-        # beside a culprit others wait for, a rank nobody waits on did not slow the job: its excess
-        # is absorbed (noise, or a side effect of that culprit), not a root cause
-        waited_on = [c for c in culprits if len(c.victims)]
+    if table.n > 1:
+        # a rank nobody waited on did not slow the job: its extra own work overlapped the others'
+        # waits or was absorbed (preemption noise, a side effect of another culprit); not a root cause
         dropped = [c for c in culprits if not len(c.victims)]
-        if waited_on and dropped:
+        if dropped:
             notes.append(f"{len(dropped)} rank(s) with extra own work that no rank waited on were not reported: "
                          + ", ".join(f"rank {int(table.rank[c.row])} +{c.excess_ms:.1f} ms" for c in dropped[:5]))
-            culprits = waited_on
+            culprits = [c for c in culprits if len(c.victims)]
     excesses = [c.excess_ms for c in culprits]
     findings = [_culprit_finding(table, peers, c, culprit_what_if(step_med, excesses, i))
                 for i, c in enumerate(culprits)]
