@@ -88,21 +88,33 @@ class SideChannel:
         self.node_ranks = [int(r) for r in members]
         self.leader_world_rank = self.node_ranks[0]
         self._pending: list = []
+        self._votes: list[list] = []   # [request, send, recv, done] of votes in flight, oldest first
 
     # ---- nonblocking vote -------------------------------------------------------------------------
-    def post_vote(self, values: np.ndarray) -> tuple[object, np.ndarray]:
-        """Start an Iallreduce(MAX) of a small int64 array; complete it later with wait_vote()."""
+    def post_vote(self, values: np.ndarray) -> list:
+        """Start an Iallreduce(MAX) of a small int64 array; complete it later with wait_vote().
+
+        Posting also advances every vote still in flight by one Test each. MPICH moves a nonblocking
+        collective on only inside MPI calls, one stage per call at most, and the training's own
+        collectives (gloo, NCCL) never enter MPI: a vote touched only when it is due would still be
+        at its first stage then, and completing it would wait for the slowest rank's boundary (a
+        2-3 ms barrier per step, measured). Touched at every boundary, it is done by the time it is due.
+        """
+        for vote in self._votes:
+            if not vote[3]:
+                vote[3] = vote[0].Test()
         send = np.ascontiguousarray(values, dtype=np.int64)
         recv = np.zeros_like(send)
         req = self.world.Iallreduce(send, recv, op=self.MPI.MAX)
-        self._pending.append((req, send, recv))
-        return req, recv
+        vote = [req, send, recv, False]
+        self._votes.append(vote)
+        return vote
 
-    def wait_vote(self, handle: tuple[object, np.ndarray], deadline_s: float) -> np.ndarray:
-        req, recv = handle
-        if not _poll(req.Test, time.monotonic() + deadline_s):  # type: ignore[attr-defined]
+    def wait_vote(self, handle: list, deadline_s: float) -> np.ndarray:
+        req, _send, recv, done = handle
+        if not done and not _poll(req.Test, time.monotonic() + deadline_s):  # type: ignore[attr-defined]
             raise DeadlineMissed("vote (Iallreduce)")
-        self._pending = [p for p in self._pending if p[0] is not req]
+        self._votes = [v for v in self._votes if v is not handle]
         return recv
 
     def barrier(self, deadline_s: float, what: str = "barrier") -> None:
@@ -243,6 +255,8 @@ class SideChannel:
     def drain(self, timeout_s: float = 2.0) -> None:
         """Complete or cancel pending requests before MPI finalizes (Open MPI segfaults otherwise)."""
         deadline = time.monotonic() + timeout_s
+        self._pending += [(v[0], v[1], v[2]) for v in self._votes if not v[3]]
+        self._votes.clear()
         for req, *_ in self._pending:
             try:
                 if not _poll(req.Test, deadline):

@@ -11,8 +11,10 @@ Local rules (defaults in Config, all configurable):
 - baseline: one automatic capture right after warm-up, so every job has a healthy reference.
 
 Vote: every step each rank posts an Iallreduce(MAX) of its flags and completes the one posted
-``vote_lag`` steps earlier, so all ranks learn the same result at the same step and agree on the same
-capture start step without an extra round-trip.
+``vote_lag`` (4) steps earlier, so all ranks learn the same result at the same step and agree on the same
+capture start step without an extra round-trip. MPI moves a nonblocking collective on only inside MPI
+calls, so every boundary also touches the votes in flight; with 2 steps of lag a vote was still
+unfinished when due on every step of a 4-rank job, and completing it cost 2-3 ms per step.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ def main() -> None:
         trig.local_flags(100 + i, 20.0 + (i % 7) * 0.1, False)
         det.append(time.perf_counter() - t)
 
-    # 3. vote post and completion at lag 2 (all ranks in lockstep, like training)
+    # 3. vote post and completion at the configured lag (all ranks in lockstep, like training)
     post, done = [], []
     pending = []
     side.barrier(30)

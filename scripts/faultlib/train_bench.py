@@ -88,6 +88,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--workers", type=int, default=int(e("EROICA_BENCH_WORKERS", "0")))
     ap.add_argument("--threads", type=int, default=int(e("EROICA_BENCH_THREADS", "1")))
     ap.add_argument("--out", default=e("EROICA_BENCH_OUT"))
+    ap.add_argument("--device-ms", type=float, default=float(e("EROICA_BENCH_DEVICE_MS", "0")),
+                    help="sleep this long per step after the backward, standing in for accelerator time "
+                         "the host waits on (a GPU-bound step): the CPU is idle, as on a real GPU job")
     return ap.parse_args(argv)
 
 
@@ -119,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             loss = loss_fn(logits.reshape(-1, args.vocab), batch[:, 1:].reshape(-1))
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            if args.device_ms:
+                time.sleep(args.device_ms / 1e3)
             opt.step()
             step_ms.append((time.perf_counter() - t0) * 1e3)
         ctl.close()
