@@ -96,7 +96,8 @@ class Trigger:
         self.captures = 0
         self.profiled_steps = 0
         self.last_capture_start: int | None = None
-        self.busy_until = -1          # no new capture is scheduled before this step
+        self.busy_until = -1          # no voted capture starts before this step (its votes saw the window)
+        self.window_until = -1        # last step of the current window: nothing starts before it ends
         self.baseline_step = cfg.warmup_steps + 2 if cfg.baseline else None
 
     # ---- local side ----------------------------------------------------------------------------------
@@ -143,14 +144,17 @@ class Trigger:
                 return None
         if trigger is None:
             return None
+        # a person's or the schedule's capture waits only for the window in progress, not for the
+        # vote lag after it (that guards the detectors against judging profiled steps)
         if trigger in ("baseline", "manual") and (self.captures >= self.cfg.max_captures
-                                                  or start <= self.busy_until):
+                                                  or start <= self.window_until):
             return None
         self.captures += 1
         self.profiled_steps += self.cfg.window_steps + 1  # the window and its lead-in step
         self.last_capture_start = start
         # lead-in, window and vote lag: votes cast inside the window are about profiled steps
-        self.busy_until = start + 1 + self.cfg.window_steps + self.cfg.vote_lag
+        self.window_until = start + self.cfg.window_steps
+        self.busy_until = self.window_until + 1 + self.cfg.vote_lag
         if trigger != "baseline":
             self.detector.reset()
         return Decision(start, trigger)

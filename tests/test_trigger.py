@@ -69,3 +69,19 @@ def test_profiled_fraction_cap() -> None:
     spike = np.array([1, 0, 0])
     taken = sum(1 for step in range(200) if t.decide(step, spike))
     assert 0 < taken and t.profiled_steps <= 0.1 * 200 + 3
+
+
+def test_scheduled_capture_right_after_the_baseline_is_not_held_back_by_the_vote_lag() -> None:
+    """--capture-at-steps 20 after the baseline window (lead-in 12, steps 13-15): the vote lag only
+    keeps the detectors from acting on votes about profiled steps; a scheduled capture waits for the
+    window alone. (vote_lag 4 once swallowed this capture in the forked-workers test.)"""
+    cfg = Config(warmup_steps=10, capture_at_steps=(20,), vote_lag=4)
+    trig = Trigger(cfg)
+    started = [(d.start_step + 1, d.trigger) for step in range(40)
+               if (d := trig.decide(step, None)) is not None]
+    assert started == [(13, "baseline"), (20, "manual")]
+    # a vote arriving during the lag after a window is still ignored
+    trig = Trigger(Config(warmup_steps=10, vote_lag=4))
+    assert trig.decide(11, None) is not None          # baseline lead-in at 12, window 13-15
+    spike = np.array([1, 0, 0], dtype=np.int64)
+    assert trig.decide(17, spike) is None             # votes cast in the window are due until step 20
