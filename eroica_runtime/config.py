@@ -32,7 +32,7 @@ class Config:
     cooldown_steps: int = 30
     max_captures: int = 8
     max_profiled_fraction: float = 0.2
-    vote_lag: int = 4               # boundaries a vote has to complete (MPICH moves it one stage per MPI call)
+    vote_lag: int = 3               # boundaries a vote has to complete (MPICH moves it one stage per MPI call)
     deadline_s: float = 20.0
     topology: str = ""
     hang_timeout_s: float = 0.0

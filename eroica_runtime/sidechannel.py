@@ -98,7 +98,7 @@ class SideChannel:
         collective on only inside MPI calls, one stage per call at most, and the training's own
         collectives (gloo, NCCL) never enter MPI: a vote touched only when it is due would still be
         at its first stage then, and completing it would wait for the slowest rank's boundary (a
-        2-3 ms barrier per step, measured). Touched at every boundary, it is done by the time it is due.
+        2-3 ms barrier per step, measured). Touched at every boundary, it is (nearly) done when due.
         """
         for vote in self._votes:
             if not vote[3]:
