@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
@@ -128,13 +129,18 @@ def _pmi_fds(env: dict[str, str]) -> tuple[int, ...]:
     return tuple(fds)
 
 
-def _set_pdeathsig() -> None:
-    """Child dies with its wrapper, so a killed wrapper never leaves an orphaned rank behind."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
+    """A preexec_fn: the child gets ``sig`` when its parent dies, so nothing is left orphaned
+    (a training rank when its wrapper is killed; mpiexec, with SIGTERM so it stops its ranks,
+    when eroica-run is)."""
+
+    def preexec() -> None:
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+        except Exception:
+            pass
+
+    return preexec
 
 
 _KINETO_NOISE = (b"USDT:", b"STAGE:")
@@ -207,7 +213,7 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
     started = time.time()
     try:
         child = subprocess.Popen(command, env=env_out, stdout=pipes[1], stderr=pipes[2],
-                                 preexec_fn=_set_pdeathsig, pass_fds=_pmi_fds(base))
+                                 preexec_fn=die_with_parent(), pass_fds=_pmi_fds(base))
     except OSError as exc:
         _write_status(attempt_dir, ident, pid=None, exitcode=127, signame=None, started=started,
                       message=f"cannot start {command[0]!r}: {exc}")

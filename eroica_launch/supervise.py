@@ -6,6 +6,7 @@ Exit codes and the failure summary follow torchrun: the first rank that failed i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from eroica_launch.plan import Plan
-from eroica_launch.rank import SPEC_VAR, run_rank
+from eroica_launch.rank import SPEC_VAR, die_with_parent, run_rank
 
 PREFIX = "eroica-run"
 _ALWAYS_FORWARDED = ("SIGUSR1", "SIGUSR2")
@@ -79,7 +80,7 @@ def _run_launcher(plan: Plan, env: dict[str, str], attempt_dir: Path, teardown: 
     try:
         # own session (so a terminal's Ctrl-C reaches us, not mpiexec, and we stop it cleanly), but
         # tied to our life: if eroica-run is killed outright, mpiexec gets SIGTERM and takes the ranks
-        proc = subprocess.Popen(plan.argv, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(plan.argv, env=env, start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM))
     except OSError as exc:
         log(f"error: cannot start {plan.argv[0]!r}: {exc}")
         return 127
@@ -126,15 +127,6 @@ def _run_launcher(plan: Plan, env: dict[str, str], attempt_dir: Path, teardown: 
             signal.signal(sig, handler)
 
 
-def _die_with_parent() -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
 def _any_failed(attempt_dir: Path) -> bool:
     """Cheap poll: has any rank of this attempt recorded a non-zero end?"""
     try:
@@ -160,14 +152,14 @@ def read_failures(attempt_dir: Path, *, pending: bool = False) -> list[dict[str,
     status was stopped by the teardown: its error is the teardown's doing, not a failure of its own.
     """
     out = []
-    for rank_dir in sorted(p for p in attempt_dir.glob("*") if p.is_dir()):
+    for rank_dir in sorted(p for p in attempt_dir.glob("*") if p.is_dir() and p.name.isdigit()):
         status, error = rank_dir / "status.json", rank_dir / "error.json"
         try:
             doc = json.loads(status.read_text())
         except FileNotFoundError:
             if not pending or not error.exists():
                 continue
-            doc = {"rank": int(rank_dir.name) if rank_dir.name.isdigit() else rank_dir.name,
+            doc = {"rank": int(rank_dir.name),
                    "exitcode": 1, "error_file": str(error), "ended": None, "host": None, "pid": None,
                    "local_rank": None}
         except (OSError, ValueError):
@@ -175,7 +167,7 @@ def read_failures(attempt_dir: Path, *, pending: bool = False) -> list[dict[str,
         if doc.get("exitcode") != 0:
             doc["traceback"] = _traceback(doc)
             out.append(doc)
-    out.sort(key=lambda d: (_failed_at(d), str(d.get("rank", 0)).zfill(12)))
+    out.sort(key=lambda d: (_failed_at(d), d.get("rank", 0)))
     return out
 
 
@@ -186,14 +178,11 @@ def _failed_at(status: dict[str, Any]) -> float:
     can blame a victim. The file's own timestamp has whole seconds only (torchrun's format), and a
     victim usually fails within the same second, so the file's mtime decides.
     """
-    path = status.get("error_file")
-    ended = float(status.get("ended") or 0) or float("inf")
-    if path:
-        try:
-            return min(os.stat(path).st_mtime, ended)
-        except OSError:
-            pass
-    return ended if ended != float("inf") else 0.0
+    times = [float(status["ended"])] if status.get("ended") else []
+    if status.get("error_file"):
+        with contextlib.suppress(OSError):
+            times.append(os.stat(status["error_file"]).st_mtime)
+    return min(times, default=0.0)
 
 
 def _traceback(status: dict[str, Any]) -> str:

@@ -11,6 +11,7 @@ import queue
 import statistics
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -84,12 +85,9 @@ class Analyst:
         f = doc.get("finding")
         if not f:
             return
-        finding = engine.Finding(
-            category="hang", rank=f.get("rank"), host=f.get("host"), function=f.get("function"),
-            phase="hang", impact_ms_per_step=float((f.get("evidence") or {}).get("stalled_s") or 0) * 1e3,
-            what_if_step_ms=None, victims=tuple(f.get("victims") or ()), evidence=f.get("evidence") or {},
-            action=f.get("action") or "", title=f"hang: rank {f.get('rank')} at {f.get('function')}",
-            captures=(step,))
+        finding = replace(engine.Finding.from_json(f), category="hang", phase="hang", what_if_step_ms=None,
+                          impact_ms_per_step=float((f.get("evidence") or {}).get("stalled_s") or 0) * 1e3,
+                          title=f"hang: rank {f.get('rank')} at {f.get('function')}", captures=(step,))
         diagnosis = engine.Diagnosis(step=step, trigger="hang", world_size=self.world_size,
                                      ranks_analysed=self.world_size - len(doc.get("missing") or []),
                                      findings=(finding,), missing=tuple(doc.get("missing") or ()))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -41,6 +42,16 @@ def _poll(test: Callable[[], bool], deadline: float) -> bool:
         time.sleep(pause)
         pause = min(pause * 2, 0.005)
     return True
+
+
+@dataclass(slots=True)
+class Vote:
+    """One Iallreduce in flight (its buffers must live until it completes)."""
+
+    req: object
+    send: np.ndarray
+    recv: np.ndarray
+    done: bool = False
 
 
 class SideChannel:
@@ -88,10 +99,10 @@ class SideChannel:
         self.node_ranks = [int(r) for r in members]
         self.leader_world_rank = self.node_ranks[0]
         self._pending: list = []
-        self._votes: list[list] = []   # [request, send, recv, done] of votes in flight, oldest first
+        self._votes: list[Vote] = []   # in flight, oldest first
 
     # ---- nonblocking vote -------------------------------------------------------------------------
-    def post_vote(self, values: np.ndarray) -> list:
+    def post_vote(self, values: np.ndarray) -> Vote:
         """Start an Iallreduce(MAX) of a small int64 array; complete it later with wait_vote().
 
         Posting also advances every vote still in flight by one Test each. MPICH moves a nonblocking
@@ -101,24 +112,23 @@ class SideChannel:
         2-3 ms barrier per step, measured). Touched at every boundary, it is (nearly) done when due.
         """
         for vote in self._votes:
-            if not vote[3]:
-                vote[3] = vote[0].Test()
+            if not vote.done:
+                vote.done = vote.req.Test()  # type: ignore[attr-defined]
         send = np.ascontiguousarray(values, dtype=np.int64)
         recv = np.zeros_like(send)
-        req = self.world.Iallreduce(send, recv, op=self.MPI.MAX)
-        vote = [req, send, recv, False]
+        vote = Vote(self.world.Iallreduce(send, recv, op=self.MPI.MAX), send, recv)
         self._votes.append(vote)
         return vote
 
-    def wait_vote(self, handle: list, deadline_s: float) -> np.ndarray:
-        req, _send, recv, done = handle
-        if not done and not _poll(req.Test, time.monotonic() + deadline_s):  # type: ignore[attr-defined]
+    def wait_vote(self, vote: Vote, deadline_s: float) -> np.ndarray:
+        if not vote.done and not _poll(vote.req.Test, time.monotonic() + deadline_s):  # type: ignore[attr-defined]
             raise DeadlineMissed("vote (Iallreduce)")
-        self._votes = [v for v in self._votes if v is not handle]
-        return recv
+        self._votes.remove(vote)
+        return vote.recv
 
-    def barrier(self, deadline_s: float, what: str = "barrier") -> None:
-        req = self.world.Ibarrier()
+    def barrier(self, deadline_s: float, what: str = "barrier", comm: object = None) -> None:
+        """Ibarrier on ``comm`` (the world by default), completed within ``deadline_s`` seconds."""
+        req = (self.world if comm is None else comm).Ibarrier()  # type: ignore[attr-defined]
         if not _poll(req.Test, time.monotonic() + deadline_s):
             self._pending.append((req, None, None))
             raise DeadlineMissed(what)
@@ -219,10 +229,7 @@ class SideChannel:
                 for _ in range(count):
                     # start every exchange together: otherwise a slow host makes its neighbours late
                     # for their next exchange, and the lateness travels round the ring
-                    req = comm.Ibarrier()  # type: ignore[attr-defined]
-                    if not _poll(req.Test, deadline):
-                        self._pending.append((req, None, None))
-                        raise DeadlineMissed("link probe (barrier)")
+                    self.barrier(deadline - time.monotonic(), "link probe (barrier)", comm)
                     times.append(self._shift(comm, buf, (me + shift) % n, (me - shift) % n, deadline))
                 best = sorted(times)[len(times) // 2]
                 sink.append(best * 1e6 if size == small else size * 8 / best / 1e9)
@@ -255,7 +262,7 @@ class SideChannel:
     def drain(self, timeout_s: float = 2.0) -> None:
         """Complete or cancel pending requests before MPI finalizes (Open MPI segfaults otherwise)."""
         deadline = time.monotonic() + timeout_s
-        self._pending += [(v[0], v[1], v[2]) for v in self._votes if not v[3]]
+        self._pending += [(v.req, v.send, v.recv) for v in self._votes if not v.done]
         self._votes.clear()
         for req, *_ in self._pending:
             try:
