@@ -36,7 +36,7 @@ def test_slowdown_fires_exactly_one_synchronized_capture(tmp_path) -> None:
     assert list(triggers.values()).count("baseline") == 1, triggers
     assert len(voted) == 1, triggers
     start = voted[0]
-    assert 40 <= start <= 52, triggers  # detection (3 slow steps) + vote lag (4) + lead-in, with slack
+    assert 40 <= start <= 52, triggers  # detection (3 slow steps) + vote lag (3) + lead-in, with slack
     meta, sums, errors = caps[start]
     assert not errors and meta["missing"] == []
     assert sorted(s["rank"] for s in sums) == [0, 1, 2, 3]
