@@ -1,0 +1,28 @@
+"""Behaviour summaries: one rank's profiled window boiled down to a small msgpack document.
+
+One job per module: ``schema`` (the format, validation, encoding of summaries and capture files),
+``events`` (reading and classifying profiler events), ``intervals`` (interval arithmetic) and
+``build`` (events -> summary). Everything callers use is re-exported here.
+"""
+
+from eroica_runtime.summary.build import MAX_FUNCTIONS, NAME_LIMIT, OTHER, SIZE_BUDGET, build
+from eroica_runtime.summary.schema import (
+    CAPTURE_SCHEMA,
+    FUNCTION_PHASES,
+    KINDS,
+    MAX_SUMMARY_BYTES,
+    OWN_WORK_PHASES,
+    PHASES,
+    SCHEMA,
+    SummaryError,
+    decode,
+    decode_capture,
+    encode,
+    encode_capture,
+    own_work_ms,
+    validate,
+)
+
+__all__ = ["CAPTURE_SCHEMA", "FUNCTION_PHASES", "KINDS", "MAX_FUNCTIONS", "MAX_SUMMARY_BYTES", "NAME_LIMIT",
+           "OTHER", "OWN_WORK_PHASES", "PHASES", "SCHEMA", "SIZE_BUDGET", "SummaryError", "build", "decode",
+           "decode_capture", "encode", "encode_capture", "own_work_ms", "validate"]

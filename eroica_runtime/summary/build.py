@@ -1,0 +1,407 @@
+"""The summary builder: one rank's profiled window (torch.profiler events) -> one summary dict."""
+
+from __future__ import annotations
+
+import bisect
+import time
+from typing import Any
+
+import msgpack
+
+from eroica_runtime.summary.events import STEP_PREFIX, SYNC_NAMES, Ev, classify, normalize
+from eroica_runtime.summary.intervals import intersect as _intersect
+from eroica_runtime.summary.intervals import length as _length
+from eroica_runtime.summary.intervals import subtract as _subtract
+from eroica_runtime.summary.intervals import union as _union
+from eroica_runtime.summary.schema import FUNCTION_PHASES, PHASES, SCHEMA, validate
+
+MAX_FUNCTIONS = 64
+SIZE_BUDGET = 16 * 1024
+NAME_LIMIT = 96
+OTHER = "<other>"
+
+# ---------------------------------------------------------------------------------------------
+# Builder: torch.profiler events -> one summary dict.
+#
+# Why a timeline and not the op tree: on CPU with gloo DDP (and for a plain ``dist.all_reduce``)
+# the main thread's wait for a collective is *not* inside any profiled op. ``Work.wait`` and
+# DDP's ``Reducer::finalize_backward`` run unrecorded; only the launch (``c10d::allreduce_``,
+# well under a millisecond) is on the main thread, while ``gloo:all_reduce`` records the whole
+# life of the collective (enqueue -> completion) on a gloo worker thread. So the builder lays
+# out the main thread's step time as a timeline: op self time goes to the op's phase, and time
+# with no op running is split into "waiting for a collective" (a collective was in flight) and
+# host_gap (nothing was). The same rule covers NCCL on a GPU: the host blocks in a
+# synchronize call (or in no op at all) while an NCCL kernel runs.
+
+
+def _nest(thread_events: list[Ev]) -> list[tuple[float, float, Ev]]:
+    """Self-time segments of one thread's (properly nested) events; also sets phase and self_ms.
+
+    A child inherits its parent's phase unless it carries a marker of its own (a collective
+    launched from a backward hook is comm, an op under the optimizer annotation is optimizer).
+    """
+    segments: list[tuple[float, float, Ev]] = []
+    stack: list[list[Any]] = []  # [end, cursor, event]
+
+    def pop() -> None:
+        end, cursor, ev = stack.pop()
+        if end > cursor:
+            segments.append((cursor, end, ev))
+        if stack:
+            stack[-1][1] = max(stack[-1][1], end)
+
+    for ev in sorted(thread_events, key=lambda e: (e.start, -e.end)):
+        while stack and stack[-1][0] <= ev.start:
+            pop()
+        end = ev.end
+        if stack:
+            parent = stack[-1]
+            if ev.start > parent[1]:
+                segments.append((parent[1], ev.start, parent[2]))
+            parent[1] = ev.start
+            end = min(end, parent[0])  # clamp a child that outlives its parent (async records)
+            ev.phase = ev.marker or parent[2].phase
+            ev.parent = parent[2]
+            parent[2].nchild += 1
+        else:
+            ev.phase = ev.marker
+        stack.append([end, ev.start, ev])
+    while stack:
+        pop()
+    for ev in thread_events:
+        ev.self_ms = 0.0
+    for s, e, ev in segments:
+        ev.self_ms += e - s
+    return segments
+
+
+def _quantile(sorted_vals: list[float], q: float) -> float:
+    """Nearest-rank quantile of a sorted, non-empty list."""
+    idx = min(len(sorted_vals) - 1, max(0, int(round(q * (len(sorted_vals) - 1)))))
+    return sorted_vals[idx]
+
+
+def _num(x: float) -> float | int:
+    """Round for readability; integral values become ints (smaller in msgpack)."""
+    r = round(float(x), 4)
+    return int(r) if r == int(r) and abs(r) < 2**31 else r
+
+
+def _fn_stats(name: str, kind: str, phase: str, durs: list[float], self_total: float,
+              steps: int) -> dict[str, Any]:
+    durs = sorted(durs)
+    n = len(durs)
+    total = sum(durs)
+    mean = total / n if n else 0.0
+    var = sum((d - mean) ** 2 for d in durs) / n if n else 0.0
+    return {"name": name, "kind": kind, "phase": phase, "count": _num(n / steps),
+            "ms": _num(total / steps), "self": _num(self_total / steps), "mean": _num(mean),
+            "p50": _num(_quantile(durs, 0.5)) if n else 0, "p90": _num(_quantile(durs, 0.9)) if n else 0,
+            "p99": _num(_quantile(durs, 0.99)) if n else 0, "max": _num(durs[-1]) if n else 0,
+            "std": _num(var ** 0.5)}
+
+
+def _pick_main_thread(evs: list[Ev], step_evs: list[Ev], main_tid: int | None) -> Any:
+    """The training thread: the one holding ProfilerStep annotations, else main_tid, else the busiest."""
+    if step_evs:
+        counts: dict[Any, int] = {}
+        for ev in step_evs:
+            counts[ev.thread] = counts.get(ev.thread, 0) + 1
+        return max(counts, key=counts.__getitem__)
+    threads = {ev.thread for ev in evs if not ev.gpu}
+    if main_tid is not None and main_tid in threads:
+        return main_tid
+    busy: dict[Any, list[tuple[float, float]]] = {}
+    for ev in evs:
+        if not ev.gpu and ev.kind != "collective":
+            busy.setdefault(ev.thread, []).append((ev.start, ev.end))
+    if not busy:
+        return None
+    return max(busy, key=lambda t: _length(_union(busy[t])))
+
+
+def _pseudo_steps(main_evs: list[Ev], n_steps: int) -> list[tuple[float, float]]:
+    """Step spans without ProfilerStep annotations: cut the window at each DataLoader fetch (else
+    after each optimizer step). With more such marks than steps (a lead-in step profiled before
+    the window), the last ``n_steps`` pieces are the window; with none, the window stays whole."""
+    if not main_evs:
+        return []
+    lo = min(e.start for e in main_evs)
+    hi = max(e.end for e in main_evs)
+    fetches = sorted(e.start for e in main_evs if e.marker == "data" and e.kind == "dataloader")
+    opt_steps = sorted(e.end for e in main_evs if e.name.startswith("Optimizer.step"))
+    if len(fetches) >= n_steps:
+        cuts = fetches[1:]
+    elif len(opt_steps) >= n_steps:
+        cuts = opt_steps[:-1]
+    else:
+        cuts = []
+    edges = [lo, *(c for c in cuts if lo < c < hi), hi]
+    pieces = [(a, b) for a, b in zip(edges, edges[1:], strict=False) if b > a]
+    return pieces[-n_steps:] if len(pieces) > n_steps else pieces
+
+
+def _device_phases(gpu_evs: list[Ev], spans: list[tuple[float, float]],
+                   n_steps: int) -> dict[str, float | int] | None:
+    """Per-step view of the device timeline (an extra block, absent without device events).
+
+    On a GPU the host runs ahead and may never block where the wait happens, so the host
+    phases can miss it; on the device a victim's wait is the NCCL kernel spinning for its
+    peers (``comm_exposed``: collective time with no compute kernel running), and a culprit's
+    excess is compute kernel time. Compute per phase comes from the op that launched the kernel.
+    """
+    if not gpu_evs or not spans:
+        return None
+    comm = _intersect(_union([(e.start, e.end) for e in gpu_evs if e.kind == "collective"]), spans)
+    compute = _intersect(_union([(e.start, e.end) for e in gpu_evs if e.kind != "collective"]), spans)
+    busy = _union(comm + compute)
+    out = {"busy": _length(busy), "compute": _length(compute), "comm": _length(comm),
+           "comm_exposed": _length(_subtract(comm, compute)),
+           "idle": _length(_subtract(spans, busy))}
+    for phase in ("forward", "backward", "optimizer"):
+        ivs = [(e.start, e.end) for e in gpu_evs if e.kind != "collective" and e.phase == phase]
+        out[phase] = _length(_intersect(_union(ivs), spans))
+    return {k: _num(v / n_steps) for k, v in out.items()}
+
+
+def _trim_steps(step_evs: list[Ev], main_starts: list[float]) -> list[Ev]:
+    """Drop a stub step at either edge of the window (a ProfilerStep opened by a step() just
+    before stop(), or closed right after start()): it would drag every per-step mean down.
+
+    A stub is short *and* nearly empty (few ops compared with the other steps), so a step that is
+    merely faster than its preempted neighbours on a busy machine is kept.
+    """
+    def ops_in(ev: Ev) -> int:
+        return bisect.bisect_right(main_starts, ev.end) - bisect.bisect_left(main_starts, ev.start)
+
+    while len(step_evs) >= 2:
+        durs = sorted(e.end - e.start for e in step_evs)
+        typical = durs[len(durs) // 2]
+        counts = sorted(ops_in(e) for e in step_evs)
+        typical_ops = counts[len(counts) // 2]
+
+        def stub(ev: Ev, typical: float = typical, typical_ops: int = typical_ops) -> bool:
+            return ev.end - ev.start < 0.25 * typical and ops_in(ev) < max(3.0, 0.05 * typical_ops)
+
+        if stub(step_evs[-1]):
+            step_evs = step_evs[:-1]
+        elif stub(step_evs[0]):
+            step_evs = step_evs[1:]
+        else:
+            break
+    return step_evs
+
+
+def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], steps: list[dict[str, Any]],
+          gc: dict[str, Any], telemetry: dict[str, Any], main_tid: int | None = None,
+          max_functions: int = MAX_FUNCTIONS, size_budget: int = SIZE_BUDGET) -> dict[str, Any]:
+    """Boil one rank's profiled window down to an ``eroica.summary/1`` dict.
+
+    ``events`` is either ``prof.events()`` (FunctionEvents) or, much cheaper, the raw
+    ``prof.profiler.kineto_results.events()`` (recognised by their ``start_ns()`` method).
+
+    Reads only the events it is given (never calls the profiler). Steps are the
+    ``ProfilerStep#N`` annotations when present (a profiler schedule makes them), else the
+    window cut into ``len(steps)`` pseudo-steps. ``main_tid`` is only a hint for that case and
+    is the profiler's thread id (``FunctionEvent.thread``), not the OS thread id. The result is
+    shrunk (fewer top functions) until its encoding fits ``size_budget`` bytes, so the summary
+    stays small whatever the model.
+    """
+    t0 = time.perf_counter()
+    evs = normalize(events)
+    for ev in evs:
+        classify(ev)
+    step_evs = [ev for ev in evs if not ev.gpu and ev.name.startswith(STEP_PREFIX)]
+    main = _pick_main_thread(evs, step_evs, main_tid)
+    main_starts = sorted(ev.start for ev in evs if ev.thread == main and not ev.gpu
+                         and not ev.name.startswith(STEP_PREFIX))
+    step_evs = _trim_steps(sorted((ev for ev in step_evs if ev.thread == main), key=lambda e: e.start),
+                           main_starts)
+    k_expected = int(capture.get("k", 0) or 0)
+    if 0 < k_expected < len(step_evs):  # a lead-in step the capture did not drop: the window is the last k
+        step_evs = step_evs[-k_expected:]
+    evs = [ev for ev in evs if not (not ev.gpu and ev.name.startswith(STEP_PREFIX))]
+
+    by_thread: dict[Any, list[Ev]] = {}
+    for ev in evs:
+        if not ev.gpu:
+            by_thread.setdefault(ev.thread, []).append(ev)
+    segments_by_thread = {t: _nest(tevs) for t, tevs in by_thread.items()}
+    main_evs = by_thread.get(main, [])
+
+    # Step spans.
+    if step_evs:
+        spans = _union([(ev.start, ev.end) for ev in step_evs])
+        n_steps = len(step_evs)
+        step_source = "profiler"
+    else:
+        n_steps = max(1, len(steps) or int(capture.get("k", 1) or 1))
+        spans = _pseudo_steps(main_evs, n_steps)
+        step_source = "window"
+
+    # Collectives in flight: gloo/nccl records on any thread, NCCL kernels on the device.
+    inflight = _union([(ev.start, ev.end) for ev in evs if ev.kind == "collective"])
+    inflight_in = _intersect(inflight, spans)
+    # Backward running on a thread other than main (the autograd engine's device threads).
+    side_bwd = _union([(ev.start, ev.end) for t, tevs in by_thread.items() if t != main
+                       for ev in tevs if ev.marker == "backward"])
+    gpu_compute = _union([(ev.start, ev.end) for ev in evs if ev.gpu and ev.kind == "kernel"])
+
+    # Positional phases for main-thread work outside any marker: before the step's first
+    # backward op -> forward, after its last -> optimizer (loss, grad clipping, user code).
+    bwd_marks = _union([(ev.start, ev.end) for ev in main_evs if ev.marker == "backward"] + side_bwd)
+
+    span_starts = [s for s, _ in spans]
+    span_bwd: list[tuple[float, float] | None] = []
+    for s, e in spans:
+        lo = max(0, bisect.bisect_left(bwd_marks, (s, s)) - 1)
+        hi = bisect.bisect_right(bwd_marks, (e, float("inf")))
+        inside = [iv for iv in bwd_marks[lo:hi] if iv[1] >= s and iv[0] <= e]
+        span_bwd.append((inside[0][0], inside[-1][1]) if inside else None)
+
+    def positional(t: float) -> str:
+        i = bisect.bisect_right(span_starts, t) - 1
+        if i < 0 or t > spans[i][1]:
+            return "other"
+        bwd = span_bwd[i]
+        if bwd is None or t < bwd[0]:
+            return "forward"
+        return "optimizer" if t > bwd[1] else "backward"
+
+    busy_by_phase: dict[str, list[tuple[float, float]]] = {}
+    blocking: dict[str, list[tuple[float, float]]] = {}  # phase-owned blocking (sync calls)
+    gap_like: list[tuple[float, float]] = []
+    for s, e, ev in segments_by_thread.get(main, []):
+        if ev.phase is None:
+            ev.phase = positional(ev.start)
+        if ev.kind == "annotation" and ev.marker is None:
+            # self time of a record_function region (DDP.forward, a user's "train_step"
+            # wrapper) is Python or an unrecorded wait, never an op: treat it like a gap
+            gap_like.append((s, e))
+        elif ev.name in SYNC_NAMES or ev.name.startswith(("cudaStreamSynchronize", "cudaDeviceSynchronize")):
+            blocking.setdefault(ev.phase, []).append((s, e))
+        else:
+            busy_by_phase.setdefault(ev.phase, []).append((s, e))
+    for ev in main_evs:
+        if ev.phase is None:
+            ev.phase = positional(ev.start)
+    main_union = _union([(ev.start, ev.end) for ev in main_evs])
+    gaps = _union(_subtract(spans, main_union) + gap_like)
+
+    phases = dict.fromkeys(PHASES, 0.0)
+    for ph, ivs in busy_by_phase.items():
+        key = ph if ph in ("data", "forward", "backward", "optimizer", "comm") else "host_gap"
+        phases[key] += _length(_intersect(_union(ivs), spans))
+    for ph, ivs in blocking.items():
+        ivs = _intersect(_union(ivs), spans)
+        waiting = _intersect(ivs, inflight)
+        phases["comm"] += _length(waiting)
+        key = ph if ph in ("data", "forward", "backward", "optimizer", "comm") else "host_gap"
+        phases[key] += _length(ivs) - _length(waiting)
+    gaps = _intersect(gaps, spans)
+    in_bwd = _intersect(gaps, side_bwd)
+    phases["backward"] += _length(in_bwd)
+    rest = _subtract(gaps, in_bwd)
+    waiting = _intersect(rest, inflight)
+    phases["comm"] += _length(waiting)
+    gap_ms = _length(rest) - _length(waiting)
+    gc_ms = float(gc.get("ms", 0.0) or 0.0)
+    gc_count = float(gc.get("count", 0.0) or 0.0)
+    phases["host_gap"] += max(0.0, gap_ms - gc_ms * n_steps)
+    compute = _union([iv for ph in ("forward", "backward", "optimizer") for iv in busy_by_phase.get(ph, [])]
+                     + side_bwd + gpu_compute)
+    phases["comm_total"] = _length(inflight_in)
+    phases["overlap"] = _length(_intersect(inflight_in, compute))
+    for key in phases:
+        phases[key] /= n_steps
+    phases["gc"] = gc_ms
+    phases["io"] = 0.0
+    if step_evs:
+        phases["step"] = sum(ev.end - ev.start for ev in step_evs) / n_steps
+    elif steps:
+        phases["step"] = sum(float(s.get("ms", 0.0)) for s in steps) / len(steps)
+    else:
+        phases["step"] = _length(spans) / n_steps
+
+    # Phases of non-main CPU threads and of device work (through the launching op).
+    # A kernel's linked_correlation_id is the id of the op that launched it; runtime calls
+    # (cudaLaunchKernel) carry CUPTI ids from another number space and a non-zero link, so only
+    # frontend events (link 0) are indexed.
+    by_corr = {ev.corr: ev for ev in main_evs if ev.corr and not ev.linked}
+    for tevs in (v for t, v in by_thread.items() if t != main):
+        for ev in tevs:
+            if ev.phase is None:
+                ev.phase = "other"
+            if ev.corr and not ev.linked:
+                by_corr.setdefault(ev.corr, ev)
+    for ev in evs:
+        if ev.gpu:
+            ev.self_ms = ev.end - ev.start
+            if ev.marker == "comm":
+                ev.phase = "comm"
+            else:
+                launcher = by_corr.get(ev.linked)
+                ev.phase = launcher.phase if launcher is not None else "other"
+        if ev.phase not in FUNCTION_PHASES:
+            ev.phase = "other"
+
+    device = _device_phases([ev for ev in evs if ev.gpu], spans, n_steps)
+
+    # the function table covers the window only (not a lead-in step before it); device work
+    # launched inside the window may finish after it
+    lo_w = spans[0][0] if spans else float("-inf")
+    hi_w = spans[-1][1] if spans else float("inf")
+    groups: dict[tuple[str, str, str], tuple[list[float], list[float]]] = {}
+    for ev in evs:
+        if ev.start < lo_w or (ev.start > hi_w and not ev.gpu):
+            continue
+        par = ev.parent
+        if par is not None and par.name == ev.name and par.nchild == 1:
+            # an op re-dispatching to itself (aten::sum -> aten::sum): one call, as prof.events() has it
+            while par.parent is not None and par.parent.name == par.name and par.parent.nchild == 1:
+                par = par.parent
+            par.self_ms += ev.self_ms
+            continue
+        key = (ev.name[:NAME_LIMIT], ev.kind, ev.phase or "other")
+        durs, selfs = groups.setdefault(key, ([], []))
+        durs.append(ev.end - ev.start)
+        selfs.append(ev.self_ms)
+    ranked = sorted(groups.items(), key=lambda kv: (-round(sum(kv[1][0]), 6), kv[0]))
+
+    host = str(identity.get("host", ""))
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "rank": int(identity.get("rank", 0)), "local_rank": int(identity.get("local_rank", 0)),
+        "world_size": int(identity.get("world_size", 1)), "pid": int(identity.get("pid", 0)),
+        "host": host,
+        "device": dict(identity.get("device") or {"index": None, "uuid": None, "name": None}),
+        "groups": list(identity.get("groups") or []),
+        "versions": dict(identity.get("versions") or {}),
+        "capture": {"step": int(capture.get("step", 0)), "trigger": str(capture.get("trigger", "")),
+                    "k": int(capture.get("k", n_steps))},
+        "steps": [{"step": int(s.get("step", 0)), "ms": _num(s.get("ms", 0.0))} for s in steps],
+        "functions": [],
+        "phases": {k: _num(v) for k, v in phases.items()},
+        "gc": {"count": _num(gc_count), "ms": _num(gc_ms)},
+        "telemetry": dict(telemetry),
+        "profile": {"events": len(evs), "steps": n_steps, "step_source": step_source,
+                    "threads": len(by_thread), "build_ms": 0.0},
+    }
+    if device is not None:
+        doc["device_phases"] = device
+    limit = max(0, int(max_functions))
+    while True:
+        top, rest_items = ranked[:limit], ranked[limit:]
+        fns = [_fn_stats(n, k, p, d, sum(sf), n_steps) for (n, k, p), (d, sf) in top]
+        if rest_items:
+            durs = [x for _, (d, _) in rest_items for x in d]
+            selfs = sum(x for _, (_, sf) in rest_items for x in sf)
+            fns.append(_fn_stats(OTHER, "other", "other", durs, selfs, n_steps))
+        doc["functions"] = fns
+        doc["profile"]["build_ms"] = _num((time.perf_counter() - t0) * 1000.0)
+        if limit == 0 or len(msgpack.packb(doc, use_bin_type=True)) <= size_budget:
+            break
+        limit = limit * 3 // 4
+    validate(doc, origin=f"rank {doc['rank']}")
+    return doc
+
