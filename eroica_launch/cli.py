@@ -12,7 +12,9 @@ import os
 import sys
 from argparse import REMAINDER, Action, ArgumentParser
 
-from eroica_runtime.config import Config, ConfigError, env_name
+from eroica_runtime.config import Config, ConfigError, env_name, flag_fields, parse
+
+_FIELD_HELP = {f.name: f.metadata["help"] for f in flag_fields()}
 
 EROICA_PREFIX = "eroica-run"
 
@@ -153,8 +155,7 @@ def get_parser() -> ArgumentParser:
                    type=str, default="", help="Accepted for parity; ignored with a note when set.")
 
     e = p.add_argument_group("eroica flags")
-    _eroica(e, "report_dir", "Where diagnoses and reports go (default ./eroica-report/<job id>).",
-            metavar="DIR")
+    _eroica(e, "report_dir", _FIELD_HELP["report_dir"], metavar="DIR")
     e.add_argument("--launcher", action=_Env, env_var="EROICA_LAUNCHER", default="auto",
                    choices=["auto", "mpiexec", "srun", "inplace"],
                    help="How ranks are started: auto = in place when already an MPI/Slurm task, srun "
@@ -167,24 +168,9 @@ def get_parser() -> ArgumentParser:
                    help="Launch without the runtime (plain torchrun behaviour over MPI) (env EROICA_DISABLE).")
     e.add_argument("--no-prefix", action=_EnvFlag, dest="no_prefix", env_var="EROICA_NO_PREFIX",
                    help="Do not prefix rank output with [rankN]: (env EROICA_NO_PREFIX).")
-    _eroica(e, "warmup_steps", "Steps ignored by the detectors at the start.", metavar="N")
-    _eroica(e, "window_steps", "Steps profiled per capture.", metavar="K")
-    _eroica(e, "spike_ratio", "Spike rule: all but one of the last --spike-steps steps above this x the "
-                              "rolling median (and its p90) fires.", metavar="X")
-    _eroica(e, "spike_steps", "Spike rule: how many recent steps must be slow.", metavar="N")
-    _eroica(e, "drift_pct", "Drift rule: mean of the last --drift-window steps this % above the best "
-                            "recent window fires; 0 disables.", metavar="PCT")
-    _eroica(e, "drift_window", "Drift rule window (steps).", metavar="N")
-    _eroica(e, "capture_at_steps", "Also capture at these steps, e.g. 100,500.", metavar="S,S")
-    _eroica(e, "cooldown_steps", "Minimum steps between two captures.", metavar="N")
-    _eroica(e, "max_captures", "Capture budget per job (baseline included).", metavar="N")
-    _eroica(e, "max_profiled_fraction", "Cap on the fraction of steps spent profiling.", metavar="F")
-    _eroica(e, "deadline_s", "Deadline in seconds for every wait on the side channel.", metavar="S")
-    _eroica(e, "topology", "Parallel layout for peer grouping, e.g. pp=4,tp=8,dp=* (last dim fastest).",
-            metavar="SPEC")
-    _eroica(e, "hang_timeout_s", "Hang watchdog floor in seconds; 0 = automatic.", metavar="S")
-    _eroica(e, "hang_action", "On a diagnosed hang: report (keep waiting) or abort the job.",
-            metavar="report|abort")
+    for f in flag_fields():
+        if f.name != "report_dir":
+            _eroica(e, f.name, f.metadata["help"], metavar=f.metadata["metavar"])
     e.add_argument("--no-baseline", action=_EnvFlag, dest="no_baseline", env_var="EROICA_NO_BASELINE",
                    help="Skip the automatic healthy-reference capture after warm-up (env EROICA_NO_BASELINE).")
 
@@ -209,24 +195,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    """eroica's Config from the parsed flags (which already folded in EROICA_* defaults)."""
-    base = Config()
+    """eroica's Config from the parsed flags (which already folded in EROICA_* defaults).
+
+    Values go through the same parser and checks as the EROICA_* variables, so a bad flag gets one
+    line naming it (``--deadline (EROICA_DEADLINE_S)='abc': expected a number``).
+    """
     values: dict[str, object] = {}
-    for name in ("report_dir", "warmup_steps", "window_steps", "spike_ratio", "spike_steps", "drift_pct",
-                 "drift_window", "capture_at_steps", "cooldown_steps", "max_captures",
-                 "max_profiled_fraction", "deadline_s", "topology", "hang_timeout_s", "hang_action"):
-        raw = getattr(args, name)
-        default = getattr(base, name)
+    for f in flag_fields():
+        raw = getattr(args, f.name)
         if raw is None:
             continue
-        if isinstance(default, tuple):
-            values[name] = tuple(int(x) for x in str(raw).replace(" ", "").split(",") if x)
-        elif isinstance(default, float):
-            values[name] = float(raw)
-        elif isinstance(default, int):
-            values[name] = int(raw)
-        else:
-            values[name] = str(raw)
+        values[f.name] = raw if not isinstance(raw, str) else parse(f.name, raw)
     values["enabled"] = not args.no_eroica
     values["baseline"] = not args.no_baseline
     cfg = Config(**values)  # type: ignore[arg-type]
@@ -238,6 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of ``eroica-run``: parse, plan, launch, supervise, exit like torchrun."""
     from eroica_launch.plan import LaunchError, plan_launch
     from eroica_launch.supervise import run_plan
+    from eroica_runtime.reportdir import ensure_directory
 
     args = parse_args(argv)
     try:
@@ -246,6 +226,15 @@ def main(argv: list[str] | None = None) -> None:
     except (LaunchError, ConfigError, ValueError) as exc:
         print(f"{EROICA_PREFIX}: error: {exc}", file=sys.stderr)
         sys.exit(2)
+    if not (args.module or args.no_python) and not os.path.isfile(args.training_script):
+        print(f"{EROICA_PREFIX}: error: {args.training_script}: no such training script", file=sys.stderr)
+        sys.exit(2)
+    if cfg.enabled or plan.mode != "inplace":
+        try:   # every rank's status (and rank 0's reports) go here: fail now, in one line, not per rank
+            ensure_directory(plan.report_dir)
+        except OSError as exc:
+            print(f"{EROICA_PREFIX}: error: --report-dir {plan.report_dir}: {exc.strerror or exc}", file=sys.stderr)
+            sys.exit(2)
     sys.exit(run_plan(plan))
 
 

@@ -12,6 +12,7 @@ import argparse
 import functools
 import os
 import random
+import re
 import shlex
 import shutil
 import socket
@@ -202,6 +203,11 @@ def plan_launch(args: argparse.Namespace, cfg: Config, env: dict[str, str] | Non
     if args.event_log_handler not in ("null", None):
         notes.append("--event-log-handler: eroica records events in its report directory instead")
 
+    for flag, value in (("--redirects", args.redirects), ("--tee", args.tee)):
+        if not _STD_SPEC.fullmatch(str(value or "0").strip()):
+            raise LaunchError(f"{flag} {value!r}: use 0-3 (1 stdout, 2 stderr, 3 both) or per local rank, "
+                              "e.g. 0:1,1:2")
+
     launcher = args.launcher
     in_task = is_launched_task(env)
     in_alloc = bool(env.get("SLURM_JOB_ID")) and not in_task
@@ -295,6 +301,9 @@ def plan_launch(args: argparse.Namespace, cfg: Config, env: dict[str, str] | Non
                 script=os.path.basename(args.training_script), max_restarts=args.max_restarts,
                 monitor_interval=args.monitor_interval,
                 shutdown_timeout=float(args.shutdown_timeout or 30), notes=notes)
+
+
+_STD_SPEC = re.compile(r"[0-3]|\d+:[0-3](,\d+:[0-3])*")
 
 
 def _given(args: argparse.Namespace) -> set[str]:

@@ -1,44 +1,72 @@
 """eroica's settings: one frozen dataclass, read from ``EROICA_*`` variables.
 
 The launcher turns its command-line flags into these variables; every rank reads them back with
-:func:`Config.from_env`. One table (``FIELDS``) drives both directions and the help text, so a flag,
-its variable and its default can never drift apart.
+:func:`Config.from_env`. The dataclass is the one table: each field carries its help text, metavar and
+valid range (``setting()``), and eroica-run builds its flags from it (``flag_fields()``), so a flag,
+its variable, its default, its check and its help can never drift apart. Every value is checked
+(numbers finite and in range) and a bad one is reported in one line naming the flag and the variable.
 """
 
 from __future__ import annotations
 
+import math
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
 class ConfigError(ValueError):
-    """A bad EROICA_* value; the message names the variable."""
+    """A bad EROICA_* value or eroica flag; the message names it."""
+
+
+def setting(default: Any, help: str = "", *, metavar: str | None = None, lo: float | None = None,
+            hi: float | None = None, lo_open: bool = False, choices: tuple[str, ...] = ()) -> Any:
+    """A Config field with its help text (fields with help become eroica-run flags) and valid range."""
+    meta = {"help": help, "metavar": metavar, "lo": lo, "hi": hi, "lo_open": lo_open, "choices": choices}
+    return field(default=default, metadata=meta)
+
+
+DAY_S = 86400.0
 
 
 @dataclass(frozen=True)
 class Config:
-    enabled: bool = True
-    report_dir: str = ""
-    warmup_steps: int = 10
-    window_steps: int = 3
-    baseline: bool = True
-    spike_ratio: float = 1.5
-    spike_steps: int = 4
-    spike_history: int = 50
-    drift_pct: float = 5.0
-    drift_window: int = 50
-    capture_at_steps: tuple[int, ...] = ()
-    cooldown_steps: int = 30
-    max_captures: int = 8
-    max_profiled_fraction: float = 0.2
-    vote_lag: int = 3               # boundaries a vote has to complete (MPICH moves it one stage per MPI call)
-    deadline_s: float = 20.0
-    topology: str = ""
-    hang_timeout_s: float = 0.0
-    hang_factor: float = 5.0
-    hang_action: str = "report"
-    log_level: str = "info"
+    enabled: bool = setting(True)
+    report_dir: str = setting("", "Where diagnoses and reports go (default ./eroica-report/<job id>).",
+                              metavar="DIR")
+    warmup_steps: int = setting(10, "Steps ignored by the detectors at the start.", metavar="N", lo=0)
+    window_steps: int = setting(3, "Steps profiled per capture.", metavar="K", lo=1, hi=1000)
+    baseline: bool = setting(True)
+    spike_ratio: float = setting(1.5, "Spike rule: all but one of the last --spike-steps steps above this x "
+                                      "the rolling median (and its p90) fires.", metavar="X",
+                                 lo=1.0, lo_open=True, hi=1000.0)
+    spike_steps: int = setting(4, "Spike rule: how many recent steps must be slow.", metavar="N", lo=1, hi=10000)
+    spike_history: int = setting(50, lo=2, hi=100000)
+    drift_pct: float = setting(5.0, "Drift rule: mean of the last --drift-window steps this % above the best "
+                                    "recent window fires; 0 disables.", metavar="PCT", lo=0.0, hi=10000.0)
+    drift_window: int = setting(50, "Drift rule window (steps).", metavar="N", lo=2, hi=100000)
+    capture_at_steps: tuple[int, ...] = setting((), "Also capture at these steps, e.g. 100,500.",
+                                                metavar="S,S", lo=0)
+    cooldown_steps: int = setting(30, "Minimum steps between two captures.", metavar="N", lo=0)
+    max_captures: int = setting(8, "Capture budget per job (baseline included).", metavar="N", lo=0, hi=100000)
+    max_profiled_fraction: float = setting(0.2, "Cap on the fraction of steps spent profiling.", metavar="F",
+                                           lo=0.0, lo_open=True, hi=1.0)
+    # boundaries a vote has to complete (MPICH moves it one stage per MPI call)
+    vote_lag: int = setting(3, lo=1, hi=64)
+    deadline_s: float = setting(20.0, "Deadline in seconds for every wait on the side channel.", metavar="S",
+                                lo=0.0, lo_open=True, hi=DAY_S)
+    topology: str = setting("", "Parallel layout for peer grouping, e.g. pp=4,tp=8,dp=* (last dim fastest).",
+                            metavar="SPEC")
+    hang_timeout_s: float = setting(0.0, "Hang watchdog floor in seconds; 0 = automatic.", metavar="S",
+                                    lo=0.0, hi=DAY_S)
+    hang_factor: float = setting(5.0, lo=1.0, lo_open=True, hi=1e6)
+    hang_action: str = setting("report", "On a diagnosed hang: report (keep waiting) or abort the job.",
+                               metavar="report|abort", choices=("report", "abort"))
+    exit_grace_s: float = setting(60.0, "Seconds a rank that finished may spend in interpreter teardown "
+                                        "before eroica-run ends it with the exit code it chose (a library "
+                                        "thread can deadlock Python's exit); 0 = wait forever.",
+                                  metavar="S", lo=0.0, hi=DAY_S)
+    log_level: str = setting("info", choices=("debug", "info", "warning", "error"))
 
     @classmethod
     def from_env(cls, env: os._Environ[str] | dict[str, str] | None = None) -> Config:
@@ -48,25 +76,15 @@ class Config:
         for f in fields(cls):
             var = env_name(f.name)
             if var in env and env[var] != "":
-                values[f.name] = _parse(f.name, env[var], f.default)
+                values[f.name] = parse(f.name, env[var])
         cfg = cls(**values)
         cfg.check()
         return cfg
 
     def check(self) -> None:
-        """Reject values that would make the runtime misbehave, naming the variable."""
-        if self.window_steps < 1:
-            raise ConfigError(f"{env_name('window_steps')}={self.window_steps}: must be >= 1")
-        if self.vote_lag < 1:
-            raise ConfigError(f"{env_name('vote_lag')}={self.vote_lag}: must be >= 1")
-        if self.spike_ratio <= 1.0:
-            raise ConfigError(f"{env_name('spike_ratio')}={self.spike_ratio}: must be > 1")
-        if self.deadline_s <= 0:
-            raise ConfigError(f"{env_name('deadline_s')}={self.deadline_s}: must be > 0")
-        if self.hang_action not in ("report", "abort"):
-            raise ConfigError(f"{env_name('hang_action')}={self.hang_action!r}: use report or abort")
-        if not 0 < self.max_profiled_fraction <= 1:
-            raise ConfigError(f"{env_name('max_profiled_fraction')}: must be in (0, 1]")
+        """Reject values that would make the runtime misbehave, naming the flag and the variable."""
+        for f in fields(self):
+            _check_value(f.name, getattr(self, f.name))
 
     def to_env(self) -> dict[str, str]:
         """The EROICA_* variables that reproduce this config in a rank."""
@@ -83,12 +101,29 @@ class Config:
         return out
 
 
-def env_name(field: str) -> str:
+def env_name(field_name: str) -> str:
     """EROICA_<FIELD> (deadline_s -> EROICA_DEADLINE_S)."""
-    return "EROICA_" + field.upper()
+    return "EROICA_" + field_name.upper()
 
 
-def _parse(name: str, text: str, default: Any) -> Any:
+def flag_name(field_name: str) -> str:
+    """eroica-run's flag for a field (deadline_s -> --deadline)."""
+    return "--" + field_name.removesuffix("_s").replace("_", "-")
+
+
+def flag_fields() -> list[Any]:
+    """The fields that are eroica-run flags (those with help text), in declaration order."""
+    return [f for f in fields(Config) if f.metadata.get("help")]
+
+
+def _where(name: str) -> str:
+    meta = _FIELDS[name].metadata
+    return f"{flag_name(name)} ({env_name(name)})" if meta.get("help") else env_name(name)
+
+
+def parse(name: str, text: str) -> Any:
+    """One setting from its text (a flag's or a variable's value); ConfigError names both on failure."""
+    default = _FIELDS[name].default
     try:
         if isinstance(default, bool):
             low = text.strip().lower()
@@ -98,11 +133,35 @@ def _parse(name: str, text: str, default: Any) -> Any:
                 return False
             raise ValueError(text)
         if isinstance(default, int):
-            return int(text)
+            return int(text.strip())
         if isinstance(default, float):
-            return float(text)
+            return float(text.strip())
         if isinstance(default, tuple):
             return tuple(int(x) for x in text.replace(" ", "").split(",") if x)
         return text
     except ValueError:
-        raise ConfigError(f"{env_name(name)}={text!r}: expected {type(default).__name__}") from None
+        kind = {bool: "1/0, true/false", int: "an integer", float: "a number",
+                tuple: "integers separated by commas"}.get(type(default), type(default).__name__)
+        raise ConfigError(f"{_where(name)}={text!r}: expected {kind}") from None
+
+
+def _check_value(name: str, value: Any) -> None:
+    meta = _FIELDS[name].metadata
+    where = _where(name)
+    choices = meta.get("choices") or ()
+    if choices and value not in choices:
+        raise ConfigError(f"{where}={value!r}: use one of {', '.join(choices)}")
+    items = value if isinstance(value, tuple) else (value,)
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (int, float)):
+            continue
+        if not math.isfinite(item):
+            raise ConfigError(f"{where}={item!r}: must be a finite number")
+        lo, hi = meta.get("lo"), meta.get("hi")
+        if lo is not None and (item <= lo if meta.get("lo_open") else item < lo):
+            raise ConfigError(f"{where}={item!r}: must be {'>' if meta.get('lo_open') else '>='} {lo:g}")
+        if hi is not None and item > hi:
+            raise ConfigError(f"{where}={item!r}: must be <= {hi:g}")
+
+
+_FIELDS = {f.name: f for f in fields(Config)}

@@ -11,6 +11,7 @@ from torch.distributed.run import get_args_parser
 
 from eroica_launch.cli import config_from_args, parse_args
 from eroica_launch.plan import LaunchError, parse_nnodes, plan_launch, resolve_nproc
+from eroica_runtime.config import Config, ConfigError
 
 SHARED = ("nnodes", "nproc_per_node", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "standalone",
           "max_restarts", "monitor_interval", "start_method", "role", "module", "no_python", "run_path",
@@ -178,3 +179,56 @@ def test_culprit_still_being_reaped_is_counted(tmp_path) -> None:
     text = failure_summary("train.py", failures, launcher_rc=1, mode="inplace")
     root = text[text.index("Root Cause"):]
     assert "rank      : 2" in root and "rank 2 broke" in root
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--deadline", "nan"], "--deadline (EROICA_DEADLINE_S)=nan: must be a finite number"),
+    (["--deadline", "inf"], "--deadline (EROICA_DEADLINE_S)=inf: must be a finite number"),
+    (["--deadline", "1e400"], "--deadline (EROICA_DEADLINE_S)=inf: must be a finite number"),
+    (["--deadline", "abc"], "--deadline (EROICA_DEADLINE_S)='abc': expected a number"),
+    (["--deadline", "-1"], "--deadline (EROICA_DEADLINE_S)=-1.0: must be > 0"),
+    (["--window-steps", "0"], "--window-steps (EROICA_WINDOW_STEPS)=0: must be >= 1"),
+    (["--spike-ratio", "1"], "--spike-ratio (EROICA_SPIKE_RATIO)=1.0: must be > 1"),
+    (["--capture-at-steps", "10,x"], "--capture-at-steps (EROICA_CAPTURE_AT_STEPS)='10,x': expected integers"),
+    (["--capture-at-steps", "-5"], "--capture-at-steps (EROICA_CAPTURE_AT_STEPS)=-5: must be >= 0"),
+    (["--hang-action", "explode"], "--hang-action (EROICA_HANG_ACTION)='explode': use one of report, abort"),
+    (["--exit-grace", "nan"], "--exit-grace (EROICA_EXIT_GRACE_S)=nan: must be a finite number"),
+])
+def test_bad_eroica_flag_is_one_line_naming_it(argv: list[str], says: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        config_from_args(parse_args([*argv, "train.py"]))
+    assert str(err.value).startswith(says), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("var,value,says", [
+    ("EROICA_DEADLINE_S", "nan", "--deadline (EROICA_DEADLINE_S)=nan: must be a finite number"),
+    ("EROICA_VOTE_LAG", "0", "EROICA_VOTE_LAG=0: must be >= 1"),
+    ("EROICA_HANG_FACTOR", "inf", "EROICA_HANG_FACTOR=inf: must be a finite number"),
+    ("EROICA_BASELINE", "maybe", "EROICA_BASELINE='maybe': expected 1/0, true/false"),
+])
+def test_bad_eroica_variable_in_a_rank_names_it(var: str, value: str, says: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        Config.from_env({var: value})
+    assert str(err.value).startswith(says), str(err.value)
+
+
+def test_eroica_run_rejects_a_nan_deadline_before_launching(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "eroica_launch.cli", "--deadline", "nan", "train.py"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "eroica-run: error: --deadline (EROICA_DEADLINE_S)=nan: must be a finite number"
+
+
+def test_every_config_field_with_help_is_a_flag_and_round_trips_through_env() -> None:
+    from eroica_launch.cli import get_parser
+    from eroica_runtime.config import env_name, flag_fields, flag_name
+
+    text = get_parser().format_help()
+    for f in flag_fields():
+        assert flag_name(f.name) in text and env_name(f.name) in text, f.name
+    cfg = Config(deadline_s=7.5, capture_at_steps=(3, 9), hang_action="abort", exit_grace_s=0.0)
+    assert Config.from_env(cfg.to_env()) == cfg

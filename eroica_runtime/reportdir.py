@@ -1,0 +1,164 @@
+"""The report directory's one owner: where every file goes, and how it is written and read safely.
+
+Every writer (rank 0's analyst and job end, the gather, the hang watchdog, the launcher's rank
+status, the error file, ``eroica analyze``/``synth``) goes through here, so that:
+
+- a write is atomic: a unique temp file made with ``mkstemp`` in the target directory (never a
+  predictable name, never following a planted symlink), fsynced, renamed over the target, and
+  removed again if anything fails (a full or read-only disk leaves no ``.tmp`` behind);
+- ``report.json``/``report.html`` have one writer at a time (the analyst thread, the hang
+  watchdog and the SIGUSR2 flusher may all want to write them);
+- a directory anyone can write to without the sticky bit, or owned by another user, is refused
+  (someone else could swap files under us);
+- a read takes regular files only, opened without blocking (a FIFO named like a capture cannot
+  hang ``eroica analyze``) and capped in size.
+
+Light on imports: the error-file hook uses it from ``sitecustomize`` in every rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import tempfile
+import threading
+from pathlib import Path
+
+CAPTURES = "captures"
+REPORT_JSON = "report.json"
+REPORT_HTML = "report.html"
+STEPS = "steps.msgpack"
+TRIGGER = "trigger"
+MAX_CAPTURE_BYTES = 2 << 30        # a 100,000-rank capture (~16 KB a summary) fits
+MAX_REPORT_BYTES = 256 << 20
+MAX_SMALL_BYTES = 16 << 20
+
+_write_lock = threading.RLock()    # one writer of the job-level files per process
+
+
+class InputError(ValueError):
+    """An input file that cannot be used; the message names it and says why (one line)."""
+
+
+class UnsafeDirectory(OSError):
+    """A report directory others could tamper with."""
+
+
+def capture_path(root: str | os.PathLike[str], step: int) -> Path:
+    return Path(root) / CAPTURES / f"{int(step)}.msgpack"
+
+
+def diagnosis_path(root: str | os.PathLike[str], step: int) -> Path:
+    return Path(root) / f"diagnosis-{int(step)}.json"
+
+
+def hang_path(root: str | os.PathLike[str], step: int) -> Path:
+    return Path(root) / f"hang-{int(step)}.json"
+
+
+def check_directory(path: str | os.PathLike[str]) -> None:
+    """Refuse a directory writable by others without the sticky bit, or owned by another user
+    (root may use any directory it owns or that is root's); raise UnsafeDirectory naming it."""
+    st = os.stat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeDirectory(f"{path}: not a directory")
+    if st.st_uid != os.geteuid():
+        raise UnsafeDirectory(f"{path}: owned by uid {st.st_uid}, not by this user ({os.geteuid()})")
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        raise UnsafeDirectory(f"{path}: writable by every user without the sticky bit")
+
+
+def ensure_directory(path: str | os.PathLike[str]) -> Path:
+    """Create (mode 0755) and check a report directory; its parents are created as needed."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    check_directory(path)
+    return path
+
+
+def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, mode: int = 0o644) -> Path:
+    """Write ``data`` to ``path`` atomically, never through a symlink, leaving no temp file on failure."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        # rename replaces a symlink itself, never what it points to
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+@contextlib.contextmanager
+def job_files_lock():  # type: ignore[no-untyped-def]
+    """Held while report.json/report.html/steps.msgpack are written (one writer per process)."""
+    with _write_lock:
+        yield
+
+
+def read_capped(path: str | os.PathLike[str], limit: int) -> bytes:
+    """A regular file's bytes (at most ``limit``); InputError naming the file otherwise."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise InputError(f"{path}: cannot open ({exc.strerror or exc})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(f"{path}: not a regular file")
+        if st.st_size > limit:
+            raise InputError(f"{path}: {st.st_size} bytes is over the {limit}-byte limit")
+        chunks, left = [], limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) > limit:
+            raise InputError(f"{path}: over the {limit}-byte limit")
+        return data
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+
+
+def capture_files(root: str | os.PathLike[str]) -> list[Path]:
+    """``captures/<step>.msgpack`` under ``root``, in step order (names that are not a step last)."""
+    folder = Path(root) / CAPTURES
+    try:
+        names = [p for p in folder.iterdir() if p.suffix == ".msgpack"]
+    except OSError:
+        return []
+
+    def key(p: Path) -> tuple[int, str]:
+        return (int(p.stem), p.name) if p.stem.isdigit() else (2**63, p.name)
+
+    return sorted(names, key=key)
+
+
+def take_trigger(root: str | os.PathLike[str]) -> bool | None:
+    """Consume ``<root>/trigger`` (a manual capture request). True: taken; False: none; None: a
+    trigger file that cannot be removed (the caller must stop looking, or it would fire forever)."""
+    path = Path(root) / TRIGGER
+    if not os.path.lexists(path):
+        return False
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    return True
