@@ -16,7 +16,16 @@ from typing import Any
 import click
 
 from eroica_runtime import report, summary
-from eroica_runtime.engine import Diagnosis, build_table, diagnose
+from eroica_runtime.engine import Diagnosis
+from eroica_runtime.pipeline import Pipeline
+from eroica_runtime.reportdir import (
+    MAX_CAPTURE_BYTES,
+    MAX_REPORT_BYTES,
+    REPORT_JSON,
+    InputError,
+    capture_files,
+    read_capped,
+)
 
 
 def _fail(msg: str, code: int) -> None:
@@ -24,64 +33,51 @@ def _fail(msg: str, code: int) -> None:
     sys.exit(code)
 
 
-def _step_of(path: Path) -> int:
-    try:
-        return int(path.stem)
-    except ValueError:
-        return sys.maxsize
-
-
 def _history_steps(root: Path, fallback: int) -> int:
     hist = report.load_steps(root)
     if hist and hist["steps"]:
         return int(max(hist["steps"])) + 1
-    try:
-        old = json.loads((root / "report.json").read_text())
-        if isinstance(old.get("steps"), int):
-            return max(old["steps"], fallback)
-    except (OSError, ValueError, AttributeError):
-        pass
+    old = _old_report(root)
+    if isinstance(old.get("steps"), int) and not isinstance(old.get("steps"), bool):
+        return max(old["steps"], fallback)
     return fallback
 
 
+def _old_report(root: Path) -> dict[str, Any]:
+    """The report.json already in ``root`` ({} when absent or unusable: it is about to be rewritten)."""
+    try:
+        old = json.loads(read_capped(root / REPORT_JSON, MAX_REPORT_BYTES))
+    except (InputError, ValueError, RecursionError):
+        return {}
+    return old if isinstance(old, dict) else {}
+
+
 def run_analysis(root: Path, *, topology: str | None = None) -> tuple[list[Diagnosis], dict[str, Any], list[str]]:
-    """Analyse every capture under ``root``; return (diagnoses, report doc, problems)."""
-    files = sorted((root / "captures").glob("*.msgpack"), key=lambda p: (_step_of(p), p.name))
+    """Analyse every capture under ``root`` in step order through the live analyst's pipeline;
+    return (diagnoses, report doc, problems)."""
+    files = capture_files(root)
     if not files:
         raise click.ClickException(f"{root}: no captures/*.msgpack to analyse")
     problems: list[str] = []
-    decoded: list[tuple[dict[str, Any], Any, list[str]]] = []
+    pipeline = Pipeline(topology=topology)
+    diagnoses: list[Diagnosis] = []
     world = 0
     for path in files:
         origin = f"{path.parent.name}/{path.name}"
         try:
-            meta, good, errors = summary.decode_capture(path.read_bytes(), origin=origin)
-        except (OSError, summary.SummaryError) as exc:
-            problems.append(str(exc) if isinstance(exc, summary.SummaryError) else f"{origin}: {exc}")
+            result = pipeline.analyse(read_capped(path, MAX_CAPTURE_BYTES), origin=origin)
+        except (OSError, InputError, summary.SummaryError) as exc:
+            problems.append(str(exc) if isinstance(exc, (InputError, summary.SummaryError)) else f"{origin}: {exc}")
             continue
-        problems.extend(f"{origin}: {e}" for e in errors)
-        table = build_table(good)    # columnar once; the decoded dicts are dropped here
-        del good
-        world = max(world, int(meta.get("world_size") or 0), table.n)
-        decoded.append((meta, table, errors))
-    baseline = next((t for m, t, _ in decoded if m.get("trigger") == "baseline"), None)
-    diagnoses = []
-    for meta, table, errors in decoded:
-        extra = meta.get("extra") if isinstance(meta.get("extra"), dict) else {}
-        probe = extra.get("link_probe") if isinstance(extra.get("link_probe"), dict) else None
-        is_base = meta.get("trigger") == "baseline"
-        diagnoses.append(diagnose(
-            table, step=int(meta.get("step") or table.capture_step or 0),
-            trigger=str(meta.get("trigger") or "?"), world_size=int(meta.get("world_size") or table.n),
-            missing=[int(m) for m in meta.get("missing") or [] if isinstance(m, int)],
-            baseline=None if is_base else baseline, topology=topology, link_probe=probe, errors=errors))
+        problems.extend(f"{origin}: {e}" for e in result.errors)
+        world = max(world, int(result.meta["world_size"]))
+        diagnoses.append(result.diagnosis)
+    if not diagnoses:
+        raise click.ClickException(f"{root}: no capture could be read ({len(problems)} rejected): "
+                                   + (problems[0] if problems else ""))
     steps = _history_steps(root, max((d.step for d in diagnoses), default=0) + 1)
-    job: dict[str, Any] = {}
-    try:
-        old = json.loads((root / "report.json").read_text())
-        job = old.get("job") or {} if isinstance(old, dict) else {}
-    except (OSError, ValueError):
-        pass
+    job = _old_report(root).get("job")
+    job = job if isinstance(job, dict) else {}
     for d in diagnoses:
         report.write_capture(root, d)
     doc = report.write_job(root, diagnoses=diagnoses, world_size=world, steps=steps, job=job)
@@ -92,7 +88,14 @@ def run_analysis(root: Path, *, topology: str | None = None) -> tuple[list[Diagn
 @click.argument("report_dir", type=click.Path(path_type=Path))
 @click.option("--topology", default=None, help='Peer layout, e.g. "pp=4,tp=8,dp=*" (row-major, last dim fastest).')
 def analyze_cmd(report_dir: Path, topology: str | None) -> None:
-    """Re-run the diagnosis over REPORT_DIR/captures and rewrite the reports."""
+    """Re-run the diagnosis over REPORT_DIR/captures and rewrite the reports.
+
+    The captures go through the live analyst's pipeline (decode, validate, baseline policy,
+    diagnose) in step order, so the result is the diagnosis the job printed. Exit codes: 0 every
+    capture and summary analysed; 1 analysed, but some were rejected (one line each on stderr);
+    2 nothing could be analysed (no directory, no readable capture); 3 the reports could not be
+    written (read-only or full disk).
+    """
     if not report_dir.is_dir():
         _fail(f"analyze: no such report directory: {report_dir}", 2)
     try:
@@ -100,11 +103,14 @@ def analyze_cmd(report_dir: Path, topology: str | None) -> None:
     except click.ClickException as exc:
         _fail(f"analyze: {exc.message}", 2)
         return
+    except OSError as exc:
+        _fail(f"analyze: cannot write the reports into {report_dir}: {exc.strerror or exc}", 3)
+        return
     for d in diagnoses:
         click.echo(report.format_capture(d))
     click.echo(report.format_job(doc, report_dir))
     for p in problems:
-        click.echo(f"eroica: analyze: rejected {p}", err=True)
+        click.echo(f"eroica: analyze: rejected {' '.join(p.split())}", err=True)
     if problems:
         sys.exit(1)
 
@@ -112,18 +118,26 @@ def analyze_cmd(report_dir: Path, topology: str | None) -> None:
 @click.command("show")
 @click.argument("report_dir", type=click.Path(path_type=Path))
 def show_cmd(report_dir: Path) -> None:
-    """Print the text report stored in REPORT_DIR/report.json."""
-    path = report_dir / "report.json"
+    """Print the text report stored in REPORT_DIR/report.json (exit 2: none there; 1: unreadable)."""
+    path = report_dir / REPORT_JSON
     if not path.is_file():
         _fail(f"show: no report.json in {report_dir}", 2)
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(read_capped(path, MAX_REPORT_BYTES))
         if not isinstance(doc, dict) or doc.get("schema") != report.REPORT_SCHEMA:
             raise ValueError(f"schema is {doc.get('schema') if isinstance(doc, dict) else type(doc).__name__!r}, "
                              f"expected {report.REPORT_SCHEMA!r}")
-        click.echo(report.format_job(doc, report_dir))
+        text = report.format_job(doc, report_dir)
+    except InputError as exc:
+        _fail(f"show: {exc}", 1)
+        return
+    except RecursionError:
+        _fail(f"show: {path}: unreadable report (nested too deeply)", 1)
+        return
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        _fail(f"show: {path}: unreadable report ({exc})", 1)
+        _fail(f"show: {path}: unreadable report ({' '.join(str(exc).split())[:200]})", 1)
+        return
+    click.echo(text)
 
 
 @click.command("synth")
@@ -141,11 +155,18 @@ def synth_cmd(ranks: int, fault: str, culprit: int | None, functions: int, stage
     """Write synthetic captures (baseline + faulty) with a planted fault, ready for `eroica analyze`."""
     from eroica_runtime import synth
 
+    if (out / REPORT_JSON).exists() or capture_files(out):
+        _fail(f"synth: {out} already holds a report (report.json or captures/); write into a new or empty "
+              "directory, so synthetic captures never mix with a job's", 2)
+        return
     try:
         plan = synth.generate(out, ranks=ranks, fault=fault, culprit=culprit, functions=functions,
                               seed=seed, stages=stages)
     except ValueError as exc:
         _fail(f"synth: {exc}", 2)
+        return
+    except OSError as exc:
+        _fail(f"synth: cannot write {out}: {exc.strerror or exc}", 3)
         return
     where = (f" on rank {plan.culprit} ({plan.culprit_host})" if plan.culprit is not None else "")
     topo = f" --topology {plan.topology}" if plan.topology else ""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 import signal
 import socket
@@ -26,9 +27,12 @@ from pathlib import Path
 from typing import IO
 
 from eroica_launch.rankenv import Identity, RankEnvError, identity
+from eroica_runtime import reportdir
 
 SPEC_VAR = "EROICA_LAUNCH_SPEC"
 FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+EXIT_MARKER = "exiting.json"   # written by the program's last atexit handler (eroica_runtime.errorfile)
+DEFAULT_EXIT_GRACE_S = 60.0
 BOOTSTRAP_DIR = str(Path(__file__).resolve().parent.parent / "eroica_runtime" / "_bootstrap")
 
 
@@ -99,6 +103,7 @@ def rank_env(ident: Identity, spec: RankSpec, base: dict[str, str]) -> dict[str,
         "TORCHELASTIC_SIGNALS_TO_HANDLE": spec.signals_to_handle,
         "TORCHELASTIC_ERROR_FILE": str(attempt_dir / "error.json"),
         "EROICA_OWNER_CLAIM": str(attempt_dir / "owner"),
+        "EROICA_EXIT_MARKER": str(attempt_dir / EXIT_MARKER),
         "EROICA_ENABLED": "1" if spec.enabled else "0",
     })
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
@@ -181,7 +186,7 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
     env_out = rank_env(ident, spec, base)
     attempt_dir = Path(env_out["TORCHELASTIC_ERROR_FILE"]).parent
     attempt_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ("error.json", "owner", "status.json"):
+    for stale in ("error.json", "owner", "status.json", EXIT_MARKER):
         (attempt_dir / stale).unlink(missing_ok=True)
 
     shown = not spec.local_ranks_filter or str(ident.local_rank) in spec.local_ranks_filter.split(",")
@@ -237,8 +242,10 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
 
     for name in FORWARDED:
         signal.signal(getattr(signal, name), forward if forward_signals else signal.SIG_IGN)
-    rc = child.wait()
+    rc, message = wait_with_exit_guard(child, attempt_dir / EXIT_MARKER, exit_grace_s(base))
     ended = time.time()  # before draining output: a killed rank's end must not look later than its victims'
+    if message:
+        print(f"eroica-run: rank {ident.rank}: {message}", file=sys.stderr, flush=True)
     for pump in pumps:
         pump.join(timeout=5)
     for f in files.values():
@@ -250,8 +257,54 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
             signame = signal.Signals(-rc).name
         except ValueError:
             signame = f"signal {-rc}"
-    _write_status(attempt_dir, ident, pid=child.pid, exitcode=rc, signame=signame, started=started, ended=ended)
+    _write_status(attempt_dir, ident, pid=child.pid, exitcode=rc, signame=signame, started=started, ended=ended,
+                  message=message)
     return rc if rc >= 0 else 128 - rc
+
+
+def exit_grace_s(env: dict[str, str]) -> float:
+    """EROICA_EXIT_GRACE_S: seconds a finished program may spend in interpreter teardown (0 = forever)."""
+    text = env.get("EROICA_EXIT_GRACE_S", "")
+    try:
+        value = float(text) if text else DEFAULT_EXIT_GRACE_S
+    except ValueError:
+        return DEFAULT_EXIT_GRACE_S
+    return value if math.isfinite(value) and value >= 0 else DEFAULT_EXIT_GRACE_S
+
+
+def wait_with_exit_guard(child: subprocess.Popen, marker: Path, grace_s: float,
+                         poll_s: float = 0.2) -> tuple[int, str]:
+    """Wait for the program; end it if it is still alive ``grace_s`` after it finished.
+
+    The program writes ``marker`` (with the exit code it chose) from its last atexit handler: from
+    then on only interpreter teardown is left, which a library thread can deadlock (see
+    eroica_runtime.errorfile). A program that finished must end, so once the grace has passed the
+    wrapper kills it and reports the exit code the program chose, with a message saying so.
+    Returns (exit code, message); the message is empty for an ordinary exit.
+    """
+    seen: float | None = None
+    while True:
+        try:
+            return child.wait(timeout=poll_s), ""
+        except subprocess.TimeoutExpired:
+            pass
+        if grace_s <= 0:
+            continue
+        if seen is None:
+            if marker.exists():
+                seen = time.monotonic()
+            continue
+        if time.monotonic() - seen < grace_s:
+            continue
+        try:
+            chosen = int(json.loads(marker.read_text())["exitcode"])
+        except (OSError, ValueError, KeyError, TypeError):
+            chosen = 1
+        child.kill()
+        child.wait()
+        return chosen, (f"the program finished (exit code {chosen}) but was still tearing down "
+                        f"{grace_s:.0f}s later (a library thread blocking interpreter exit, e.g. a gloo "
+                        "worker waiting for the GIL); ended it (EROICA_EXIT_GRACE_S)")
 
 
 def _write_status(attempt_dir: Path, ident: Identity, *, pid: int | None, exitcode: int,
@@ -261,9 +314,7 @@ def _write_status(attempt_dir: Path, ident: Identity, *, pid: int | None, exitco
            "pid": pid, "exitcode": exitcode, "signal": signame, "started": started,
            "ended": ended if ended is not None else time.time(),
            "error_file": str(attempt_dir / "error.json"), "message": message}
-    tmp = attempt_dir / "status.json.tmp"
-    tmp.write_text(json.dumps(doc))
-    tmp.replace(attempt_dir / "status.json")
+    reportdir.atomic_write(attempt_dir / "status.json", json.dumps(doc))
 
 
 def main() -> None:

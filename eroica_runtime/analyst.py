@@ -11,15 +11,13 @@ import queue
 import statistics
 import sys
 import threading
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import msgpack
-
-from eroica_runtime import engine, report
-from eroica_runtime import summary as summary_mod
+from eroica_runtime import engine, report, reportdir
+from eroica_runtime.engine.hang import hang_diagnosis
 from eroica_runtime.gather import Gathered
+from eroica_runtime.pipeline import Pipeline
 
 
 def say(text: str) -> None:
@@ -33,7 +31,8 @@ class Analyst:
         self.topology = topology or None
         self.diagnoses: list[engine.Diagnosis] = []
         self.captures: list[dict[str, Any]] = []   # step, trigger for every capture taken
-        self.baseline: engine.Table | None = None  # built once, reused by every later capture
+        # decode -> validate -> baseline policy -> diagnose: the same as `eroica analyze` runs
+        self.pipeline = Pipeline(world_size=world_size, topology=topology)
         self.history_source: Any = None   # callable -> rank 0's step history (set by the runtime)
         self._lock = threading.Lock()
         self._queue: queue.Queue[Gathered | None] = queue.Queue()
@@ -60,20 +59,10 @@ class Analyst:
                 self._queue.task_done()
 
     def _analyse(self, g: Gathered) -> None:
-        meta, summaries, errors = summary_mod.decode_capture(g.data, origin=f"capture {g.step}")
-        for err in errors:
+        result = self.pipeline.analyse(g.data, origin=f"capture {g.step}")
+        for err in result.errors:
             say(f"eroica: rejected {err}")
-        probe = (meta.get("extra") or {}).get("link_probe")
-        diagnosis = engine.diagnose(summaries, step=g.step, trigger=g.trigger, world_size=self.world_size,
-                                    missing=g.missing, baseline=self.baseline, topology=self.topology,
-                                    link_probe=probe, errors=errors)
-        if g.trigger == "baseline":
-            # the job's healthy reference; ranks flagged in it (noise, or a fault from the start)
-            # are left out rather than losing the reference for the whole job
-            flagged = {f.rank for f in diagnosis.findings if f.rank is not None}
-            kept = [s for s in summaries if s["rank"] not in flagged]
-            if len(kept) >= max(1, len(summaries) // 2):
-                self.baseline = engine.build_table(kept)
+        diagnosis = result.diagnosis
         with self._lock:
             self.diagnoses.append(diagnosis)
         report.write_capture(self.report_dir, diagnosis)   # on disk before it is printed
@@ -81,19 +70,13 @@ class Analyst:
         say(report.format_capture(diagnosis))
 
     def add_hang(self, doc: dict[str, Any], step: int) -> None:
-        """A diagnosed hang (hang.analyse) joins the job's findings in report.json."""
-        f = doc.get("finding")
-        if not f:
+        """A diagnosed hang (engine.hang.analyse's document) joins the job's findings in report.json."""
+        if not doc.get("finding"):
             return
-        finding = replace(engine.Finding.from_json(f), category="hang", phase="hang", what_if_step_ms=None,
-                          impact_ms_per_step=float((f.get("evidence") or {}).get("stalled_s") or 0) * 1e3,
-                          title=f"hang: rank {f.get('rank')} at {f.get('function')}", captures=(step,))
-        diagnosis = engine.Diagnosis(step=step, trigger="hang", world_size=self.world_size,
-                                     ranks_analysed=self.world_size - len(doc.get("missing") or []),
-                                     findings=(finding,), missing=tuple(doc.get("missing") or ()))
+        diagnosis = hang_diagnosis(doc, step)
         with self._lock:
             self.diagnoses.append(diagnosis)
-            self.captures.append({"step": step, "trigger": "hang", "missing": list(doc.get("missing") or [])})
+            self.captures.append({"step": step, "trigger": "hang", "missing": list(diagnosis.missing)})
         self._write_partial()
 
     def wait(self, timeout_s: float) -> bool:
@@ -109,14 +92,13 @@ class Analyst:
 
     def write_job(self, *, steps: int, job: dict[str, Any], history: list[float]) -> dict[str, Any]:
         """steps.msgpack, report.json, report.html — all before the caller prints anything."""
-        data = msgpack.packb({"schema": report.STEPS_SCHEMA, "steps": list(range(1, len(history) + 1)),
-                              "ms": [round(float(m), 4) for m in history]}, use_bin_type=True)
-        report.atomic_write(self.report_dir / "steps.msgpack", data)
         with self._lock:
             diagnoses = list(self.diagnoses)
             job = {**job, "captures_taken": list(self.captures)}
-        return report.write_job(self.report_dir, diagnoses=diagnoses, world_size=self.world_size,
-                                steps=steps, job=job)
+        with reportdir.job_files_lock():   # the analyst, the hang watchdog and the flusher all write here
+            report.write_steps(self.report_dir, history)
+            return report.write_job(self.report_dir, diagnoses=diagnoses, world_size=self.world_size,
+                                    steps=steps, job=job)
 
     def _write_partial(self) -> None:
         """report.json/html with what is known so far (rank 0's own step history only)."""

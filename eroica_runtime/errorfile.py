@@ -1,12 +1,20 @@
-"""Record a rank's uncaught exception in torchrun's error-file format.
+"""How a rank ends: its uncaught exception in torchrun's error-file format, and the exit it began.
 
 torchrun only knows a failing rank's traceback when the script decorates its entry point with
 ``@record``; eroica records it for every script through ``sys.excepthook`` (chained), so the
 launcher's failure summary can show the root cause's exception without any code change.
+
+It also tells the rank's wrapper when the program has finished and what exit code it chose (the
+``EROICA_EXIT_MARKER`` file, written by the last atexit handler to run). What follows is interpreter
+teardown, which can deadlock in a library (a gloo worker thread destroying a collective whose
+thread-local state holds a Python object waits for the GIL that the main thread, joining that worker,
+holds). The wrapper ends a rank still tearing down long after its marker, with the exit code the
+program chose, so a job that finished training always ends.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
@@ -16,6 +24,8 @@ from types import TracebackType
 
 _installed = False
 _failed = False
+_exit_code = 0      # what the interpreter will exit with, as far as the hooks below can tell
+MARKER_VAR = "EROICA_EXIT_MARKER"
 
 
 def failed() -> bool:
@@ -23,43 +33,87 @@ def failed() -> bool:
     return _failed
 
 
+def exit_code() -> int:
+    """The exit code the program chose: sys.exit's status, 1 after an uncaught exception, 130 after ^C."""
+    return _exit_code
+
+
+def _status_code(status: object) -> int:
+    """Python's rule for sys.exit(status): None -> 0, an int as is (mod 256), anything else -> 1."""
+    if status is None:
+        return 0
+    if isinstance(status, int) and not isinstance(status, bool):
+        return status & 0xFF
+    return 1
+
+
+def write_exit_marker() -> None:
+    """Tell the wrapper this program finished and chose ``exit_code()`` (atomic; never raises)."""
+    path = os.environ.get(MARKER_VAR)
+    if not path:
+        return
+    from eroica_runtime import reportdir
+
+    try:
+        reportdir.atomic_write(path, json.dumps({"exitcode": _exit_code, "pid": os.getpid(), "time": time.time()}))
+    except OSError:
+        pass
+
+
 def write(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
     """Write TORCHELASTIC_ERROR_FILE unless something (e.g. @record) already wrote it."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path or os.path.exists(path):
         return
-    doc = {"message": {
-        "message": f"{exc_type.__name__}: {exc}",
-        "extraInfo": {"py_callstack": "".join(traceback.format_exception(exc_type, exc, tb)),
-                      "timestamp": str(int(time.time()))},
-    }}
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f)
-    os.replace(tmp, path)
+    _write_doc(path, f"{exc_type.__name__}: {exc}", "".join(traceback.format_exception(exc_type, exc, tb)))
+
+
+def write_message(message: str) -> None:
+    """Write the error file with a message of eroica's own (e.g. a hang it diagnosed and aborted on)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path and not os.path.exists(path):
+        _write_doc(path, message, message)
+
+
+def _write_doc(path: str, message: str, callstack: str) -> None:
+    from eroica_runtime import reportdir
+
+    doc = {"message": {"message": message,
+                       "extraInfo": {"py_callstack": callstack, "timestamp": str(int(time.time()))}}}
+    reportdir.atomic_write(path, json.dumps(doc))
 
 
 def install() -> None:
-    """Chain onto sys.excepthook and sys.exit (idempotent): remember that this rank is failing."""
+    """Chain onto sys.excepthook and sys.exit (idempotent): remember how this rank is ending.
+
+    Call it before anything else registers an atexit handler: its own handler (the exit marker) then
+    runs last, after eroica's job-end work and the program's own handlers.
+    """
     global _installed
     if _installed:
         return
     _installed = True
     previous = sys.excepthook
     real_exit = sys.exit
+    if os.environ.get(MARKER_VAR):
+        atexit.register(write_exit_marker)
 
     def exit_(status: object = None) -> None:
-        global _failed
-        if status not in (None, 0):
+        global _failed, _exit_code
+        _exit_code = _status_code(status)
+        if _exit_code != 0:
             _failed = True
         real_exit(status)
 
     sys.exit = exit_
 
     def hook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-        global _failed
-        if not issubclass(exc_type, KeyboardInterrupt):
+        global _failed, _exit_code
+        if issubclass(exc_type, KeyboardInterrupt):
+            _exit_code = 130   # Python re-raises SIGINT on itself: 128 + 2 to a shell
+        else:
             _failed = True
+            _exit_code = 1
         try:
             write(exc_type, exc, tb)
         except Exception:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from eroica_runtime import reportdir
 from eroica_runtime import summary as summary_mod
 from eroica_runtime.sidechannel import SideChannel
 
@@ -40,10 +41,7 @@ def gather_capture(side: SideChannel, blob: bytes, *, step: int, trigger: str, d
     ranks = sorted(blobs)
     data = summary_mod.encode_capture(step=step, trigger=trigger, world_size=side.size, ranks=ranks,
                                       summaries=[blobs[r] for r in ranks], missing=missing, extra=extra)
-    path = Path(report_dir) / "captures" / f"{step}.msgpack"
-    from eroica_runtime.report import atomic_write
-
-    atomic_write(path, data)
+    path = reportdir.atomic_write(reportdir.capture_path(report_dir, step), data)
     return Gathered(step, trigger, path, data, missing)
 
 

@@ -1,11 +1,11 @@
-"""Hang diagnosis: notice that a rank stopped making progress, ask every rank where it is, name the odd one.
+"""Hang watchdog: notice that a rank stopped making progress and collect where every rank is.
 
 A hung job produces no slow step to compare, and every rank sits in a collective except the one that
 never arrived. The side MPI channel does not depend on NCCL/gloo, so it still works while they are
 stuck. Each rank's watchdog thread fires after max(hang_factor x median step, floor) without a step
 boundary; it records the Python stacks of its threads (main thread first), the last collectives from
-torch's Flight Recorder (``TORCH_FR_BUFFER_SIZE``) and host telemetry, and sends them to rank 0, which
-groups ranks by where they are and names the outliers. ``analyse`` is pure (no MPI, no torch).
+torch's Flight Recorder (``TORCH_FR_BUFFER_SIZE``) and host telemetry, and sends them to rank 0, whose
+pure analysis (``engine.hang``) groups ranks by where they are and names the outliers.
 """
 
 from __future__ import annotations
@@ -17,10 +17,15 @@ import sys
 import threading
 import time
 import traceback
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
+
+from eroica_runtime import errorfile, reportdir
+from eroica_runtime.engine.hang import analyse
+from eroica_runtime.report import format_hang
+from eroica_runtime.sidechannel import SideChannel
 
 TAG_HANG = 30200
 DEFAULT_FLOOR_S = 60.0
@@ -58,81 +63,20 @@ def flight_recorder() -> dict[str, Any] | None:
     return {"last": last, "seq": last[-1]["seq"] if last else None}
 
 
-def where(report: dict[str, Any], user_roots: tuple[str, ...] = ()) -> str:
-    """A rank's position: the innermost frame of its main thread outside Python's and torch's own code."""
-    main = next((s for s in report.get("stacks", []) if s.get("main")), None)
-    if not main or not main["frames"]:
-        return "unknown"
-    frames = main["frames"]
-    library = ("/torch/", "/site-packages/", "/lib/python3", "eroica_runtime/")
-    for f in reversed(frames):
-        if not any(part in f["file"] for part in library):
-            return f"{f['file']}:{f['line']} in {f['function']}"
-    f = frames[-1]
-    return f"{f['file']}:{f['line']} in {f['function']}"
-
-
-def analyse(reports: dict[int, dict[str, Any]], world_size: int) -> dict[str, Any]:
-    """Group ranks by position (and collective sequence); the minority are the outliers to blame."""
-    groups: dict[tuple[str, Any], list[int]] = {}
-    for rank, rep in sorted(reports.items()):
-        fr = rep.get("flight_recorder") or {}
-        groups.setdefault((where(rep), fr.get("seq")), []).append(rank)
-    missing = sorted(set(range(world_size)) - set(reports))
-    ordered = sorted(groups.items(), key=lambda kv: -len(kv[1]))
-    finding: dict[str, Any] | None = None
-    if len(ordered) > 1 and len(ordered[0][1]) > len(ordered[1][1]):
-        majority_where, majority_seq = ordered[0][0]
-        outliers = sorted(r for key, ranks in ordered[1:] for r in ranks)
-        culprit = outliers[0]
-        rep = reports[culprit]
-        main = next((s for s in rep.get("stacks", []) if s.get("main")), {"frames": []})
-        finding = {
-            "category": "hang", "rank": culprit, "host": rep.get("host"), "function": where(rep),
-            "phase": "hang", "impact_ms_per_step": None, "victims": sorted(ordered[0][1]),
-            "evidence": {"stalled_s": rep.get("stalled_s"), "last_step": rep.get("step"),
-                         "outliers": outliers, "majority_position": majority_where,
-                         "majority_collective_seq": majority_seq,
-                         "outlier_collective_seq": (rep.get("flight_recorder") or {}).get("seq"),
-                         "stack": [f"{f['file']}:{f['line']} {f['function']}: {f['code']}"
-                                   for f in main["frames"][-12:]]},
-            "action": (f"rank {culprit} never reached the collective the other {len(ordered[0][1])} ranks wait "
-                       f"in; look at its stack (a stuck data read, a deadlock, a rank-dependent branch that "
-                       f"skips a collective)"),
-        }
-    elif missing:
-        finding = {"category": "hang", "rank": missing[0], "host": None, "function": "unknown",
-                   "phase": "hang", "impact_ms_per_step": None, "victims": sorted(reports),
-                   "evidence": {"missing": missing},
-                   "action": f"ranks {missing} did not answer over the side channel: they are dead or "
-                             f"frozen (SIGSTOP, D state); check their hosts"}
-    return {"schema": "eroica.hang/1", "world_size": world_size, "missing": missing,
-            "positions": [{"where": w, "collective_seq": s, "ranks": r} for (w, s), r in ordered],
-            "finding": finding}
-
-
-def format_hang(doc: dict[str, Any], stalled_s: float) -> str:
-    lines = [f"eroica: HANG: no step progress for {stalled_s:.0f}s"]
-    f = doc.get("finding")
-    if f:
-        lines.append(f"  culprit: rank {f['rank']} on {f.get('host')} — at {f['function']}")
-        lines.append(f"  the other {len(f['victims'])} rank(s) wait at {f['evidence'].get('majority_position')}"
-                     if f["evidence"].get("majority_position") else f"  {f['action']}")
-        for frame in f["evidence"].get("stack", [])[-6:]:
-            lines.append(f"     {frame}")
-        lines.append(f"  action: {f['action']}")
-    else:
-        lines.append("  every rank is at the same place: " + ", ".join(
-            f"{p['where']} ({len(p['ranks'])} ranks)" for p in doc["positions"][:3]))
-    return "\n".join(lines)
-
-
 class Watchdog(threading.Thread):
-    """Per-rank thread: fires once per stall, exchanges positions over the side channel."""
+    """Per-rank thread: fires once per stall, exchanges positions over the side channel.
 
-    def __init__(self, runtime: Any, factor: float, floor_s: float, action: str, deadline_s: float) -> None:
+    Its collaborators are passed in: the side channel, the recent step times (for the threshold),
+    where reports go, and (rank 0) what to do with a diagnosis.
+    """
+
+    def __init__(self, side: SideChannel, *, step_times: Callable[[], list[float]], warmup_steps: int,
+                 report_dir: str, factor: float, floor_s: float, action: str, deadline_s: float,
+                 on_diagnosis: Callable[[dict[str, Any], int], None] | None = None,
+                 warn: Callable[[str], None] = print) -> None:
         super().__init__(name="eroica-hang-watchdog", daemon=True)
-        self.rt = runtime
+        self.side, self.step_times, self.warmup_steps, self.report_dir = side, step_times, warmup_steps, report_dir
+        self.on_diagnosis, self.warn = on_diagnosis, warn
         self.factor, self.floor_s, self.action, self.deadline_s = factor, floor_s, action, deadline_s
         self.last_progress = time.monotonic()
         self.last_step = -1
@@ -145,7 +89,7 @@ class Watchdog(threading.Thread):
         self.last_step = step
 
     def threshold(self) -> float:
-        ms = [m for _, m in list(self.rt.clock.durations)[-50:]]
+        ms = self.step_times()[-50:]
         median = sorted(ms)[len(ms) // 2] / 1e3 if ms else 0.0
         return max(self.factor * median, self.floor_s)
 
@@ -154,7 +98,7 @@ class Watchdog(threading.Thread):
 
     def run(self) -> None:
         while not self._stop_event.wait(0.5):
-            if self.last_step < self.rt.cfg.warmup_steps or self.fired_at_step == self.last_step:
+            if self.last_step < self.warmup_steps or self.fired_at_step == self.last_step:
                 continue
             stalled = time.monotonic() - self.last_progress
             if stalled < self.threshold():
@@ -163,12 +107,10 @@ class Watchdog(threading.Thread):
             try:
                 self._fire(stalled)
             except Exception as exc:
-                self.rt._warn(f"hang diagnosis failed: {type(exc).__name__}: {exc}")
+                self.warn(f"hang diagnosis failed: {type(exc).__name__}: {exc}")
 
     def _fire(self, stalled: float) -> None:
-        side = self.rt.side
-        if side is None:
-            return
+        side = self.side
         mine = {"rank": side.rank, "host": socket.gethostname(), "pid": os.getpid(), "step": self.last_step,
                 "stalled_s": round(stalled, 2), "stacks": stacks(), "flight_recorder": flight_recorder()}
         try:
@@ -185,32 +127,22 @@ class Watchdog(threading.Thread):
         reports = {}
         for r, raw in blobs.items():
             try:
-                reports[r] = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+                doc = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+                if isinstance(doc, dict):
+                    reports[r] = doc
             except Exception:
-                self.rt._warn(f"hang: unreadable report from rank {r}")
-        doc = analyse(reports, side.size)
+                self.warn(f"hang: unreadable report from rank {r}")
+        doc = json.loads(json.dumps(analyse(reports, side.size), default=str))
         doc["step"] = self.last_step
-        from eroica_runtime.report import atomic_write
-
-        path = Path(self.rt.report_dir) / f"hang-{self.last_step}.json"
-        atomic_write(path, json.dumps(doc, indent=1, default=str))
-        if self.rt.analyst is not None:
-            self.rt.analyst.add_hang(json.loads(json.dumps(doc, default=str)), self.last_step)
+        path = reportdir.atomic_write(reportdir.hang_path(self.report_dir, self.last_step),
+                                      json.dumps(doc, indent=1))
+        if self.on_diagnosis is not None:
+            self.on_diagnosis(doc, self.last_step)
         print(format_hang(doc, stalled) + f"\n  written to {path}", file=sys.stderr, flush=True)
         if self.action == "abort":
             finding = doc.get("finding") or {}
             msg = (f"eroica: hang diagnosed (rank {finding.get('rank')} at {finding.get('function')}); "
                    f"--hang-action abort ends the job")
             print(msg, file=sys.stderr, flush=True)
-            _write_error_file(msg)
+            errorfile.write_message(msg)
             os._exit(3)
-
-
-def _write_error_file(message: str) -> None:
-    """So the launcher's failure summary shows why eroica ended the job."""
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if not path or os.path.exists(path):
-        return
-    doc = {"message": {"message": message, "extraInfo": {"py_callstack": message,
-                                                         "timestamp": str(int(time.time()))}}}
-    Path(path).write_text(json.dumps(doc))

@@ -1,6 +1,6 @@
 """Reports: the text block in the rank-0 log, diagnosis-<step>.json, report.json and report.html.
 
-Files are written atomically (tmp + rename) before anything is printed, so a job killed right after
+Files are written atomically (through ``reportdir``, the directory's one owner) before anything is printed, so a job killed right after
 a diagnosis still leaves it on disk. Text leads with the answer (who, what, how much) for an SRE
 reading it at 3 a.m.; numbers are shown next to the peers' median.
 """
@@ -8,6 +8,7 @@ reading it at 3 a.m.; numbers are shown next to the peers' median.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,44 +16,47 @@ from typing import Any
 
 import msgpack
 
+from eroica_runtime import reportdir
 from eroica_runtime.engine import Diagnosis, Finding, consolidate
+from eroica_runtime.engine.model import conclusive
 
 REPORT_SCHEMA = "eroica.report/1"
 STEPS_SCHEMA = "eroica.steps/1"
 
 
-def atomic_write(path: str | os.PathLike[str], data: str | bytes) -> Path:
-    """Write via a temp file in the same directory and rename, so readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data.encode("utf-8") if isinstance(data, str) else data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    return path
-
-
 def write_capture(report_dir: str | os.PathLike[str], diagnosis: Diagnosis) -> Path:
     """``<report-dir>/diagnosis-<step>.json`` for one capture."""
     doc = json.dumps(diagnosis.to_json(), indent=1, allow_nan=False)
-    return atomic_write(Path(report_dir) / f"diagnosis-{diagnosis.step}.json", doc)
+    return reportdir.atomic_write(reportdir.diagnosis_path(report_dir, diagnosis.step), doc)
 
 
 def load_steps(report_dir: str | os.PathLike[str]) -> dict[str, list] | None:
     """Rank 0's step history (``steps.msgpack``) or None when absent or unreadable."""
-    path = Path(report_dir) / "steps.msgpack"
     try:
-        doc = msgpack.unpackb(path.read_bytes(), raw=False, strict_map_key=False)
-    except (OSError, ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+        raw = reportdir.read_capped(Path(report_dir) / reportdir.STEPS, reportdir.MAX_REPORT_BYTES)
+        doc = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except (reportdir.InputError, ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
         return None
     if not isinstance(doc, dict) or doc.get("schema") != STEPS_SCHEMA:
         return None
     steps, ms = doc.get("steps"), doc.get("ms")
     if not isinstance(steps, list) or not isinstance(ms, list) or len(steps) != len(ms):
         return None
-    return {"steps": [int(s) for s in steps], "ms": [float(m) for m in ms]}
+    try:
+        out = {"steps": [int(s) for s in steps], "ms": [float(m) for m in ms]}
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if not all(math.isfinite(m) and m >= 0 for m in out["ms"]):
+        return None
+    return out
+
+
+def write_steps(report_dir: str | os.PathLike[str], history: Sequence[float]) -> Path:
+    """``steps.msgpack``: rank 0's step-time history (for plots)."""
+    data = msgpack.packb({"schema": STEPS_SCHEMA, "steps": list(range(1, len(history) + 1)),
+                          "ms": [round(float(m), 4) for m in history]}, use_bin_type=True)
+    with reportdir.job_files_lock():
+        return reportdir.atomic_write(Path(report_dir) / reportdir.STEPS, data)
 
 
 def build_report(*, diagnoses: Sequence[Diagnosis], world_size: int, steps: int,
@@ -79,10 +83,11 @@ def write_job(report_dir: str | os.PathLike[str], *, diagnoses: Sequence[Diagnos
 
     report = build_report(diagnoses=diagnoses, world_size=world_size, steps=steps, job=job)
     root = Path(report_dir)
-    atomic_write(root / "report.json", json.dumps(report, indent=1, allow_nan=False))
-    html = render_html(report, [d.to_json() for d in sorted(diagnoses, key=lambda x: x.step)],
-                       load_steps(root))
-    atomic_write(root / "report.html", html)
+    with reportdir.job_files_lock():
+        reportdir.atomic_write(root / reportdir.REPORT_JSON, json.dumps(report, indent=1, allow_nan=False))
+        html = render_html(report, [d.to_json() for d in sorted(diagnoses, key=lambda x: x.step)],
+                           load_steps(root))
+        reportdir.atomic_write(root / reportdir.REPORT_HTML, html)
     return report
 
 
@@ -90,6 +95,15 @@ def write_job(report_dir: str | os.PathLike[str], *, diagnoses: Sequence[Diagnos
 
 def _ms(x: Any) -> str:
     return f"{x:.1f}" if isinstance(x, (int, float)) else "?"
+
+
+def _text(x: Any, limit: int = 200) -> str:
+    """One printable line: names come from other processes and traces, and a newline (or an escape
+    sequence) in a host or function name must not forge lines or colours in the rank-0 log."""
+    text = str(x)
+    if not text.isprintable():
+        text = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _pair(ev: dict[str, Any], key: str) -> str | None:
@@ -100,7 +114,7 @@ def _pair(ev: dict[str, Any], key: str) -> str | None:
 
 
 def _ranks(ranks: Sequence[int], limit: int = 8) -> str:
-    shown = ", ".join(str(r) for r in list(ranks)[:limit])
+    shown = ", ".join(_text(r) for r in list(ranks)[:limit])
     return shown + (f", … (+{len(ranks) - limit})" if len(ranks) > limit else "")
 
 
@@ -108,13 +122,13 @@ def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
     """A few lines for one finding: answer first, then evidence, then what to do."""
     f = f.to_json() if isinstance(f, Finding) else f
     ev = f.get("evidence") or {}
-    who = f"rank {f['rank']}" if f.get("rank") is not None else "no single rank"
-    where = f" on {f['host']}" if f.get("host") else ""
+    who = f"rank {_text(f['rank'])}" if f.get("rank") is not None else "no single rank"
+    where = f" on {_text(f['host'])}" if f.get("host") else ""
     if f.get("category") == "regression":
         who, where = "all ranks", ""
     what_if = f.get("what_if_step_ms")
-    head = (f"  #{index} {str(f.get('category', '?')).upper()}: {who}{where} — "
-            f"{f.get('function') or '?'} [{f.get('phase') or '-'}], "
+    head = (f"  #{index} {_text(f.get('category', '?')).upper()}: {who}{where} — "
+            f"{_text(f.get('function') or '?')} [{_text(f.get('phase') or '-')}], "
             f"+{_ms(f.get('impact_ms_per_step'))} ms/step"
             + (f" (step → {_ms(what_if)} ms if fixed)" if isinstance(what_if, (int, float)) else ""))
     lines = [head]
@@ -136,19 +150,20 @@ def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
         parts = []
         for fn in fns[:3]:
             if "rank_ms" in fn:
-                parts.append(f"{fn['name']} {_ms(fn['rank_ms'])} vs {_ms(fn['peers_ms'])} ms")
+                parts.append(f"{_text(fn.get('name'))} {_ms(fn['rank_ms'])} vs {_ms(fn.get('peers_ms'))} ms")
             elif "now_ms" in fn:
-                parts.append(f"{fn['name']} {_ms(fn['now_ms'])} vs baseline {_ms(fn['baseline_ms'])} ms")
+                parts.append(f"{_text(fn.get('name'))} {_ms(fn['now_ms'])} vs baseline {_ms(fn.get('baseline_ms'))} ms")
         lines.append("     grew most: " + "; ".join(parts))
     if ev.get("ranks"):
         lines.append(f"     ranks: {_ranks(ev['ranks'])}")
     if ev.get("hosts"):
-        lines.append(f"     hosts: {', '.join(ev['hosts'][:8])} (by {ev.get('localized_by', '?')})")
+        lines.append(f"     hosts: {', '.join(_text(h) for h in ev['hosts'][:8])} "
+                     f"(by {_text(ev.get('localized_by', '?'))})")
     victims = f.get("victims") or []
     if victims:
         lines.append(f"     victims: {len(victims)} ranks only waited on it ({_ranks(victims)})")
     if f.get("action"):
-        lines.append(f"     action: {f['action']}")
+        lines.append(f"     action: {_text(f['action'], 400)}")
     return lines
 
 
@@ -161,17 +176,23 @@ def format_capture(diagnosis: Diagnosis | dict[str, Any]) -> str:
     if d.get("missing"):
         tail.append(f"     missing ranks: {_ranks(d['missing'])}")
     for e in (d.get("errors") or [])[:5]:
-        tail.append(f"     rejected: {e}")
+        tail.append(f"     rejected: {_text(e, 400)}")
     if len(d.get("errors") or []) > 5:
         tail.append(f"     … {len(d['errors']) - 5} more rejected summaries")
     findings = d.get("findings") or []
+    if not findings and not conclusive(int(n or 0), int(ws or 0)):
+        rejected, missing = len(d.get("errors") or []), len(d.get("missing") or [])
+        line = (f"eroica: step {_text(d.get('step'))} ({_text(d.get('trigger'))}): not diagnosed — only "
+                f"{n}/{ws} ranks sent a usable summary ({rejected} rejected, {missing} missing)")
+        return "\n".join([line, *tail])
     if not findings:
-        line = (f"eroica: step {d.get('step')} ({d.get('trigger')}): healthy — {n}/{ws} ranks agree, "
-                f"no culprit (median step {_ms(med)} ms)")
+        line = (f"eroica: step {_text(d.get('step'))} ({_text(d.get('trigger'))}): healthy — {n}/{ws} ranks "
+                f"agree, no culprit (median step {_ms(med)} ms)")
         return "\n".join([line, *tail])
     top = findings[0]
     more = f" [+{len(findings) - 1} more finding(s)]" if len(findings) > 1 else ""
-    lines = [f"eroica: step {d.get('step')} ({d.get('trigger')}): {top.get('title') or top.get('category')}"
+    lines = [f"eroica: step {_text(d.get('step'))} ({_text(d.get('trigger'))}): "
+             f"{_text(top.get('title') or top.get('category'))}"
              f"{more} — {n}/{ws} ranks analysed, median step {_ms(med)} ms"]
     for i, f in enumerate(findings, 1):
         lines.extend(format_finding(f, i))
@@ -185,8 +206,16 @@ def format_job(report: dict[str, Any], report_dir: str | os.PathLike[str] | None
     where = f" — {Path(report_dir) / 'report.html'}" if report_dir else ""
     head = (f"eroica: job report: {len(findings)} finding(s) over {len(caps)} capture(s), "
             f"world size {report.get('world_size')}, {report.get('steps')} steps{where}")
-    if not findings:
-        head = (f"eroica: job report: healthy — no findings over {len(caps)} capture(s), world size "
+    looked = [c for c in caps if c.get("trigger") == "hang"
+              or conclusive(int(c.get("ranks_analysed") or 0), int(report.get("world_size") or 0))]
+    if not findings and not caps:
+        head = (f"eroica: job report: no capture was taken, so nothing was diagnosed — world size "
+                f"{report.get('world_size')}, {report.get('steps')} steps{where}")
+    elif not findings and not looked:
+        head = (f"eroica: job report: not diagnosed — none of the {len(caps)} capture(s) had enough usable "
+                f"summaries, world size {report.get('world_size')}, {report.get('steps')} steps{where}")
+    elif not findings:
+        head = (f"eroica: job report: healthy — no findings over {len(looked)} capture(s), world size "
                 f"{report.get('world_size')}, {report.get('steps')} steps{where}")
     lines = [head]
     for i, f in enumerate(findings, 1):
@@ -197,4 +226,22 @@ def format_job(report: dict[str, Any], report_dir: str | os.PathLike[str] | None
     missing = sum(len(c.get("missing") or []) for c in caps)
     if errors or missing:
         lines.append(f"  ({errors} rejected summaries, {missing} missing rank-captures; see report.json)")
+    return "\n".join(lines)
+
+
+def format_hang(doc: dict[str, Any], stalled_s: float) -> str:
+    """The HANG block in the rank-0 log (engine.hang.analyse's document)."""
+    lines = [f"eroica: HANG: no step progress for {stalled_s:.0f}s"]
+    f = doc.get("finding")
+    if f:
+        ev = f.get("evidence") or {}
+        lines.append(f"  culprit: rank {_text(f['rank'])} on {_text(f.get('host'))} — at {_text(f['function'])}")
+        lines.append(f"  the other {len(f['victims'])} rank(s) wait at {_text(ev.get('majority_position'))}"
+                     if ev.get("majority_position") else f"  {_text(f['action'], 400)}")
+        for frame in ev.get("stack", [])[-6:]:
+            lines.append(f"     {_text(frame, 300)}")
+        lines.append(f"  action: {_text(f['action'], 400)}")
+    else:
+        lines.append("  every rank is at the same place: " + ", ".join(
+            f"{_text(p['where'])} ({len(p['ranks'])} ranks)" for p in doc["positions"][:3]))
     return "\n".join(lines)

@@ -13,6 +13,7 @@ import signal
 import socket
 import statistics
 import sys
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -20,12 +21,13 @@ from typing import Any
 
 import msgpack
 
-from eroica_runtime import __version__, errorfile, telemetry
+from eroica_runtime import __version__, errorfile, reportdir, telemetry
 from eroica_runtime import summary as summary_mod
 from eroica_runtime.capture import Capture
 from eroica_runtime.config import Config
 from eroica_runtime.gather import gather_capture, gather_job_end
-from eroica_runtime.sidechannel import DeadlineMissed, SideChannel
+from eroica_runtime.pgkeeper import REFRESH_EVERY, GroupKeeper
+from eroica_runtime.sidechannel import DeadlineMissed, SideChannel, leave_mpi
 from eroica_runtime.stepclock import StepClock
 from eroica_runtime.trigger import Trigger
 
@@ -43,6 +45,7 @@ class Runtime:
         self.trigger = Trigger(cfg)
         self.capture = Capture()
         self.gc = telemetry.GcMonitor()
+        self.pg_keeper = GroupKeeper()
         self.votes: deque[tuple[int, Any]] = deque()
         self.analyst: Any = None
         self.groups: list[dict[str, Any]] = []
@@ -51,7 +54,8 @@ class Runtime:
         self._own_s = 0.0
         self._job_end_done = False
         self.watchdog: Any = None
-        self._world_broken = False   # a peer missed a deadline: never wait for it again (no finalize)
+        self._world_broken = False   # a peer missed a deadline: never wait for it again
+        self._flush_requested = threading.Event()
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     @classmethod
@@ -64,35 +68,59 @@ class Runtime:
         from eroica_runtime.sidechannel import SideChannelError
 
         try:
-            self.side = SideChannel()
+            self.side = SideChannel(self.cfg.deadline_s)
         except SideChannelError as exc:
             self._warn(f"off on this rank: {exc}; training continues without eroica")
+            # MPI may be up: a healthy rank must still finalize it at exit (see _at_exit)
+            atexit.register(lambda: leave_mpi(failing=errorfile.failed()))
             return
         self.rank = self.side.rank
+        atexit.register(self._at_exit)   # from here on, whatever happens, exit goes through _at_exit
+        # rank 0 needs its report directory; every rank learns at once whether it has it, so that
+        # nobody waits a deadline for a rank 0 that switched itself off
+        usable, why = True, ""
+        if self.rank == 0:
+            try:
+                reportdir.ensure_directory(self.report_dir)
+            except OSError as exc:
+                usable, why = False, f"report directory {self.report_dir}: {exc.strerror or exc}"
+        try:
+            everyone = self.side.agree(usable, self.cfg.deadline_s, "start-up agreement")
+        except SideChannelError as exc:
+            self._world_broken = True
+            self._warn(f"off on this rank: {exc}; training continues without eroica")
+            return
+        if not everyone:
+            self._warn(f"off on every rank: {why or 'rank 0 cannot write its report directory'}; "
+                       "training continues without eroica")
+            return
         self.capture.warm_up()
         self.gc.install()
         self.clock.install()
         self._record_groups()
         self._install_signals()
-        atexit.register(self._at_exit)
         os.register_at_fork(after_in_child=self._forked_child)
-        if self.side.thread_multiple:
-            from eroica_runtime.hang import DEFAULT_FLOOR_S, Watchdog
-
-            self.watchdog = Watchdog(self, self.cfg.hang_factor, self.cfg.hang_timeout_s or DEFAULT_FLOOR_S,
-                                     self.cfg.hang_action, self.cfg.deadline_s)
-            self.watchdog.start()
-        else:
-            self._warn("MPI gives no MPI_THREAD_MULTIPLE: the hang watchdog is off")
         if self.rank == 0:
             from eroica_runtime.analyst import Analyst
 
-            Path(self.report_dir).mkdir(parents=True, exist_ok=True)
             self.analyst = Analyst(self.report_dir, self.side.size, self.cfg.topology)
             self.analyst.history_source = lambda: self.clock.all_ms
             # a report.json from the start: a job cancelled at any moment leaves one (rewritten
             # after every capture and at job end)
             self.analyst.write_job(steps=0, job={"partial": True}, history=[])
+            threading.Thread(target=self._flush_loop, name="eroica-flush", daemon=True).start()
+        if self.side.thread_multiple:
+            from eroica_runtime.hang import DEFAULT_FLOOR_S, Watchdog
+
+            self.watchdog = Watchdog(
+                self.side, step_times=lambda: [m for _, m in self.clock.durations],
+                warmup_steps=self.cfg.warmup_steps, report_dir=self.report_dir, factor=self.cfg.hang_factor,
+                floor_s=self.cfg.hang_timeout_s or DEFAULT_FLOOR_S, action=self.cfg.hang_action,
+                deadline_s=self.cfg.deadline_s, warn=self._warn,
+                on_diagnosis=self.analyst.add_hang if self.analyst is not None else None)
+            self.watchdog.start()
+        else:
+            self._warn("MPI gives no MPI_THREAD_MULTIPLE: the hang watchdog is off")
         self.enabled = True
 
     def _warn(self, msg: str) -> None:
@@ -138,6 +166,8 @@ class Runtime:
     def _boundary(self, step: int, ms: float) -> None:
         assert self.side is not None
         cfg = self.cfg
+        if step % REFRESH_EVERY == 0:
+            self.pg_keeper.refresh()
         in_window = self.capture.active
         if self.rank == 0 and time.monotonic() >= self._next_file_check:
             self._next_file_check = time.monotonic() + TRIGGER_FILE_EVERY_S
@@ -164,14 +194,15 @@ class Runtime:
             self.capture.start(decision.start_step + 1, decision.trigger, cfg.window_steps)
 
     def _check_trigger_file(self) -> None:
-        path = Path(self.report_dir) / "trigger"
-        if path.exists():
-            try:
-                path.unlink()
-            except OSError:
-                pass
+        taken = reportdir.take_trigger(self.report_dir)
+        if taken is None:
+            # a trigger file eroica cannot remove would request a capture every second: stop looking
+            self._next_file_check = float("inf")
+            self._warn(f"cannot remove {Path(self.report_dir) / reportdir.TRIGGER}: manual captures by file are "
+                       "off for this job (SIGUSR1 still works)")
+        elif taken:
             self.trigger.manual_pending = True
-            self._warn(f"manual capture requested ({path})")
+            self._warn(f"manual capture requested ({Path(self.report_dir) / reportdir.TRIGGER})")
 
     # ---- the window ------------------------------------------------------------------------------------
     def _close_window(self, step: int) -> None:
@@ -217,6 +248,7 @@ class Runtime:
 
         def new_group(*args: Any, **kwargs: Any) -> Any:
             group = original_new_group(*args, **kwargs)
+            runtime.pg_keeper.hold(group)
             ranks = kwargs.get("ranks", args[0] if args else None)
             if ranks is not None and runtime.rank in list(ranks) and len(runtime.groups) < 64:
                 name = kwargs.get("group_desc") or f"group{len(runtime.groups)}"
@@ -271,13 +303,22 @@ class Runtime:
         prev2 = signal.getsignal(signal.SIGUSR2)
 
         def on_usr2(signum: int, frame: Any) -> None:
-            self._flush("SIGUSR2")
+            # only a flag here: the flush waits for the analyst and writes files, which a signal
+            # handler (run between two bytecodes of whatever the main thread holds) must never do
+            self._flush_requested.set()
             chain(prev2, signum, frame)
 
         signal.signal(signal.SIGUSR2, on_usr2)
         # No SIGTERM handler: a Python handler never runs while a rank is stuck in C++ (a collective),
         # so it would make the rank ignore SIGTERM. Rank 0 rewrites report.json after every capture
         # instead, so a killed job still leaves its diagnoses.
+
+    def _flush_loop(self) -> None:
+        """Rank 0's flusher thread: writes the report whenever SIGUSR2 asked (even while training hangs)."""
+        while True:
+            self._flush_requested.wait()
+            self._flush_requested.clear()
+            self._flush("SIGUSR2")
 
     def _flush(self, why: str) -> None:
         """Write what rank 0 knows so far (no collective: other ranks may be gone)."""
@@ -297,9 +338,22 @@ class Runtime:
 
     # ---- job end -----------------------------------------------------------------------------------------
     def _at_exit(self) -> None:
+        """Job end, bounded whatever state eroica is in (a window open, votes in flight, a peer gone).
+
+        The job-end gather and rank 0's wait for its analyst have deadlines. MPI_Finalize then waits
+        for every rank, as torchrun waits for every worker: a rank still working (a checkpoint after
+        the last step) must not be cut short. A rank that finished but hangs in interpreter teardown is
+        ended by its wrapper (eroica_launch.rank, EROICA_EXIT_GRACE_S), which releases the others.
+        Only a failing rank leaves without finalizing: under MPICH's hydra a rank that exits without
+        MPI_Finalize makes it kill every other rank at once, which is what a failure should do (as
+        torchrun stops the job) and never what a healthy rank may do to its peers.
+        """
         if self._job_end_done:
             return
         self._job_end_done = True
+        # the program's process groups, freed here with the GIL released (see pgkeeper), not inside
+        # ~Reducer at the program's last frame or at teardown
+        self.pg_keeper.release()
         side = self.side
         if side is None:
             return
@@ -310,32 +364,33 @@ class Runtime:
             if self.capture.active:
                 self.capture.abandon()
             if self.enabled and not failing:
-                self._job_end(side)
+                stats = self._gather_job_end(side)
+                if stats is not None:
+                    self._write_job_end(stats)   # before MPI_Finalize: a killed job keeps its report
         except DeadlineMissed as exc:
             self._world_broken = True
             self._warn(f"job-end report incomplete: {exc}")
         except Exception as exc:
             self._warn(f"job-end report failed: {type(exc).__name__}: {exc}")
-        if failing or self._world_broken:
-            # MPI_Finalize would wait for ranks that are still training (or gone): leave without it,
-            # so this rank's failure ends the job now, as torchrun does
+        if failing:
             side.drain(timeout_s=0.2)
             return
-        side.drain()
+        side.drain(timeout_s=0.2 if self._world_broken else 2.0)
         try:
             side.finalize()
         except Exception as exc:
             self._warn(f"MPI_Finalize failed: {type(exc).__name__}: {exc}")
 
-    def _job_end(self, side: SideChannel) -> None:
-        from eroica_runtime.analyst import format_job_stats, job_stats
+    def _gather_job_end(self, side: SideChannel) -> dict[str, Any] | None:
+        """Every rank's step statistics to rank 0 (bounded); rank 0 gets the job's, the others None."""
+        from eroica_runtime.analyst import job_stats
 
         mine = {"rank": self.rank, "host": socket.gethostname(), **_step_stats(self.clock.all_ms, self.cfg),
                 "eroica_ms": round(self._own_s * 1e3, 3)}
         got = gather_job_end(side, msgpack.packb(mine, use_bin_type=True), self.cfg.deadline_s)
         if got is None or self.analyst is None:
-            return
-        blobs, missing = got
+            return None
+        blobs, _missing = got
         per_rank = {}
         for r, raw in blobs.items():
             try:
@@ -344,12 +399,16 @@ class Runtime:
                     per_rank[r] = doc
             except Exception:
                 self._warn(f"job end: unreadable statistics from rank {r}")
-        if not self.analyst.wait(max(30.0, self.cfg.deadline_s)):
-            self._warn("job end: analysis still running after 30s; writing the report without it")
-        stats = job_stats(per_rank, side.size)
-        rep = self.analyst.write_job(steps=stats["steps"], job=stats, history=self.clock.all_ms)
+        return job_stats(per_rank, side.size)
+
+    def _write_job_end(self, stats: dict[str, Any]) -> None:
+        """Rank 0: wait (bounded) for the analyst, write report.json/html, then print the job report."""
+        from eroica_runtime.analyst import format_job_stats
         from eroica_runtime.report import format_job
 
+        if not self.analyst.wait(max(30.0, self.cfg.deadline_s)):
+            self._warn("job end: analysis still running after 30s; writing the report without it")
+        rep = self.analyst.write_job(steps=stats["steps"], job=stats, history=self.clock.all_ms)
         print(format_job_stats(stats, self.analyst.captures), file=sys.stderr)
         print(format_job(rep, self.report_dir), file=sys.stderr, flush=True)
 

@@ -11,6 +11,7 @@ Payloads are bytes (msgpack produced by the caller) or small numpy int arrays â€
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +45,23 @@ def _poll(test: Callable[[], bool], deadline: float) -> bool:
     return True
 
 
+def leave_mpi(*, failing: bool) -> None:
+    """At exit of a rank whose side channel never came up: finalize MPI if it was initialized.
+
+    Under MPICH's hydra a rank that exits without MPI_Finalize makes it kill every other rank at
+    once, so a healthy rank must finalize whatever state eroica is in; a failing one must not (its
+    failure should end the job, and finalizing would wait for the healthy ranks to finish).
+    """
+    mpi = sys.modules.get("mpi4py.MPI")
+    if failing or mpi is None:
+        return
+    try:
+        if mpi.Is_initialized() and not mpi.Is_finalized():
+            mpi.Finalize()
+    except Exception:
+        pass
+
+
 @dataclass(slots=True)
 class Vote:
     """One Iallreduce in flight (its buffers must live until it completes)."""
@@ -57,7 +75,7 @@ class Vote:
 class SideChannel:
     """World / node / leader communicators and deadline-bounded operations on them."""
 
-    def __init__(self) -> None:
+    def __init__(self, deadline_s: float = 20.0) -> None:
         try:
             import mpi4py
 
@@ -77,6 +95,16 @@ class SideChannel:
                 "as one MPI job (e.g. srun --mpi=none); start them with eroica-run or srun --mpi=pmi2")
         # the hang watchdog talks from its own thread while the main thread may be inside MPI too
         self.thread_multiple = MPI.Query_thread() == MPI.THREAD_MULTIPLE
+        self._pending: list = []
+        self._votes: list[Vote] = []   # in flight, oldest first
+        # Creating communicators is blocking and has no deadline: only start once every rank is known
+        # to be here and to go on (a barrier, then an agreement, each bounded; a rank that gave up on
+        # the first never posts the second, so nobody proceeds into a blocking call alone).
+        deadline = time.monotonic() + deadline_s
+        if not _poll(world.Ibarrier().Test, deadline):
+            raise SideChannelError(f"not every rank started eroica within {deadline_s:.0f}s")
+        if not self._agree_on(world, True, deadline):
+            raise SideChannelError(f"not every rank started eroica within {deadline_s:.0f}s")
         self.world = world.Dup()
         self.rank = self.world.Get_rank()
         self.size = self.world.Get_size()
@@ -98,8 +126,23 @@ class SideChannel:
         self.node.Allgather(mine, members)
         self.node_ranks = [int(r) for r in members]
         self.leader_world_rank = self.node_ranks[0]
-        self._pending: list = []
-        self._votes: list[Vote] = []   # in flight, oldest first
+
+    def _agree_on(self, comm: object, ok: bool, deadline: float) -> bool:
+        """True when every rank of ``comm`` says ok before ``deadline`` (Iallreduce MIN, bounded)."""
+        send = np.array([1 if ok else 0], dtype=np.int64)
+        recv = np.zeros_like(send)
+        req = comm.Iallreduce(send, recv, op=self.MPI.MIN)  # type: ignore[attr-defined]
+        if not _poll(req.Test, deadline):
+            self._pending.append((req, send, recv))
+            raise DeadlineMissed("agreement")
+        return bool(recv[0])
+
+    def agree(self, ok: bool, deadline_s: float, what: str = "agreement") -> bool:
+        """Whether every rank says ok (a bounded Iallreduce MIN on the side channel)."""
+        try:
+            return self._agree_on(self.world, ok, time.monotonic() + deadline_s)
+        except DeadlineMissed:
+            raise DeadlineMissed(what) from None
 
     # ---- nonblocking vote -------------------------------------------------------------------------
     def post_vote(self, values: np.ndarray) -> Vote:

@@ -17,8 +17,10 @@ TRAIN = DATA / "runtime" / "train.py"
                                                   ("data", "dataloader", ("data",)),
                                                   ("gc", "gc", ("gc",))])
 def test_planted_fault_is_named_with_victims(tmp_path, fault: str, category: str, phase: tuple[str, ...]) -> None:
+    # 1000 matmuls: ~25 ms of extra forward here, well over the engine's bar for 4 peers (25% of the
+    # step); 300 (~7 ms) sat right at the bar and a preempted peer's host gap could hide it
     proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, TRAIN,
-                      env={"FAULT": fault, "FAULT_RANK": "2", "FAULT_FROM": "40", "FAULT_MATMULS": "300",
+                      env={"FAULT": fault, "FAULT_RANK": "2", "FAULT_FROM": "40", "FAULT_MATMULS": "1000",
                            "STEPS": "90"}, timeout=240)
     assert proc.returncode == 0, explain(proc)
     report = json.loads((tmp_path / "report.json").read_text())

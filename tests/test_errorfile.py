@@ -33,3 +33,50 @@ def test_failure_is_remembered_and_recorded(tmp_path, body: str, failed: bool, h
         doc = json.loads(err.read_text())
         assert doc["message"]["message"] == "ValueError: boom"
         assert "Traceback" in doc["message"]["extraInfo"]["py_callstack"]
+
+
+@pytest.mark.parametrize("body,code", [
+    ("pass", 0),
+    ("sys.exit(0)", 0),
+    ("sys.exit(3)", 3),
+    ("sys.exit('bye')", 1),
+    ("raise ValueError('boom')", 1),
+    ("raise KeyboardInterrupt", 130),
+])
+def test_exit_marker_says_the_program_finished_and_its_exit_code(tmp_path, body: str, code: int) -> None:
+    marker = tmp_path / "exiting.json"
+    subprocess.run([sys.executable, "-c", SCRIPT.format(body=body)], capture_output=True, text=True, timeout=60,
+                   env={"EROICA_EXIT_MARKER": str(marker), "PATH": "/usr/bin"})
+    assert json.loads(marker.read_text())["exitcode"] == code
+
+
+STUCK = """
+import time
+from eroica_runtime import errorfile
+errorfile.install()
+class Stuck:
+    def __del__(self):
+        time.sleep(3600)   # interpreter teardown never ends, after every atexit handler ran
+stuck = Stuck()
+{body}
+"""
+
+
+@pytest.mark.parametrize("body,code", [("pass", 0), ("import sys; sys.exit(4)", 4)])
+def test_wrapper_ends_a_program_stuck_in_teardown_with_the_code_it_chose(tmp_path, body: str, code: int) -> None:
+    from eroica_launch.rank import wait_with_exit_guard
+
+    marker = tmp_path / "exiting.json"
+    child = subprocess.Popen([sys.executable, "-c", STUCK.format(body=body)],
+                             env={"EROICA_EXIT_MARKER": str(marker), "PATH": "/usr/bin"})
+    rc, message = wait_with_exit_guard(child, marker, grace_s=1.0, poll_s=0.05)
+    assert rc == code and f"finished (exit code {code}) but was still tearing down" in message
+    assert child.poll() is not None
+
+
+def test_wrapper_never_ends_a_program_that_has_not_finished(tmp_path) -> None:
+    from eroica_launch.rank import wait_with_exit_guard
+
+    marker = tmp_path / "exiting.json"   # never written: the program is still working, however long
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2.5)"], env={"PATH": "/usr/bin"})
+    assert wait_with_exit_guard(child, marker, grace_s=0.5, poll_s=0.05) == (0, "")

@@ -8,7 +8,7 @@ import time
 import pytest
 from conftest import DATA, eroica_run, explain
 
-from eroica_runtime.hang import analyse, where
+from eroica_runtime.engine.hang import analyse, where
 
 TRAIN = DATA / "runtime" / "train.py"
 

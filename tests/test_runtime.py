@@ -27,7 +27,7 @@ def captures(report_dir: Path) -> dict[int, tuple[dict, list[dict], list[str]]]:
 
 def test_slowdown_fires_exactly_one_synchronized_capture(tmp_path) -> None:
     proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, TRAIN,
-                      env={"FAULT": "compute", "FAULT_RANK": "2", "FAULT_FROM": "40", "FAULT_MATMULS": "300",
+                      env={"FAULT": "compute", "FAULT_RANK": "2", "FAULT_FROM": "40", "FAULT_MATMULS": "1000",
                            "STEPS": "90"}, timeout=240)
     assert proc.returncode == 0, explain(proc)
     caps = captures(tmp_path)

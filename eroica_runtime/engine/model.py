@@ -62,6 +62,11 @@ class Finding:
                        captures=tuple(doc.get("captures") or ()))
 
 
+def conclusive(ranks_analysed: int, world_size: int) -> bool:
+    """See Diagnosis.conclusive (also applied to stored diagnoses, which are plain JSON)."""
+    return ranks_analysed >= min(2, max(world_size, 1)) and 2 * ranks_analysed >= world_size
+
+
 @dataclass(frozen=True)
 class Diagnosis:
     """Everything the engine concluded about one capture (plus what it could not look at)."""
@@ -80,9 +85,15 @@ class Diagnosis:
     engine_s: float = 0.0
 
     @property
+    def conclusive(self) -> bool:
+        """Enough usable summaries to compare: at least two ranks (one in a one-rank job) and at least
+        half of the world. Fewer, and "no finding" means "could not look", not "healthy"."""
+        return conclusive(self.ranks_analysed, self.world_size)
+
+    @property
     def healthy(self) -> bool:
-        """True when nothing was found (the one-line case in the log)."""
-        return not self.findings
+        """True when nothing was found in a capture that could show something (the one-line case)."""
+        return not self.findings and self.conclusive
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document written as diagnosis-<step>.json."""

@@ -6,6 +6,7 @@ boundaries, so they are plain msgpack maps, validated on decode, never pickled.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgpack
@@ -60,8 +61,75 @@ def decode(data: bytes, *, origin: str = "?", max_bytes: int = MAX_SUMMARY_BYTES
     return obj
 
 
+# Plausibility bounds: a value outside them is a corrupt or hostile summary, never a measurement.
+MAX_MS = 1e7                 # ~2.8 hours, per step or per call
+MAX_COUNT = 1e9              # calls per step
+MAX_WORLD = 10_000_000
+MAX_FUNCTIONS_LISTED = 4096
+MAX_STEPS_LISTED = 100_000
+MAX_GROUPS = 256
+MAX_NAME = 4096
+MAX_TELEMETRY_DEPTH = 4
+MAX_TELEMETRY_LEAVES = 4096
+
+
+def _bad(origin: str, what: str) -> SummaryError:
+    return SummaryError(f"summary from {origin}: {what}")
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, _NUM) and not isinstance(x, bool)
+
+
+def _check_ms(origin: str, where: str, x: Any, hi: float = MAX_MS) -> None:
+    """A finite, non-negative number no larger than ``hi`` (booleans are not numbers)."""
+    if not _is_num(x):
+        raise _bad(origin, f"{where} is not a number ({type(x).__name__})")
+    if not (0.0 <= float(x) <= hi):   # also False for NaN
+        raise _bad(origin, f"{where}={x!r} is outside [0, {hi:g}]")
+
+
+def _check_int(origin: str, where: str, x: Any, lo: int, hi: int) -> None:
+    if not isinstance(x, int) or isinstance(x, bool) or not lo <= x <= hi:
+        raise _bad(origin, f"{where}={x!r} must be an integer in [{lo}, {hi}]")
+
+
+def _check_str(origin: str, where: str, x: Any, limit: int = MAX_NAME) -> None:
+    if not isinstance(x, str) or len(x) > limit:
+        raise _bad(origin, f"{where} must be a string of at most {limit} characters")
+
+
+def _check_tree(origin: str, where: str, x: Any, depth: int = 0, budget: list[int] | None = None) -> None:
+    """Free-form maps (telemetry, device, versions): small, shallow, finite numbers, short strings."""
+    budget = budget if budget is not None else [MAX_TELEMETRY_LEAVES]
+    if depth > MAX_TELEMETRY_DEPTH:
+        raise _bad(origin, f"{where} is nested deeper than {MAX_TELEMETRY_DEPTH} levels")
+    if isinstance(x, dict):
+        items = x.items()
+    elif isinstance(x, list):
+        items = enumerate(x)
+    else:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise _bad(origin, f"{where}: more than {MAX_TELEMETRY_LEAVES} values")
+        if _is_num(x) and not math.isfinite(float(x)):
+            raise _bad(origin, f"{where}={x!r} is not finite")
+        if not (x is None or isinstance(x, (bool, int, float, str))) or (isinstance(x, str) and len(x) > MAX_NAME):
+            raise _bad(origin, f"{where} holds an unexpected {type(x).__name__}")
+        return
+    for k, v in items:
+        if not isinstance(k, (str, int)) or isinstance(k, bool):
+            raise _bad(origin, f"{where} has a {type(k).__name__} key")
+        _check_tree(origin, f"{where}.{k}", v, depth + 1, budget)
+
+
 def validate(obj: Any, *, origin: str = "?") -> None:
-    """Check the schema tag and field types; raise SummaryError with a one-line reason."""
+    """Check the schema tag, field types, finiteness and ranges; raise SummaryError with a one-line reason.
+
+    A summary is input from another process: one that passes here cannot make the engine raise or
+    distort the others' diagnosis (every phase present, every number finite and plausible, groups
+    and telemetry well-formed).
+    """
     if not isinstance(obj, dict):
         raise SummaryError(f"summary from {origin}: expected a map, got {type(obj).__name__}")
     schema = obj.get("schema")
@@ -69,22 +137,87 @@ def validate(obj: Any, *, origin: str = "?") -> None:
         raise SummaryError(f"summary from {origin}: unsupported schema {schema!r} (expected {SCHEMA!r})")
     for field, types in _TOP_FIELDS.items():
         if field not in obj:
-            raise SummaryError(f"summary from {origin}: missing field {field!r}")
+            raise _bad(origin, f"missing field {field!r}")
         if not isinstance(obj[field], types) or isinstance(obj[field], bool):
-            raise SummaryError(f"summary from {origin}: field {field!r} has type {type(obj[field]).__name__}")
+            raise _bad(origin, f"field {field!r} has type {type(obj[field]).__name__}")
+    _check_int(origin, "world_size", obj["world_size"], 1, MAX_WORLD)
+    _check_int(origin, "rank", obj["rank"], 0, obj["world_size"] - 1)
+    _check_int(origin, "local_rank", obj["local_rank"], 0, MAX_WORLD)
+    _check_str(origin, "host", obj["host"], 255)
+    phases = obj["phases"]
     for name in PHASES:
-        value = obj["phases"].get(name, 0.0)
-        if not isinstance(value, _NUM):
-            raise SummaryError(f"summary from {origin}: phase {name!r} is not a number")
-    for i, fn in enumerate(obj["functions"]):
+        if name not in phases:
+            raise _bad(origin, f"phase {name!r} is missing")
+        _check_ms(origin, f"phase {name!r}", phases[name])
+    fns = obj["functions"]
+    if len(fns) > MAX_FUNCTIONS_LISTED:
+        raise _bad(origin, f"{len(fns)} functions (at most {MAX_FUNCTIONS_LISTED})")
+    for i, fn in enumerate(fns):
         if not isinstance(fn, dict):
-            raise SummaryError(f"summary from {origin}: functions[{i}] is not a map")
+            raise _bad(origin, f"functions[{i}] is not a map")
         for field, types in _FUNCTION_FIELDS.items():
-            if not isinstance(fn.get(field), types):
-                raise SummaryError(f"summary from {origin}: functions[{i}].{field} missing or mistyped")
-    for i, st in enumerate(obj["steps"]):
-        if not (isinstance(st, dict) and isinstance(st.get("step"), int) and isinstance(st.get("ms"), _NUM)):
-            raise SummaryError(f"summary from {origin}: steps[{i}] must be {{step: int, ms: number}}")
+            if not isinstance(fn.get(field), types) or isinstance(fn.get(field), bool):
+                raise _bad(origin, f"functions[{i}].{field} missing or mistyped")
+        _check_str(origin, f"functions[{i}].name", fn["name"])
+        if fn["kind"] not in KINDS or fn["phase"] not in FUNCTION_PHASES:
+            raise _bad(origin, f"functions[{i}] has unknown kind/phase {fn['kind']!r}/{fn['phase']!r}")
+        _check_ms(origin, f"functions[{i}].count", fn["count"], MAX_COUNT)
+        for field in ("ms", "mean", "p50", "p90", "p99", "max", "std"):
+            _check_ms(origin, f"functions[{i}].{field}", fn[field])
+    steps = obj["steps"]
+    if len(steps) > MAX_STEPS_LISTED:
+        raise _bad(origin, f"{len(steps)} steps (at most {MAX_STEPS_LISTED})")
+    for i, st in enumerate(steps):
+        if not (isinstance(st, dict) and isinstance(st.get("step"), int) and not isinstance(st.get("step"), bool)
+                and st["step"] >= 0):
+            raise _bad(origin, f"steps[{i}] must be {{step: int >= 0, ms: number}}")
+        _check_ms(origin, f"steps[{i}].ms", st.get("ms"))
+    groups = obj["groups"]
+    if len(groups) > MAX_GROUPS:
+        raise _bad(origin, f"{len(groups)} groups (at most {MAX_GROUPS})")
+    for i, g in enumerate(groups):
+        if not isinstance(g, dict) or not isinstance(g.get("ranks"), list):
+            raise _bad(origin, f"groups[{i}] must be {{name: str, ranks: [int]}}")
+        _check_str(origin, f"groups[{i}].name", g.get("name"), 255)
+        if len(g["ranks"]) > obj["world_size"] or not all(
+                isinstance(r, int) and not isinstance(r, bool) and 0 <= r < obj["world_size"] for r in g["ranks"]):
+            raise _bad(origin, f"groups[{i}].ranks must be ranks of this world (0..{obj['world_size'] - 1})")
+    gc = obj["gc"]
+    for field in ("count", "ms"):
+        if field in gc:
+            _check_ms(origin, f"gc.{field}", gc[field], MAX_COUNT if field == "count" else MAX_MS)
+    cap = obj["capture"]
+    if "step" in cap:
+        _check_int(origin, "capture.step", cap["step"], 0, 2**53)
+    if "k" in cap:
+        _check_int(origin, "capture.k", cap["k"], 0, MAX_STEPS_LISTED)
+    if "trigger" in cap:
+        _check_str(origin, "capture.trigger", cap["trigger"], 64)
+    dev = obj.get("device_phases")
+    if dev is not None:
+        if not isinstance(dev, dict):
+            raise _bad(origin, "device_phases must be a map")
+        for k, v in dev.items():
+            _check_str(origin, "device_phases key", k, 64)
+            _check_ms(origin, f"device_phases.{k}", v, MAX_COUNT * 1e3)
+    tele = obj["telemetry"]
+    for edge in ("start", "end"):
+        sample = tele.get(edge)
+        if sample is None:
+            continue
+        if not isinstance(sample, dict):
+            raise _bad(origin, f"telemetry.{edge} must be a map")
+        for part in ("host", "gpu"):
+            if sample.get(part) is not None and not isinstance(sample[part], dict):
+                raise _bad(origin, f"telemetry.{edge}.{part} must be a map")
+        gpu = sample.get("gpu") or {}
+        if "throttle" in gpu and gpu["throttle"] is not None and not (
+                isinstance(gpu["throttle"], list) and all(isinstance(x, str) for x in gpu["throttle"])):
+            raise _bad(origin, f"telemetry.{edge}.gpu.throttle must be a list of strings")
+    for field in ("telemetry", "device", "versions"):
+        _check_tree(origin, field, obj[field])
+    if "profile" in obj:
+        _check_tree(origin, "profile", obj["profile"])
 
 
 def own_work_ms(summary: dict[str, Any]) -> float:
@@ -137,4 +270,34 @@ def decode_capture(data: bytes, *, origin: str = "capture",
         except SummaryError as exc:
             errors.append(str(exc))
     meta = {k: doc.get(k) for k in ("step", "trigger", "world_size", "missing", "extra")}
+    _check_capture_meta(meta, origin)
     return meta, good, errors
+
+
+def _check_capture_meta(meta: dict[str, Any], origin: str) -> None:
+    """The capture file's own fields (written by rank 0; read back by `eroica analyze` from disk)."""
+    def bad(what: str) -> SummaryError:
+        return SummaryError(f"{origin}: {what}")
+
+    step, world = meta.get("step"), meta.get("world_size")
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= 2**53:
+        raise bad(f"'step' must be a non-negative integer, got {step!r}")
+    if not isinstance(world, int) or isinstance(world, bool) or not 1 <= world <= MAX_WORLD:
+        raise bad(f"'world_size' must be an integer in [1, {MAX_WORLD}], got {world!r}")
+    trigger = meta.get("trigger")
+    if not isinstance(trigger, str) or not trigger or len(trigger) > 64 or not trigger.isprintable():
+        raise bad(f"'trigger' must be a short printable string, got {trigger!r}")
+    missing = meta.get("missing")
+    if missing is None:
+        meta["missing"] = []
+    elif not isinstance(missing, list) or not all(
+            isinstance(r, int) and not isinstance(r, bool) and 0 <= r < world for r in missing):
+        raise bad(f"'missing' must be a list of ranks below world_size {world}, got {missing!r}"[:300])
+    extra = meta.get("extra")
+    if extra is not None:
+        if not isinstance(extra, dict):
+            raise bad("'extra' must be a map")
+        try:
+            _check_tree(origin, "extra", extra)
+        except SummaryError as exc:
+            raise bad(str(exc).split(": ", 1)[-1]) from None

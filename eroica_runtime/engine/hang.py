@@ -1,0 +1,85 @@
+"""Hang analysis (pure): where each rank is stuck, and which rank the others are waiting for.
+
+A hung job produces no slow step to compare, and every rank sits in a collective except the one that
+never arrived. Each rank's report (``eroica_runtime.hang`` collects it: Python stacks, the last
+collectives from torch's Flight Recorder) says where it is; ranks are grouped by position and
+collective sequence, and the minority are the outliers to blame. No MPI, no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eroica_runtime.engine.model import Diagnosis, Finding
+
+HANG_SCHEMA = "eroica.hang/1"
+
+
+def where(report: dict[str, Any], user_roots: tuple[str, ...] = ()) -> str:
+    """A rank's position: the innermost frame of its main thread outside Python's and torch's own code."""
+    main = next((s for s in report.get("stacks", []) if s.get("main")), None)
+    if not main or not main["frames"]:
+        return "unknown"
+    frames = main["frames"]
+    library = ("/torch/", "/site-packages/", "/lib/python3", "eroica_runtime/")
+    for f in reversed(frames):
+        if not any(part in f["file"] for part in library):
+            return f"{f['file']}:{f['line']} in {f['function']}"
+    f = frames[-1]
+    return f"{f['file']}:{f['line']} in {f['function']}"
+
+
+def analyse(reports: dict[int, dict[str, Any]], world_size: int) -> dict[str, Any]:
+    """Group ranks by position (and collective sequence); the minority are the outliers to blame."""
+    groups: dict[tuple[str, Any], list[int]] = {}
+    for rank, rep in sorted(reports.items()):
+        fr = rep.get("flight_recorder") or {}
+        groups.setdefault((where(rep), fr.get("seq")), []).append(rank)
+    missing = sorted(set(range(world_size)) - set(reports))
+    ordered = sorted(groups.items(), key=lambda kv: -len(kv[1]))
+    finding: dict[str, Any] | None = None
+    if len(ordered) > 1 and len(ordered[0][1]) > len(ordered[1][1]):
+        majority_where, majority_seq = ordered[0][0]
+        outliers = sorted(r for key, ranks in ordered[1:] for r in ranks)
+        culprit = outliers[0]
+        rep = reports[culprit]
+        main = next((s for s in rep.get("stacks", []) if s.get("main")), {"frames": []})
+        finding = {
+            "category": "hang", "rank": culprit, "host": rep.get("host"), "function": where(rep),
+            "phase": "hang", "impact_ms_per_step": None, "victims": sorted(ordered[0][1]),
+            "evidence": {"stalled_s": rep.get("stalled_s"), "last_step": rep.get("step"),
+                         "outliers": outliers, "majority_position": majority_where,
+                         "majority_collective_seq": majority_seq,
+                         "outlier_collective_seq": (rep.get("flight_recorder") or {}).get("seq"),
+                         "stack": [f"{f['file']}:{f['line']} {f['function']}: {f['code']}"
+                                   for f in main["frames"][-12:]]},
+            "action": (f"rank {culprit} never reached the collective the other {len(ordered[0][1])} ranks wait "
+                       f"in; look at its stack (a stuck data read, a deadlock, a rank-dependent branch that "
+                       f"skips a collective)"),
+        }
+    elif missing:
+        finding = {"category": "hang", "rank": missing[0], "host": None, "function": "unknown",
+                   "phase": "hang", "impact_ms_per_step": None, "victims": sorted(reports),
+                   "evidence": {"missing": missing},
+                   "action": f"ranks {missing} did not answer over the side channel: they are dead or "
+                             f"frozen (SIGSTOP, D state); check their hosts"}
+    return {"schema": HANG_SCHEMA, "world_size": world_size, "missing": missing,
+            "positions": [{"where": w, "collective_seq": s, "ranks": r} for (w, s), r in ordered],
+            "finding": finding}
+
+
+def hang_diagnosis(doc: dict[str, Any], step: int) -> Diagnosis:
+    """A diagnosed hang (``analyse``'s document) as a Diagnosis, to join the job's findings like any other."""
+    f = doc.get("finding")
+    missing = tuple(int(m) for m in doc.get("missing") or ())
+    world = int(doc.get("world_size") or 0)
+    findings: tuple[Finding, ...] = ()
+    if f:
+        stalled = (f.get("evidence") or {}).get("stalled_s")
+        findings = (Finding(category="hang", rank=f.get("rank"), host=f.get("host"), function=f.get("function"),
+                            phase="hang", impact_ms_per_step=float(stalled or 0) * 1e3, what_if_step_ms=None,
+                            victims=tuple(f.get("victims") or ()), evidence=dict(f.get("evidence") or {}),
+                            action=str(f.get("action") or ""),
+                            title=f"hang: rank {f.get('rank')} at {f.get('function')}", captures=(step,)),)
+    return Diagnosis(step=step, trigger="hang", world_size=world, ranks_analysed=world - len(missing),
+                     findings=findings, missing=missing)
