@@ -257,10 +257,59 @@ def test_gpu_paths_synthetic() -> None:
     assert by[("nccl:all_reduce", "collective")]["phase"] == "comm"
     assert all(len(f["name"]) <= summary.NAME_LIMIT for f in doc["functions"])
     dev = doc["device_phases"]  # the device timeline: kernels 5-25, NCCL 40-80, copies 86-87 and 91-91.2
-    assert dev["compute"] == pytest.approx(21.2) and dev["comm"] == pytest.approx(40)
+    assert dev["compute"] == pytest.approx(20) and dev["comm"] == pytest.approx(40)
+    assert dev["transfer"] == pytest.approx(1.2) and dev["htod_ms"] == pytest.approx(1)
+    assert dev["htod_pageable_ms"] == pytest.approx(1)
     assert dev["comm_exposed"] == pytest.approx(40) and dev["idle"] == pytest.approx(38.8)
-    assert dev["forward"] == pytest.approx(20) and dev["optimizer"] == pytest.approx(1.2)
-    assert dev["backward"] == 0
+    assert dev["forward"] == pytest.approx(20) and dev["optimizer"] == 0 and dev["backward"] == 0
+    assert by[("sm90_xmma_gemm_f", "kernel")]["launcher"] == "aten::mm"
+    assert by[("Memcpy HtoD (Pag", "memcpy")]["launcher"] == "aten::copy_"
+
+
+def test_device_annotations_are_not_kernels_and_take_no_device_time() -> None:
+    """On a GPU every record_function range has a device-side copy (ProfilerStep#N,
+    DistributedDataParallel.forward, Optimizer.step#..., nccl:all_reduce): annotations, never kernels."""
+    events = _gpu_step() + [
+        _E("ProfilerStep#7", 0, 100, device="CUDA", annotation=True, stream=7),
+        _E("DistributedDataParallel.forward", 1, 30, device="CUDA", annotation=True, stream=7),
+        _E("nccl:all_reduce", 39, 81, device="CUDA", annotation=True, stream=9),
+    ]
+    doc = summary.build(events, identity=IDENTITY, capture={"step": 7, "trigger": "t", "k": 1},
+                        steps=[{"step": 7, "ms": 100.0}], gc={"count": 0, "ms": 0.0}, telemetry=TELEMETRY)
+    dev = doc["device_phases"]
+    assert dev["compute"] == pytest.approx(20) and dev["comm"] == pytest.approx(40)
+    assert dev["idle"] == pytest.approx(38.8)
+    kernels = [f["name"] for f in doc["functions"] if f["kind"] in ("kernel", "collective")]
+    assert "DistributedDataParallel.forward" not in kernels and "ProfilerStep#7" not in kernels
+    assert doc["phases"]["comm"] == pytest.approx(30)     # the host view is unchanged by them
+
+
+def test_kernels_get_their_own_share_of_the_function_budget() -> None:
+    """Thousands of short kernels must not all fold into <other> behind the host ops."""
+    events = _gpu_step()
+    for i in range(200):   # 200 distinct host ops, each longer than any kernel below
+        events.append(_E(f"aten::op{i}", 26 + i * 0.1, 26 + i * 0.1 + 0.09, corr=1000 + i))
+    for i in range(40):
+        events.append(_E(f"kernel_{i}", 26 + i * 0.2, 26 + i * 0.2 + 0.01, device="CUDA", linked=1000 + i, stream=7))
+    doc = summary.build(events, identity=IDENTITY, capture={"step": 7, "trigger": "t", "k": 1},
+                        steps=[{"step": 7, "ms": 100.0}], gc={"count": 0, "ms": 0.0}, telemetry=TELEMETRY,
+                        max_functions=32)
+    names = [f["name"] for f in doc["functions"] if f["name"] != summary.OTHER]
+    device = [n for n in names if n.startswith(("kernel_", "sm90", "ncclDev", "Memcpy", "Memset"))]
+    assert len(names) == 32 and len(device) == 8      # a quarter of the budget
+
+
+@pytest.mark.parametrize("name,direction,pageable", [
+    ("Memcpy HtoD (Pageable -> Device)", "HtoD", True), ("Memcpy HtoD (Pinned -> Device)", "HtoD", False),
+    ("Memcpy DtoH (Device -> Pageable)", "DtoH", True), ("Memcpy DtoH (Device -> Pinned)", "DtoH", False),
+    ("Memcpy DtoD (Device -> Device)", "DtoD", False), ("Memcpy PtoP (Device -> Device)", "PtoP", False),
+    ("Memcpy HtoD", "HtoD", False), ("cudaMemcpyAsync", None, False)])
+def test_device_copies_are_classified_by_direction_and_host_memory(name: str, direction, pageable: bool) -> None:
+    from eroica_runtime.summary.events import copy_bytes, parse_copy
+
+    assert parse_copy(name) == (direction, pageable)
+    assert copy_bytes('"device": 0, "context": 1, "stream": 7, "correlation": 64014, "bytes": 4000') == 4000
+    assert copy_bytes("") == 0
 
 
 def test_without_step_annotations_uses_window_and_step_count() -> None:

@@ -41,7 +41,7 @@ import numpy as np
 
 from eroica_runtime.engine.attribution import Culprit, attribute, find_culprits, find_victims
 from eroica_runtime.engine.baseline import Thresholds
-from eroica_runtime.engine.categories import ACTIONS, telemetry_refinement
+from eroica_runtime.engine.categories import ACTIONS, telemetry_refinement, transfer_evidence
 from eroica_runtime.engine.commonmode import common_mode, hang_findings, local_comm_excess
 from eroica_runtime.engine.impact import culprit_what_if
 from eroica_runtime.engine.model import CATEGORIES, Diagnosis, Finding
@@ -71,6 +71,10 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float) -> 
         "functions": c.functions, "peers": {"source": peers.source, "size": int(len(peers.groups[c.group]))},
         "victims_count": int(len(c.victims)), **tele_ev,
     }
+    if c.device:
+        ev["compared_on"] = "device"    # own work = step - exposed collective wait on the device
+    if c.category == "transfer":
+        ev.update(transfer_evidence(table, row, peers.groups[c.group]))
     # telemetry is the main evidence of a host stall; for other kinds it is a secondary hint
     action = (hint + " " + ACTIONS.get(c.category, "")) if c.category == "host" else \
         (ACTIONS.get(c.category, "") + (" Also: " + hint if hint else ""))

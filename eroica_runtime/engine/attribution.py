@@ -19,7 +19,7 @@ from eroica_runtime.engine.categories import (
     pick_category,
 )
 from eroica_runtime.engine.peers import Peers
-from eroica_runtime.engine.table import PHASE_INDEX, Table
+from eroica_runtime.engine.table import Table
 from eroica_runtime.summary import OWN_WORK_PHASES
 
 
@@ -44,18 +44,41 @@ class Culprit:
     function: str | None = None
     functions: list[dict] = field(default_factory=list)
     victims: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    device: bool = False        # compared on the device timeline (a GPU job)
+
+
+# On a GPU the host runs ahead and its phases do not show who made whom wait; the device does.
+# A rank's own work there is the step minus its exposed collective wait (an NCCL kernel spinning
+# with nothing else running): what its device computed and copied, plus the time the device sat
+# idle waiting for the host (input, GC, launches). Its parts say which kind of fault it is.
+DEVICE_PARTS = ("forward", "backward", "optimizer", "device_other", "transfer", "data", "gc", "io", "host_gap")
+
+
+def views(table: Table, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """(own work, wait, parts of own work) for every table row, on the device when the whole peer
+    group has a device timeline (a GPU job), else on the host timeline (summary phases)."""
+    if table.has_device(rows):
+        step = table.col("step")
+        wait = table.dev("comm_exposed")
+        compute = table.dev("compute")
+        by_phase = {p: table.dev(p) for p in ("forward", "backward", "optimizer")}
+        parts = {**by_phase, "device_other": np.maximum(compute - sum(by_phase.values()), 0.0),
+                 "transfer": table.dev("transfer"),
+                 **{p: table.col(p) for p in ("data", "gc", "io", "host_gap")}}
+        return np.maximum(step - wait, 0.0), wait, parts
+    return table.own, table.col("comm"), {p: table.col(p) for p in OWN_WORK_PHASES}
 
 
 def find_culprits(table: Table, peers: Peers, th: Thresholds) -> list[Culprit]:
     """Scan every peer group (vectorised within a group) for culprits."""
-    own_all = table.own
-    comm_all = table.col("comm")
     step_all = table.col("step")
-    own_cols = [PHASE_INDEX[p] for p in OWN_WORK_PHASES]
     out: list[Culprit] = []
     for gi, rows in enumerate(peers.groups):
         if len(rows) < 2:
             continue
+        own_all, comm_all, parts = views(table, rows)
+        part_names = list(parts)
+        part_matrix = np.stack([parts[p] for p in part_names], axis=1)
         own = own_all[rows]
         c_own = center(own, th.sigma_floor_rel)
         step_ref = float(np.median(step_all[rows]))
@@ -66,7 +89,7 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds) -> list[Culprit]:
         if len(cand) == 0:
             continue
         c_comm = center(comm_all[rows], th.sigma_floor_rel)
-        ph_ref = column_reference(table.phases[:, own_cols], rows)
+        ph_ref = column_reference(part_matrix, rows)
         for k in cand.tolist():
             row = int(rows[k])
             excess = float(own[k] - c_own.ref)
@@ -79,11 +102,12 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds) -> list[Culprit]:
             if excess < noise or not significant(excess, z, step_ref, th, len(rows), corroborated) \
                     or d_comm >= excess:
                 continue
-            pex = {p: float(table.phases[row, PHASE_INDEX[p]] - ph_ref[i]) for i, p in enumerate(OWN_WORK_PHASES)}
+            pex = {p: float(part_matrix[row, i] - ph_ref[i]) for i, p in enumerate(part_names)}
             out.append(Culprit(row=row, group=gi, excess_ms=excess, z=float(z), own=float(own[k]),
                                own_ref=c_own.ref, comm=float(comm_all[row]), comm_ref=comm_ref,
                                step=float(step_all[row]), step_ref=step_ref, phase_excess=pex,
-                               phase_ref={p: float(ph_ref[i]) for i, p in enumerate(OWN_WORK_PHASES)}))
+                               phase_ref={p: float(ph_ref[i]) for i, p in enumerate(part_names)},
+                               device=table.has_device(rows)))
     return out
 
 
@@ -122,10 +146,12 @@ def attribute(table: Table, peers: Peers, culprits: list[Culprit], th: Threshold
 
 
 def find_victims(table: Table, culprits: list[Culprit], th: Thresholds) -> None:
-    """Ranks that waited about the culprit's excess longer than the culprit did (in place)."""
-    comm = table.col("comm")
+    """Ranks that waited about the culprit's excess longer than the culprit did (in place), on the
+    timeline the culprit was found on (the device's exposed collective wait on a GPU job)."""
     culprit_rows = np.asarray([c.row for c in culprits], dtype=np.int64)
     for c in culprits:
-        waited = comm - c.comm >= th.victim_frac * c.excess_ms
+        comm = table.dev("comm_exposed") if c.device else table.col("comm")
+        with np.errstate(invalid="ignore"):
+            waited = np.nan_to_num(comm - c.comm, nan=-np.inf) >= th.victim_frac * c.excess_ms
         waited[culprit_rows] = False
         c.victims = table.rank[waited]

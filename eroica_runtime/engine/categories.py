@@ -12,7 +12,8 @@ from eroica_runtime.engine.table import Table
 
 # phase of own work -> category (forward/backward/optimizer are compared as one compute bucket)
 PHASE_CATEGORY = {"data": "dataloader", "gc": "gc", "io": "io", "host_gap": "host",
-                  "forward": "compute", "backward": "compute", "optimizer": "compute"}
+                  "forward": "compute", "backward": "compute", "optimizer": "compute",
+                  "device_other": "compute", "transfer": "transfer"}
 COMPUTE_PHASES = ("forward", "backward", "optimizer")
 _MEMORY_RE = re.compile(r"malloc|free|empty_cache|caching_allocator|\[memory\]|cudaHostAlloc|mem_alloc",
                         re.IGNORECASE)
@@ -29,6 +30,9 @@ ACTIONS = {
     "host": "CPU-side stalls on this rank (launch gaps / Python overhead / contention): check other "
             "processes on the host, CPU pinning and cgroup limits.",
     "io": "Storage reads/writes stall this rank: check the filesystem and checkpoint settings.",
+    "transfer": "Host<->device copies grew on this rank: copy from pinned memory (DataLoader "
+                "pin_memory=True, tensor.pin_memory()) with non_blocking=True; if they already are, "
+                "check its PCIe link (generation and width below their maximum: slot, riser, BIOS).",
     "memory": "Allocator stalls on this rank: look for fragmentation / empty_cache calls; consider "
               "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.",
     "communication": "Collectives are slow with no late rank to blame: check the NICs, links and "
@@ -61,6 +65,8 @@ def function_candidates(table: Table, category: str) -> np.ndarray:
             continue
         if category == "compute":
             good = ph in COMPUTE_PHASES or kind in ("kernel", "cpu_op", "optimizer", "memcpy", "memset")
+        elif category == "transfer":
+            good = kind in ("memcpy", "memset") or "copy" in name.lower() or name.startswith(("aten::to", "cudaMemcpy"))
         elif category == "dataloader":
             good = ph == "data" or kind == "dataloader"
         elif category == "io":
@@ -145,3 +151,24 @@ def telemetry_refinement(table: Table, row: int, peer_rows: np.ndarray,
                 hints.append(f"The process got {share:.2f} CPU-s per second vs peers' {peer_share:.2f}: "
                              "CPU throttling (cgroup quota / frequency) or contention.")
     return ev, " ".join(hints)
+
+
+def transfer_evidence(table: Table, row: int, peer_rows: np.ndarray) -> dict[str, Any]:
+    """Copies by direction on the culprit vs its peers (MB and ms per step, how much was pageable),
+    and its PCIe link against the link's maximum (NVML), for a `transfer` finding."""
+    ev: dict[str, Any] = {}
+    peers = peer_rows[peer_rows != row] if len(peer_rows) > 1 else peer_rows
+    for col in ("htod_mb", "htod_pageable_mb", "htod_ms", "dtoh_mb", "dtoh_pageable_mb", "dtoh_ms"):
+        mine, ref = float(table.dev(col)[row]), table.dev(col)[peers]
+        ref = ref[np.isfinite(ref)]
+        if math.isfinite(mine) and (mine > 0 or (len(ref) and float(np.median(ref)) > 0)):
+            ev[col] = [mine, float(np.median(ref)) if len(ref) else None]
+    t = table.telemetry
+    link = {k: float(t[k][row]) for k in ("pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max")
+            if k in t and math.isfinite(float(t[k][row]))}
+    if link:
+        ev["pcie"] = link
+        if link.get("pcie_gen", 0) < link.get("pcie_gen_max", 0) or \
+                link.get("pcie_width", 0) < link.get("pcie_width_max", 0):
+            ev["pcie_degraded"] = True
+    return ev

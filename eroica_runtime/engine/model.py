@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-CATEGORIES = ("compute", "communication", "dataloader", "host", "gc", "io", "memory", "hang",
+CATEGORIES = ("compute", "communication", "dataloader", "host", "gc", "io", "transfer", "memory", "hang",
               "regression")
 
 

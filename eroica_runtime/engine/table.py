@@ -26,7 +26,12 @@ ALIKE_DIMS = frozenset({"dp", "tp", "cp", "sp", "ep", "fsdp", "ddp", "shard", "r
 # telemetry counters (delta end-start) and gauges (value at the end of the window)
 _HOST_COUNTERS = ("cpu_s", "wall_s", "ctx_vol", "ctx_invol", "tcp_retrans", "net_drops", "io_read_bytes",
                   "io_write_bytes")
-_GPU_GAUGES = ("sm_mhz", "sm_max_mhz", "temp_c", "power_w", "power_limit_w")
+_GPU_GAUGES = ("sm_mhz", "sm_max_mhz", "temp_c", "power_w", "power_limit_w", "pcie_gen", "pcie_gen_max",
+               "pcie_width", "pcie_width_max")
+# the device timeline (summary "device_phases", ms or MB per step); NaN for ranks without one
+DEVICE_COLUMNS = ("busy", "compute", "comm", "comm_exposed", "transfer", "idle", "forward", "backward",
+                  "optimizer", "htod_ms", "htod_mb", "htod_pageable_mb", "dtoh_ms", "dtoh_mb", "dtoh_pageable_mb")
+DEVICE_INDEX = {c: i for i, c in enumerate(DEVICE_COLUMNS)}
 
 
 @dataclass
@@ -49,6 +54,7 @@ class Table:
     throttle: dict[int, list[str]]   # row -> GPU throttle reasons (only rows that reported some)
     gc_count: np.ndarray             # (R,) GC collections per step
     step_noise: np.ndarray           # (R,) std error of the window's mean step (std / sqrt(K)), 0 if K<2
+    device: np.ndarray | None = None  # (R, len(DEVICE_COLUMNS)) device timeline, NaN where absent
     capture_step: int | None = None
     capture_trigger: str | None = None
     errors: list[str] = field(default_factory=list)
@@ -68,6 +74,19 @@ class Table:
     def own(self) -> np.ndarray:
         """Own work per rank: everything but waiting in communication (summary.own_work_ms)."""
         return self.phases[:, OWN_IDX].sum(axis=1)
+
+    def dev(self, column: str) -> np.ndarray:
+        """One device-timeline column (NaN for ranks without device events)."""
+        if self.device is None:
+            return np.full(self.n, np.nan)
+        return self.device[:, DEVICE_INDEX[column]]
+
+    def has_device(self, rows: np.ndarray) -> bool:
+        """Every given rank has a device timeline (a GPU job): compare them on the device."""
+        if self.device is None or not len(rows):
+            return False
+        cols = self.device[np.asarray(rows)][:, [DEVICE_INDEX["compute"], DEVICE_INDEX["comm_exposed"]]]
+        return bool(np.isfinite(cols).all())
 
     def fn(self, name: str) -> int | None:
         """Column of function ``name`` or None."""
@@ -118,6 +137,7 @@ def build_table(summaries: Iterable[dict[str, Any]]) -> Table:
     throttle: dict[int, list[str]] = {}
     gc_count: list[float] = []
     noise: list[float] = []
+    device_rows: list[list[float]] = []
     seen: set[int] = set()
     errors: list[str] = []
     cap_step: int | None = None
@@ -210,6 +230,15 @@ def build_table(summaries: Iterable[dict[str, Any]]) -> Table:
             throttle[row] = [str(x) for x in reasons]
         gcd = s.get("gc") or {}
         gc_count.append(_num(gcd.get("count")))
+        dp = s.get("device_phases")
+        if isinstance(dp, dict):
+            row_dev = [_num(dp.get(c)) for c in DEVICE_COLUMNS]
+            for i, c in enumerate(DEVICE_COLUMNS):   # directions without copies: none moved
+                if c.startswith(("htod", "dtoh")) and math.isnan(row_dev[i]):
+                    row_dev[i] = 0.0
+            device_rows.append(row_dev)
+        else:
+            device_rows.append([float("nan")] * len(DEVICE_COLUMNS))
 
     n, nf = len(ranks), len(fn_phase)
     names_by_id = [""] * nf
@@ -256,6 +285,8 @@ def build_table(summaries: Iterable[dict[str, Any]]) -> Table:
         telemetry={k: _p(np.asarray(v, dtype=np.float64)) for k, v in tele.items()},
         throttle=inv_throttle, gc_count=_p(np.asarray(gc_count, dtype=np.float64)),
         step_noise=_p(np.nan_to_num(np.asarray(noise, dtype=np.float64))),
+        device=_p(np.asarray(device_rows, dtype=np.float64).reshape(n, len(DEVICE_COLUMNS)))
+        if any(math.isfinite(r[1]) for r in device_rows) else None,
         capture_step=cap_step, capture_trigger=cap_trigger, errors=errors, notes=notes)
 
 

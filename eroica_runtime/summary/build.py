@@ -149,18 +149,38 @@ def _device_phases(gpu_evs: list[Ev], spans: list[tuple[float, float]],
     phases can miss it; on the device a victim's wait is the NCCL kernel spinning for its
     peers (``comm_exposed``: collective time with no compute kernel running), and a culprit's
     excess is compute kernel time. Compute per phase comes from the op that launched the kernel.
+    Copies are their own time (``transfer``), by direction, with the bytes moved and how many of
+    them came from or went to pageable host memory (the slow, synchronous path). Annotations
+    take no device time.
     """
-    if not gpu_evs or not spans:
+    work = [e for e in gpu_evs if e.kind != "annotation"]
+    if not work or not spans:
         return None
-    comm = _intersect(_union([(e.start, e.end) for e in gpu_evs if e.kind == "collective"]), spans)
-    compute = _intersect(_union([(e.start, e.end) for e in gpu_evs if e.kind != "collective"]), spans)
-    busy = _union(comm + compute)
-    out = {"busy": _length(busy), "compute": _length(compute), "comm": _length(comm),
-           "comm_exposed": _length(_subtract(comm, compute)),
-           "idle": _length(_subtract(spans, busy))}
+
+    def covered(pred: Any) -> list[tuple[float, float]]:
+        return _intersect(_union([(e.start, e.end) for e in work if pred(e)]), spans)
+
+    comm = covered(lambda e: e.kind == "collective")
+    compute = covered(lambda e: e.kind == "kernel")
+    transfer = covered(lambda e: e.kind in ("memcpy", "memset"))
+    busy = _union(comm + compute + transfer)
+    out: dict[str, float] = {
+        "busy": _length(busy), "compute": _length(compute), "comm": _length(comm),
+        "comm_exposed": _length(_subtract(comm, _union(compute + transfer))),
+        "transfer": _length(transfer), "idle": _length(_subtract(spans, busy))}
     for phase in ("forward", "backward", "optimizer"):
-        ivs = [(e.start, e.end) for e in gpu_evs if e.kind != "collective" and e.phase == phase]
-        out[phase] = _length(_intersect(_union(ivs), spans))
+        out[phase] = _length(covered(lambda e, phase=phase: e.kind == "kernel" and e.phase == phase))
+    lo, hi = spans[0][0], spans[-1][1]
+    for direction in ("HtoD", "DtoH", "DtoD", "PtoP"):
+        copies = [e for e in work if e.copy == direction and lo <= e.start <= hi]
+        if not copies:
+            continue
+        key = direction.lower()
+        out[f"{key}_ms"] = _length(covered(lambda e, d=direction: e.copy == d))
+        out[f"{key}_mb"] = sum(e.nbytes for e in copies) / 1e6
+        if direction in ("HtoD", "DtoH"):
+            out[f"{key}_pageable_mb"] = sum(e.nbytes for e in copies if e.pageable) / 1e6
+            out[f"{key}_pageable_ms"] = sum(e.end - e.start for e in copies if e.pageable)
     return {k: _num(v / n_steps) for k, v in out.items()}
 
 
@@ -352,9 +372,13 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
     lo_w = spans[0][0] if spans else float("-inf")
     hi_w = spans[-1][1] if spans else float("inf")
     groups: dict[tuple[str, str, str], tuple[list[float], list[float]]] = {}
+    launchers: dict[tuple[str, str, str], dict[str, int]] = {}
+    device_keys: set[tuple[str, str, str]] = set()
     for ev in evs:
         if ev.start < lo_w or (ev.start > hi_w and not ev.gpu):
             continue
+        if ev.gpu and ev.kind == "annotation":
+            continue   # the device-side copy of a record_function range: the host row says it
         par = ev.parent
         if par is not None and par.name == ev.name and par.nchild == 1:
             # an op re-dispatching to itself (aten::sum -> aten::sum): one call, as prof.events() has it
@@ -366,7 +390,19 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
         durs, selfs = groups.setdefault(key, ([], []))
         durs.append(ev.end - ev.start)
         selfs.append(ev.self_ms)
-    ranked = sorted(groups.items(), key=lambda kv: (-round(sum(kv[1][0]), 6), kv[0]))
+        if ev.gpu:
+            device_keys.add(key)
+        if ev.gpu and ev.linked:
+            op = by_corr.get(ev.linked)
+            if op is not None:
+                seen = launchers.setdefault(key, {})
+                seen[op.name] = seen.get(op.name, 0) + 1
+
+    def by_time(items: list[Any]) -> list[Any]:
+        return sorted(items, key=lambda kv: (-round(sum(kv[1][0]), 6), kv[0]))
+
+    host_ranked = by_time([kv for kv in groups.items() if kv[0] not in device_keys])
+    dev_ranked = by_time([kv for kv in groups.items() if kv[0] in device_keys])
 
     host = str(identity.get("host", ""))
     doc: dict[str, Any] = {
@@ -391,8 +427,19 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
         doc["device_phases"] = device
     limit = max(0, int(max_functions))
     while True:
-        top, rest_items = ranked[:limit], ranked[limit:]
-        fns = [_fn_stats(n, k, p, d, sum(sf), n_steps) for (n, k, p), (d, sf) in top]
+        # device work gets its own share (a quarter) of the budget: thousands of short kernels
+        # would otherwise all fold into <other> behind the host ops; an unused share goes back
+        dev_n = min(len(dev_ranked), max(limit // 4, limit - len(host_ranked)))
+        host_n = min(len(host_ranked), limit - dev_n)
+        top = host_ranked[:host_n] + dev_ranked[:dev_n]
+        rest_items = host_ranked[host_n:] + dev_ranked[dev_n:]
+        fns = []
+        for (n, k, p), (d, sf) in top:
+            fn = _fn_stats(n, k, p, d, sum(sf), n_steps)
+            seen = launchers.get((n, k, p))
+            if seen:
+                fn["launcher"] = max(seen, key=seen.__getitem__)[:NAME_LIMIT]
+            fns.append(fn)
         if rest_items:
             durs = [x for _, (d, _) in rest_items for x in d]
             selfs = sum(x for _, (_, sf) in rest_items for x in sf)

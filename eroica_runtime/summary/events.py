@@ -7,6 +7,7 @@ themselves (a collective, the optimizer step, a DataLoader fetch, a backward op)
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
@@ -35,7 +36,8 @@ class Ev:
     """One profiler event reduced to what the builder needs (plain floats, milliseconds)."""
 
     __slots__ = ("name", "start", "end", "thread", "gpu", "annotation", "scope", "corr",
-                 "linked", "kind", "marker", "phase", "self_ms", "parent", "nchild")
+                 "linked", "kind", "marker", "phase", "self_ms", "parent", "nchild", "nbytes", "copy",
+                 "pageable", "activity")
 
     def __init__(self, name: str, start: float, end: float, thread: int, gpu: bool,
                  annotation: bool, scope: int, corr: int, linked: int) -> None:
@@ -54,6 +56,10 @@ class Ev:
         self.self_ms = self.end - self.start
         self.parent: Ev | None = None
         self.nchild = 0
+        self.nbytes = 0               # device copies: bytes moved (from the profiler's metadata)
+        self.copy: str | None = None  # device copies: HtoD, DtoH, DtoD, PtoP, HtoH
+        self.pageable = False         # device copies: the host side is pageable (not pinned) memory
+        self.activity = ""            # kineto's activity type ("kernel", "gpu_memcpy", ...), when known
 
 
 _DEVICE_NAMES: dict[Any, str] = {}
@@ -110,6 +116,8 @@ def normalize_raw(events: Any) -> list[Ev]:
     base = min(e.start_ns() for e in raw)
     out: list[Ev] = []
     op_thread: dict[int, Any] = {}
+    has_activity = callable(getattr(raw[0], "activity_type", None))
+    has_meta = callable(getattr(raw[0], "metadata_json", None))
     for ke in raw:
         name = ke.name()
         if name in _FILTERED_NAMES:
@@ -123,9 +131,13 @@ def normalize_raw(events: Any) -> list[Ev]:
         if gpu:
             thread = ("gpu", ke.device_index(), ke.device_resource_id())
             name = _demangle(name)
+        activity = str(ke.activity_type()) if has_activity else ""
         ev = Ev(name, (ke.start_ns() - base) / 1e6, (ke.end_ns() - base) / 1e6, thread, gpu,
-                 bool(ke.is_user_annotation()), int(ke.scope() or 0), int(ke.correlation_id() or 0),
-                 int(ke.linked_correlation_id() or 0))
+                 bool(ke.is_user_annotation()) or activity.endswith("user_annotation"), int(ke.scope() or 0),
+                 int(ke.correlation_id() or 0), int(ke.linked_correlation_id() or 0))
+        ev.activity = activity
+        if gpu and (activity == "gpu_memcpy" or name.startswith("Memcpy")):
+            ev.nbytes = copy_bytes(ke.metadata_json() if has_meta else "")
         if not gpu and not ev.linked and ev.corr:
             op_thread[ev.corr] = thread
         out.append(ev)
@@ -171,17 +183,46 @@ def normalize(events: Any) -> list[Ev]:
     return out
 
 
+_COPY = re.compile(r"Memcpy (HtoD|DtoH|DtoD|PtoP|HtoH|DtoA|AtoD|AtoH|HtoA|AtoA)(?: \((\w+) -> (\w+)\))?")
+_BYTES = re.compile(r'"bytes":\s*(\d+)')
+
+
+def copy_bytes(metadata: str) -> int:
+    """Bytes of a device copy from kineto's metadata ('"bytes": 4000, ...'); 0 when absent."""
+    m = _BYTES.search(metadata or "")
+    return int(m.group(1)) if m else 0
+
+
+def parse_copy(name: str) -> tuple[str | None, bool]:
+    """("HtoD", pageable?) from "Memcpy HtoD (Pageable -> Device)"; (None, False) for other names."""
+    m = _COPY.match(name)
+    if not m:
+        return None, False
+    direction, src, dst = m.group(1), (m.group(2) or "").lower(), (m.group(3) or "").lower()
+    return direction, "pageable" in (src, dst)
+
+
 def classify(ev: Ev) -> None:
-    """Set the function kind and, for events that define a phase by themselves, the marker."""
+    """Set the function kind and, for events that define a phase by themselves, the marker.
+
+    Device events are what the device did: compute kernels, collective (NCCL/RCCL) kernels, copies
+    (with direction and whether the host memory was pageable), memsets; the device-side copies of
+    record_function ranges (ProfilerStep#N, DistributedDataParallel.forward, nccl:all_reduce...) are
+    annotations, never kernels, and take no device time.
+    """
     name = ev.name
     if ev.gpu:
         low = name.lower()
-        if name.startswith(_COLLECTIVE_KERNEL_PREFIXES) or "nccl" in low:
-            ev.kind, ev.marker = "collective", "comm"
-        elif low.startswith("memcpy") or "memcpy" in low[:16]:
+        act = ev.activity
+        if ev.annotation or act.endswith("user_annotation"):
+            ev.kind = "annotation"
+        elif act == "gpu_memcpy" or low.startswith("memcpy"):
             ev.kind = "memcpy"
-        elif low.startswith("memset") or "memset" in low[:16]:
+            ev.copy, ev.pageable = parse_copy(name)
+        elif act == "gpu_memset" or low.startswith("memset"):
             ev.kind = "memset"
+        elif name.startswith(_COLLECTIVE_KERNEL_PREFIXES) or "nccl" in low or "rccl" in low:
+            ev.kind, ev.marker = "collective", "comm"
         else:
             ev.kind = "kernel"
         return

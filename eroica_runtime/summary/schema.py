@@ -159,6 +159,8 @@ def validate(obj: Any, *, origin: str = "?") -> None:
             if not isinstance(fn.get(field), types) or isinstance(fn.get(field), bool):
                 raise _bad(origin, f"functions[{i}].{field} missing or mistyped")
         _check_str(origin, f"functions[{i}].name", fn["name"])
+        if "launcher" in fn:
+            _check_str(origin, f"functions[{i}].launcher", fn["launcher"])
         if fn["kind"] not in KINDS or fn["phase"] not in FUNCTION_PHASES:
             raise _bad(origin, f"functions[{i}] has unknown kind/phase {fn['kind']!r}/{fn['phase']!r}")
         _check_ms(origin, f"functions[{i}].count", fn["count"], MAX_COUNT)
