@@ -84,6 +84,12 @@ def is_memory_function(name: str | None) -> bool:
     return bool(name) and bool(_MEMORY_RE.search(name or ""))
 
 
+def _median(values: np.ndarray) -> float:
+    """Median of the finite values; NaN when there are none (no warning: absent telemetry is normal)."""
+    finite = values[np.isfinite(values)]
+    return float(np.median(finite)) if len(finite) else float("nan")
+
+
 def _per_cpu_s(t: dict[str, np.ndarray], key: str, rows: np.ndarray) -> np.ndarray:
     """Counter per CPU-second used: a rank that computes more is preempted more, contention
     shows as many more preemptions for the same CPU use."""
@@ -110,7 +116,7 @@ def telemetry_refinement(table: Table, row: int, peer_rows: np.ndarray,
         sm, smax = t["sm_mhz"][row], t["sm_max_mhz"][row]
         reasons = [r for r in table.throttle.get(row, []) if r.lower() not in _BENIGN_THROTTLE]
         if math.isfinite(sm) and math.isfinite(smax) and smax > 0:
-            peer_sm = float(np.nanmedian(t["sm_mhz"][peers])) if len(peers) else float("nan")
+            peer_sm = _median(t["sm_mhz"][peers])
             ev["sm_mhz"] = [float(sm), peer_sm]
             ev["sm_max_mhz"] = float(smax)
             if sm < 0.85 * smax and (reasons or (math.isfinite(peer_sm) and sm < 0.85 * peer_sm)):
@@ -133,9 +139,9 @@ def telemetry_refinement(table: Table, row: int, peer_rows: np.ndarray,
     if category in ("compute", "host", "dataloader", "gc"):
         with np.errstate(all="ignore"):
             inv = _per_cpu_s(t, "ctx_invol", np.asarray([row]))[0]
-            peer_inv = float(np.nanmedian(_per_cpu_s(t, "ctx_invol", peers))) if len(peers) else float("nan")
+            peer_inv = _median(_per_cpu_s(t, "ctx_invol", peers))
             share = _cpu_share(t, np.asarray([row]))[0]
-            peer_share = float(np.nanmedian(_cpu_share(t, peers))) if len(peers) else float("nan")
+            peer_share = _median(_cpu_share(t, peers))
         if math.isfinite(inv) and math.isfinite(peer_inv):
             ev["ctx_invol_per_cpu_s"] = [float(inv), peer_inv]
             if inv > 5.0 * peer_inv and inv - peer_inv > 200.0:

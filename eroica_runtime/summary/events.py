@@ -113,34 +113,47 @@ def normalize_raw(events: Any) -> list[Ev]:
     raw = list(events)
     if not raw:
         return []
-    base = min(e.start_ns() for e in raw)
     out: list[Ev] = []
     op_thread: dict[int, Any] = {}
     has_activity = callable(getattr(raw[0], "activity_type", None))
     has_meta = callable(getattr(raw[0], "metadata_json", None))
+    has_hidden = callable(getattr(raw[0], "is_hidden_event", None))
+    cpu_type: Any = None          # the (one) host device type value, compared without naming it
+    starts: list[int] = []
+    # one pass of method calls (each is a pybind call: the cost of this function), times made
+    # relative afterwards
     for ke in raw:
         name = ke.name()
-        if name in _FILTERED_NAMES:
+        if name in _FILTERED_NAMES or (has_hidden and ke.is_hidden_event()):
             continue
-        hidden = getattr(ke, "is_hidden_event", None)
-        if hidden is not None and hidden():
-            continue
-        dev = _device_type_name(ke.device_type())
-        gpu = dev in _GPU_DEVICE_TYPES
-        thread: Any = ke.start_thread_id()
+        dtype = ke.device_type()
+        if cpu_type is not None and dtype == cpu_type:
+            gpu = False
+        else:
+            gpu = _device_type_name(dtype) in _GPU_DEVICE_TYPES
+            if not gpu and _device_type_name(dtype) == "CPU":
+                cpu_type = dtype
+        start = ke.start_ns()
+        starts.append(start)
         if gpu:
-            thread = ("gpu", ke.device_index(), ke.device_resource_id())
-            name = _demangle(name)
-        activity = str(ke.activity_type()) if has_activity else ""
-        ev = Ev(name, (ke.start_ns() - base) / 1e6, (ke.end_ns() - base) / 1e6, thread, gpu,
-                 bool(ke.is_user_annotation()) or activity.endswith("user_annotation"), int(ke.scope() or 0),
-                 int(ke.correlation_id() or 0), int(ke.linked_correlation_id() or 0))
-        ev.activity = activity
-        if gpu and (activity == "gpu_memcpy" or name.startswith("Memcpy")):
-            ev.nbytes = copy_bytes(ke.metadata_json() if has_meta else "")
-        if not gpu and not ev.linked and ev.corr:
-            op_thread[ev.corr] = thread
+            activity = str(ke.activity_type()) if has_activity else ""
+            ev = Ev(_demangle(name), start, ke.end_ns(), ("gpu", ke.device_index(), ke.device_resource_id()), True,
+                    bool(ke.is_user_annotation()) or activity.endswith("user_annotation"), 0,
+                    int(ke.correlation_id() or 0), int(ke.linked_correlation_id() or 0))
+            ev.activity = activity
+            if activity == "gpu_memcpy" or name.startswith("Memcpy"):
+                ev.nbytes = copy_bytes(ke.metadata_json() if has_meta else "")
+        else:
+            ev = Ev(name, start, ke.end_ns(), ke.start_thread_id(), False, bool(ke.is_user_annotation()),
+                    int(ke.scope() or 0), int(ke.correlation_id() or 0), int(ke.linked_correlation_id() or 0))
+            if not ev.linked and ev.corr:
+                op_thread[ev.corr] = ev.thread
         out.append(ev)
+    base = min(starts) if starts else 0
+    for ev in out:
+        ev.start = (ev.start - base) / 1e6
+        ev.end = max((ev.end - base) / 1e6, ev.start)
+        ev.self_ms = ev.end - ev.start
     for ev in out:
         if not ev.gpu and ev.linked and ev.linked in op_thread:
             ev.thread = op_thread[ev.linked]
