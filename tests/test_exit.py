@@ -54,3 +54,4 @@ def test_job_end_is_bounded_whatever_eroica_is_doing(tmp_path: Path, case: str, 
     assert not report["job"].get("partial"), report["job"]
     if case == "stuck-in-teardown":
         assert "rank 1: the program finished (exit code 0) but was still tearing down" in proc.stderr, explain(proc)
+

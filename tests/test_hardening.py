@@ -299,3 +299,27 @@ def test_summary_validation_keeps_real_summaries(tmp_path: Path) -> None:
     for path in sorted((Path(__file__).parent / "data").rglob("captures/*.msgpack")):
         _, good, errors = summary.decode_capture(path.read_bytes(), origin=str(path))
         assert not errors and good, (path, errors)
+
+
+def test_the_job_report_has_one_writer_at_a_time(tmp_path: Path) -> None:
+    """The analyst thread, the hang watchdog and the SIGUSR2 flusher may write report.json together."""
+    diagnoses = [Diagnosis(step=s, trigger="spike", world_size=4, ranks_analysed=4, findings=()) for s in range(30)]
+    failures: list[BaseException] = []
+
+    def write(i: int) -> None:
+        try:
+            for _ in range(20):
+                report.write_steps(tmp_path, [10.0 + i] * 50)
+                report.write_job(tmp_path, diagnoses=diagnoses[: i + 1], world_size=4, steps=50, job={"writer": i})
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    doc = json.loads((tmp_path / "report.json").read_text())
+    assert len(doc["captures"]) == doc["job"]["writer"] + 1
+    assert not list(tmp_path.glob(".*.tmp"))
