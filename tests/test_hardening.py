@@ -192,23 +192,28 @@ def test_a_planted_symlink_is_replaced_not_followed(tmp_path: Path) -> None:
     assert not (root / "report.json").is_symlink()
 
 
-def test_concurrent_writes_of_one_file_never_fail_or_collide(tmp_path: Path) -> None:
-    target = tmp_path / "report.json"
+def _in_threads(n: int, times: int, write) -> list[BaseException]:  # type: ignore[no-untyped-def]
+    """Run write(i) ``times`` times in each of ``n`` threads at once; the exceptions raised."""
     failures: list[BaseException] = []
 
-    def write(i: int) -> None:
+    def loop(i: int) -> None:
         try:
-            for _ in range(60):
-                reportdir.atomic_write(target, json.dumps({"writer": i}))
+            for _ in range(times):
+                write(i)
         except BaseException as exc:
             failures.append(exc)
 
-    threads = [threading.Thread(target=write, args=(i,)) for i in range(10)]
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert failures == []
+    return failures
+
+
+def test_concurrent_writes_of_one_file_never_fail_or_collide(tmp_path: Path) -> None:
+    target = tmp_path / "report.json"
+    assert _in_threads(10, 60, lambda i: reportdir.atomic_write(target, json.dumps({"writer": i}))) == []
     assert json.loads(target.read_text())["writer"] in range(10)
     assert not list(tmp_path.glob("*.tmp"))
 
@@ -304,22 +309,12 @@ def test_summary_validation_keeps_real_summaries(tmp_path: Path) -> None:
 def test_the_job_report_has_one_writer_at_a_time(tmp_path: Path) -> None:
     """The analyst thread, the hang watchdog and the SIGUSR2 flusher may write report.json together."""
     diagnoses = [Diagnosis(step=s, trigger="spike", world_size=4, ranks_analysed=4, findings=()) for s in range(30)]
-    failures: list[BaseException] = []
 
     def write(i: int) -> None:
-        try:
-            for _ in range(20):
-                report.write_steps(tmp_path, [10.0 + i] * 50)
-                report.write_job(tmp_path, diagnoses=diagnoses[: i + 1], world_size=4, steps=50, job={"writer": i})
-        except BaseException as exc:
-            failures.append(exc)
+        report.write_steps(tmp_path, [10.0 + i] * 50)
+        report.write_job(tmp_path, diagnoses=diagnoses[: i + 1], world_size=4, steps=50, job={"writer": i})
 
-    threads = [threading.Thread(target=write, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert failures == []
+    assert _in_threads(3, 20, write) == []
     doc = json.loads((tmp_path / "report.json").read_text())
     assert len(doc["captures"]) == doc["job"]["writer"] + 1
     assert not list(tmp_path.glob(".*.tmp"))

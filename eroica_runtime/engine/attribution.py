@@ -147,11 +147,19 @@ def attribute(table: Table, peers: Peers, culprits: list[Culprit], th: Threshold
 
 def find_victims(table: Table, culprits: list[Culprit], th: Thresholds) -> None:
     """Ranks that waited about the culprit's excess longer than the culprit did (in place), on the
-    timeline the culprit was found on (the device's exposed collective wait on a GPU job)."""
+    timeline the culprit was found on (the device's exposed collective wait on a GPU job).
+
+    Waits are compared as shares of each rank's own mean step: the ranks' windows are not cut at
+    exactly the same instants (a preempted rank's steps run a few ms longer or shorter), and in
+    absolute terms that skew could push a real victim under the bar. Culprits are never victims.
+    """
     culprit_rows = np.asarray([c.row for c in culprits], dtype=np.int64)
+    step = table.col("step")
     for c in culprits:
         comm = table.dev("comm_exposed") if c.device else table.col("comm")
-        with np.errstate(invalid="ignore"):
-            waited = np.nan_to_num(comm - c.comm, nan=-np.inf) >= th.victim_frac * c.excess_ms
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = np.where(step > 0, comm / step, np.nan)
+            bar = th.victim_frac * c.excess_ms / c.step if c.step > 0 else np.inf
+            waited = np.nan_to_num(share - (c.comm / c.step if c.step > 0 else 0.0), nan=-np.inf) >= bar
         waited[culprit_rows] = False
         c.victims = table.rank[waited]
