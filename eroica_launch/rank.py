@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import math
 import os
 import signal
 import socket
@@ -28,11 +27,11 @@ from typing import IO
 
 from eroica_launch.rankenv import Identity, RankEnvError, identity
 from eroica_runtime import reportdir
+from eroica_runtime.config import Config, ConfigError, env_name
 
 SPEC_VAR = "EROICA_LAUNCH_SPEC"
 FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 EXIT_MARKER = "exiting.json"   # written by the program's last atexit handler (eroica_runtime.errorfile)
-DEFAULT_EXIT_GRACE_S = 60.0
 BOOTSTRAP_DIR = str(Path(__file__).resolve().parent.parent / "eroica_runtime" / "_bootstrap")
 
 
@@ -263,13 +262,13 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
 
 
 def exit_grace_s(env: dict[str, str]) -> float:
-    """EROICA_EXIT_GRACE_S: seconds a finished program may spend in interpreter teardown (0 = forever)."""
-    text = env.get("EROICA_EXIT_GRACE_S", "")
+    """EROICA_EXIT_GRACE_S (config.py's table): seconds a finished program may spend in interpreter
+    teardown (0 = forever); eroica-run checked the value, so a bad one here falls back to the default."""
+    var = env_name("exit_grace_s")
     try:
-        value = float(text) if text else DEFAULT_EXIT_GRACE_S
-    except ValueError:
-        return DEFAULT_EXIT_GRACE_S
-    return value if math.isfinite(value) and value >= 0 else DEFAULT_EXIT_GRACE_S
+        return Config.from_env({var: env[var]}).exit_grace_s if env.get(var) else Config().exit_grace_s
+    except ConfigError:
+        return Config().exit_grace_s
 
 
 def wait_with_exit_guard(child: subprocess.Popen, marker: Path, grace_s: float,
