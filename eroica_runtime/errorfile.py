@@ -25,6 +25,7 @@ from types import TracebackType
 _installed = False
 _failed = False
 _exit_code = 0      # what the interpreter will exit with, as far as the hooks below can tell
+_owner_pid = 0      # the rank's own process: a fork()ed child's exit is not the program's
 MARKER_VAR = "EROICA_EXIT_MARKER"
 
 
@@ -50,7 +51,7 @@ def _status_code(status: object) -> int:
 def write_exit_marker() -> None:
     """Tell the wrapper this program finished and chose ``exit_code()`` (atomic; never raises)."""
     path = os.environ.get(MARKER_VAR)
-    if not path:
+    if not path or os.getpid() != _owner_pid:
         return
     from eroica_runtime import reportdir
 
@@ -89,10 +90,11 @@ def install() -> None:
     Call it before anything else registers an atexit handler: its own handler (the exit marker) then
     runs last, after eroica's job-end work and the program's own handlers.
     """
-    global _installed
+    global _installed, _owner_pid
     if _installed:
         return
     _installed = True
+    _owner_pid = os.getpid()
     previous = sys.excepthook
     real_exit = sys.exit
     if os.environ.get(MARKER_VAR):

@@ -80,3 +80,18 @@ def test_wrapper_never_ends_a_program_that_has_not_finished(tmp_path) -> None:
     marker = tmp_path / "exiting.json"   # never written: the program is still working, however long
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2.5)"], env={"PATH": "/usr/bin"})
     assert wait_with_exit_guard(child, marker, grace_s=0.5, poll_s=0.05) == (0, "")
+
+
+def test_a_forked_child_exiting_does_not_say_the_program_finished(tmp_path) -> None:
+    """A child made with os.fork() runs the inherited atexit handlers when it exits: its exit is not
+    the program's, and a marker from it would let the wrapper end a program still running."""
+    marker = tmp_path / "exiting.json"
+    body = ("import os, time, json\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n    sys.exit(0)\n"
+            "os.waitpid(pid, 0)\n"
+            f"print('marker after child:', os.path.exists({str(marker)!r}), flush=True)\n")
+    out = subprocess.run([sys.executable, "-c", SCRIPT.format(body=body)], capture_output=True, text=True,
+                         timeout=60, env={"EROICA_EXIT_MARKER": str(marker), "PATH": "/usr/bin"})
+    assert "marker after child: False" in out.stdout, out.stdout + out.stderr
+    assert json.loads(marker.read_text())["pid"] != 0      # the parent's own exit still writes it
