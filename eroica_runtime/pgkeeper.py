@@ -47,9 +47,6 @@ class GroupKeeper:
         """Drop every reference (eroica's atexit: before teardown, with the interpreter fully alive)."""
         self._held.clear()
 
-    def __len__(self) -> int:
-        return len(self._held)
-
 
 def _live_groups() -> list[Any] | None:
     """The process groups torch's registry holds now (None when torch.distributed is not usable)."""

@@ -32,7 +32,6 @@ STEPS = "steps.msgpack"
 TRIGGER = "trigger"
 MAX_CAPTURE_BYTES = 2 << 30        # a 100,000-rank capture (~16 KB a summary) fits
 MAX_REPORT_BYTES = 256 << 20
-MAX_SMALL_BYTES = 16 << 20
 
 _write_lock = threading.RLock()    # one writer of the job-level files per process
 
@@ -70,7 +69,7 @@ def check_directory(path: str | os.PathLike[str]) -> None:
 
 
 def ensure_directory(path: str | os.PathLike[str]) -> Path:
-    """Create (mode 0755) and check a report directory; its parents are created as needed."""
+    """Create (as the umask allows) and check a report directory; its parents are created as needed."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     check_directory(path)

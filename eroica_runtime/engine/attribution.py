@@ -51,7 +51,6 @@ class Culprit:
 # A rank's own work there is the step minus its exposed collective wait (an NCCL kernel spinning
 # with nothing else running): what its device computed and copied, plus the time the device sat
 # idle waiting for the host (input, GC, launches). Its parts say which kind of fault it is.
-DEVICE_PARTS = ("forward", "backward", "optimizer", "device_other", "transfer", "data", "gc", "io", "host_gap")
 
 
 def views(table: Table, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:

@@ -27,8 +27,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset
 
+KINDS = ("matmul", "pageable", "data", "gc")
+
 
 def parse_fault(text: str) -> dict[str, str]:
+    """EROICA_GPU_FAULT -> {kind, rank, start, ...}; SystemExit with one line naming what is wrong."""
     if not text:
         return {}
     kind, *params = text.split(":")
@@ -36,6 +39,14 @@ def parse_fault(text: str) -> dict[str, str]:
     for p in params:
         key, _, value = p.partition("=")
         out[key] = value
+    if kind not in KINDS:
+        raise SystemExit(f"train_gpu: EROICA_GPU_FAULT={text!r}: unknown kind {kind!r} (use {', '.join(KINDS)})")
+    for key, kind_of in (("rank", int), ("start", int), ("n", int), ("mb", float), ("ms", float)):
+        try:
+            if key in out:
+                kind_of(out[key])
+        except ValueError:
+            raise SystemExit(f"train_gpu: EROICA_GPU_FAULT={text!r}: {key}={out[key]!r} is not a number") from None
     return out
 
 
@@ -95,8 +106,8 @@ def main() -> int:
     if cuda:
         torch.cuda.set_device(dev)
     backend = "nccl" if cuda and torch.cuda.device_count() >= world else "gloo"
-    dist.init_process_group(backend)
     fault = parse_fault(os.environ.get("EROICA_GPU_FAULT", ""))
+    dist.init_process_group(backend)
     mine = fault and int(fault.get("rank", "-1")) == rank
     start = int(fault.get("start", "60")) if fault else 1 << 30
     torch.manual_seed(0)
