@@ -32,6 +32,7 @@ from eroica_runtime.stepclock import StepClock
 from eroica_runtime.trigger import Trigger
 
 TRIGGER_FILE_EVERY_S = 1.0
+HISTORY_STEPS = 32   # steps before a window shipped in its summary (~0.9 KB)
 
 
 class Runtime:
@@ -213,14 +214,14 @@ class Runtime:
         gc_count0, gc_ms0 = self._window["gc_start"]
         gc_count1, gc_ms1 = self.gc.snapshot()
         events = cap.stop()
-        steps = [{"step": s, "ms": round(m, 4)} for s, m in self.clock.durations if first <= s <= step]
+        steps, history = self._step_records(first, step)
         n = max(len(steps), 1)
         ident = {"rank": self.rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
                  "world_size": self.side.size, "pid": os.getpid(), "host": socket.gethostname(),
                  "device": telemetry.gpu_identity(), "groups": self.groups,
                  "versions": {"eroica": __version__, "torch": _torch_version()}}
         doc = summary_mod.build(events, identity=ident, capture={"step": first, "trigger": trigger, "k": k},
-                                steps=steps,
+                                steps=steps, history=history,
                                 gc={"count": (gc_count1 - gc_count0) / n, "ms": (gc_ms1 - gc_ms0) / n},
                                 telemetry={"start": self._window["tele_start"], "end": telemetry.sample()})
         blob = summary_mod.encode(doc)
@@ -235,6 +236,26 @@ class Runtime:
                 self._warn(f"capture at step {first}: no summary from ranks {gathered.missing} "
                            f"within {self.cfg.deadline_s:.0f}s; analysing the others")
             self.analyst.submit(gathered)
+
+    def _step_records(self, first: int, last: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        """The window's steps (wall, and the training thread's CPU and run-queue ms) and the same
+        columns for up to HISTORY_STEPS contiguous steps before the window."""
+        thread = {s: (c, q) for s, c, q in self.clock.thread} if self.clock.has_runq else {}
+        steps = []
+        for s, m in self.clock.durations:
+            if first <= s <= last:
+                row: dict[str, Any] = {"step": s, "ms": round(m, 4)}
+                if s in thread:
+                    row["cpu"], row["runq"] = round(thread[s][0], 3), round(thread[s][1], 3)
+                steps.append(row)
+        before = [(s, m) for s, m in self.clock.durations if s < first and s in thread][-HISTORY_STEPS:]
+        while before and before[0][0] != first - len(before):   # keep the contiguous tail only
+            before.pop(0)
+        if not before:
+            return steps, None
+        return steps, {"first": before[0][0], "ms": [round(m, 3) for _, m in before],
+                       "cpu": [round(thread[s][0], 3) for s, _ in before],
+                       "runq": [round(thread[s][1], 3) for s, _ in before]}
 
     # ---- groups, signals ---------------------------------------------------------------------------------
     def _record_groups(self) -> None:

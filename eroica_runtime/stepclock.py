@@ -5,10 +5,17 @@ optimizers or gradient accumulation still count one step per iteration), or at `
 eroica's own time inside the boundary is excluded: each duration runs from the end of eroica's work at
 the previous boundary to the start of this one. On CUDA, events recorded at the boundary are read
 lazily once complete (never a device synchronize).
+
+Each step also records what the training thread did with its wall time: CPU time (the thread's
+own clock) and run-queue wait (``/proc/thread-self/schedstat``: runnable, but no CPU was free).
+The rest was spent blocked (a collective, the next batch, storage, a sleep, a SIGSTOP). These
+cost ~2 µs a step and let the engine tell a rank that was slow only because the scheduler ran
+others first from one that is persistently slow, using the steps before a capture window too.
 """
 
 from __future__ import annotations
 
+import os
 import time
 import weakref
 from collections import deque
@@ -16,6 +23,47 @@ from collections.abc import Callable
 from typing import Any
 
 HISTORY = 4096
+THREAD_HISTORY = 256
+
+
+class ThreadTimes:
+    """Cumulative CPU time and run-queue wait (ms) of the thread that created it."""
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        try:
+            # a kept descriptor names this thread even when read later: one pread per sample
+            self._fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+            self._runq()
+        except (OSError, ValueError, IndexError):
+            self.close()
+
+    @property
+    def has_runq(self) -> bool:
+        return self._fd is not None
+
+    def _runq(self) -> float:
+        assert self._fd is not None
+        return int(os.pread(self._fd, 128, 0).split()[1]) / 1e6
+
+    def sample(self) -> tuple[float, float]:
+        """(cpu ms, run-queue ms) so far; run-queue is 0 where the kernel does not say."""
+        cpu = time.thread_time_ns() / 1e6
+        if self._fd is None:
+            return cpu, 0.0
+        try:
+            return cpu, self._runq()
+        except (OSError, ValueError, IndexError):
+            self.close()
+            return cpu, 0.0
+
+    def close(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
 
 
 class StepClock:
@@ -24,6 +72,10 @@ class StepClock:
         self.step = 0                     # index of the step that ends at the next boundary
         self.durations: deque[tuple[int, float]] = deque(maxlen=history)
         self.all_ms: list[float] = []     # step times of steps 1, 2, ... (compact, for the job summary)
+        # (step, cpu ms, run-queue ms) of the training thread, eroica's own boundary work excluded
+        self.thread: deque[tuple[int, float, float]] = deque(maxlen=THREAD_HISTORY)
+        self._times: ThreadTimes | None = None
+        self._t_last: tuple[float, float] | None = None
         self._last = time.perf_counter()
         self._first_opt: Any = None
         self._manual = False
@@ -46,6 +98,14 @@ class StepClock:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
+        if self._times is not None:
+            self._times.close()
+            self._times = None
+            self._t_last = None
+
+    @property
+    def has_runq(self) -> bool:
+        return self._times is not None and self._times.has_runq
 
     def _optimizer_hook(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         if self._manual:
@@ -65,13 +125,20 @@ class StepClock:
         now = time.perf_counter()
         ms = (now - self._last) * 1e3
         step = self.step
+        times = self._times
+        if times is None:   # opened by the thread that trains (the one calling the boundary)
+            times = self._times = ThreadTimes()
         if step > 0:  # step 0 also holds start-up (model build, first batch): not a step time
             self.durations.append((step, ms))
             self.all_ms.append(ms)
+            if self._t_last is not None:
+                cpu, runq = times.sample()
+                self.thread.append((step, cpu - self._t_last[0], runq - self._t_last[1]))
         self.step += 1
         if self._cuda:
             self._record_cuda(step)
         self.on_boundary(step, ms)
+        self._t_last = times.sample()
         self._last = time.perf_counter()
 
     # ---- CUDA: device-side step times, read lazily -----------------------------------------------

@@ -46,6 +46,24 @@ def test_planted_fault_is_named_with_victims(tmp_path, fault: str, category: str
     assert "rank 2" in proc.stderr and category.upper() in proc.stderr
 
 
+def test_closure_optimizer_loop_names_the_culprit_and_its_victims(tmp_path) -> None:
+    # PyTorch Lightning's structure: forward, backward and DDP's all-reduce run inside
+    # optimizer.step(closure); the peers' wait for a slow rank is still a wait, not optimizer work
+    proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, TRAIN,
+                      env={"LOOP": "closure", "FAULT": "data", "FAULT_RANK": "1", "FAULT_FROM": "40",
+                           "STEPS": "90"}, timeout=240)
+    assert proc.returncode == 0, explain(proc)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["findings"], explain(proc)
+    top = report["findings"][0]
+    assert (top["rank"], top["category"]) == (1, "dataloader"), json.dumps(top, indent=1)
+    assert sorted(top["victims"]) == [0, 2, 3]
+    _, sums, _ = summary_mod.decode_capture((tmp_path / "captures" / f"{top['captures'][-1]}.msgpack").read_bytes())
+    by_rank = {s["rank"]: s["phases"] for s in sums}
+    for r in (0, 2, 3):   # the victims' wait is comm and their forward is forward, not "optimizer"
+        assert by_rank[r]["comm"] > by_rank[r]["optimizer"] and by_rank[r]["forward"] > 0, by_rank
+
+
 def test_healthy_run_has_no_findings(tmp_path) -> None:
     # detectors off: this test is about the engine judging a healthy capture (test_runtime.py covers
     # the trigger staying quiet), so the manual capture at step 50 always happens

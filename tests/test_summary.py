@@ -105,6 +105,31 @@ def test_build_from_real_profile(mlp_events: Any) -> None:
     assert doc["rank"] == 3 and doc["host"] == IDENTITY["host"] and doc["capture"]["k"] == 3
 
 
+def test_closure_optimizer_step_keeps_forward_and_backward_phases() -> None:
+    """optimizer.step(closure) (Lightning, LBFGS): the forward inside the step is forward, not optimizer."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        return loss
+
+    def step() -> None:
+        opt.step(closure)
+
+    step()
+    doc = _build(_profile(step, 3), 3)
+    ph = doc["phases"]
+    assert ph["forward"] > 0.2 * ph["backward"] > 0, ph
+    assert ph["optimizer"] < ph["forward"] + ph["backward"], ph
+    fns = {(f["name"], f["phase"]) for f in doc["functions"]}
+    assert ("aten::linear", "forward") in fns and ("aten::linear", "optimizer") not in fns, sorted(fns)
+
+
 def test_raw_kineto_events_give_the_same_summary() -> None:
     """capture.py may pass prof.profiler.kineto_results.events() (much cheaper than prof.events())."""
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
@@ -188,6 +213,23 @@ def test_round_trip_and_decode_errors(mlp_events: Any) -> None:
         summary.decode(msgpack.packb(bad, use_bin_type=True), origin="rank 8")
     with pytest.raises(SummaryError, match="rank 9"):
         summary.decode("not bytes", origin="rank 9")  # type: ignore[arg-type]
+
+
+
+def test_step_clock_columns_are_validated(mlp_events: Any) -> None:
+    doc = _build(mlp_events, 3)
+    doc["steps"][0].update(cpu=4.0, runq=1.5)
+    doc["history"] = {"first": 1, "ms": [30.0, 31.0], "cpu": [5.0, 5.1], "runq": [0.5, 0.0]}
+    back = summary.decode(summary.encode(doc), origin="rank 3")
+    assert back["history"] == doc["history"] and back["steps"][0]["runq"] == 1.5
+    for where, breakage in ((r"steps\[0\]\.runq", lambda d: d["steps"][0].update(runq=float("nan"))),
+                            ("history needs lists", lambda d: d["history"]["runq"].pop()),
+                            (r"history\.cpu\[1\]", lambda d: d["history"]["cpu"].__setitem__(1, -3.0)),
+                            ("history.first", lambda d: d["history"].update(first="x"))):
+        bad = copy.deepcopy(doc)
+        breakage(bad)
+        with pytest.raises(SummaryError, match=f"rank 4.*{where}"):
+            summary.decode(msgpack.packb(bad, use_bin_type=True), origin="rank 4")
 
 
 # ------------------------------------------------------------------ synthetic timelines

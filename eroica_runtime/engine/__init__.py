@@ -59,7 +59,15 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float) -> 
     row = c.row
     rank = int(table.rank[row])
     host = table.hosts[int(table.host_idx[row])]
+    contended = bool(c.sched and c.sched["runq_ms"][0] - c.sched["runq_ms"][1] >= 0.5 * c.excess_ms)
+    if contended:   # most of the extra time was spent runnable without a CPU, and not only in this window
+        c = replace(c, category="host")
     tele_ev, hint = telemetry_refinement(table, row, peers.groups[c.group], c.category)
+    if contended and c.sched:
+        rq, rq_ref = c.sched["runq_ms"]
+        hint = (f"Runnable but waiting for a CPU {rq:.1f} ms/step vs peers' {rq_ref:.1f} (run queue), in the "
+                "steps before the window too: CPU contention — another process or a CPU quota (cgroup) "
+                "limits this rank's cores. " + hint).strip()
     if tele_ev.get("io"):  # the host stall is the rank's own storage traffic
         c = replace(c, category="io")
     ev: dict[str, Any] = {
@@ -71,6 +79,10 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float) -> 
         "functions": c.functions, "peers": {"source": peers.source, "size": int(len(peers.groups[c.group]))},
         "victims_count": int(len(c.victims)), **tele_ev,
     }
+    if c.sched:
+        ev["run_queue_ms"] = c.sched["runq_ms"]
+        if c.sched["runq_before_ms"]:
+            ev["run_queue_before_ms"] = c.sched["runq_before_ms"]
     if c.device:
         ev["compared_on"] = "device"    # own work = step - exposed collective wait on the device
     if c.category == "transfer":
@@ -170,7 +182,7 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
     step_col = table.col("step")
     step_med = float(np.median(step_col))
 
-    culprits = find_culprits(table, peers, th)
+    culprits = find_culprits(table, peers, th, notes)
     attribute(table, peers, culprits, th)
     find_victims(table, culprits, th)
     if table.n > 1:

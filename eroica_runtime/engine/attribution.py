@@ -9,6 +9,7 @@ that grew by about the culprit's excess. Only culprits become findings; victims 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -45,6 +46,7 @@ class Culprit:
     functions: list[dict] = field(default_factory=list)
     victims: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     device: bool = False        # compared on the device timeline (a GPU job)
+    sched: dict[str, Any] | None = None   # run-queue evidence (scheduler_luck), host timeline only
 
 
 # On a GPU the host runs ahead and its phases do not show who made whom wait; the device does.
@@ -68,10 +70,12 @@ def views(table: Table, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[
     return table.own, table.col("comm"), {p: table.col(p) for p in OWN_WORK_PHASES}
 
 
-def find_culprits(table: Table, peers: Peers, th: Thresholds) -> list[Culprit]:
-    """Scan every peer group (vectorised within a group) for culprits."""
+def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] | None = None) -> list[Culprit]:
+    """Scan every peer group (vectorised within a group) for culprits; what was left out and why is
+    appended to ``notes``."""
     step_all = table.col("step")
     out: list[Culprit] = []
+    luck: list[tuple[int, float, dict[str, float]]] = []
     for gi, rows in enumerate(peers.groups):
         if len(rows) < 2:
             continue
@@ -101,13 +105,47 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds) -> list[Culprit]:
             if excess < noise or not significant(excess, z, step_ref, th, len(rows), corroborated) \
                     or d_comm >= excess:
                 continue
+            sched = None if table.has_device(rows) else scheduler_luck(table, rows, row)
+            if sched is not None and sched["luck_ms"] > 0:
+                left = excess - sched["luck_ms"]
+                if left < limit or not significant(left, left / c_own.sigma if c_own.sigma > 0 else float("inf"),
+                                                   step_ref, th, len(rows), d_comm <= -0.5 * left):
+                    luck.append((row, excess, sched))
+                    continue
             pex = {p: float(part_matrix[row, i] - ph_ref[i]) for i, p in enumerate(part_names)}
             out.append(Culprit(row=row, group=gi, excess_ms=excess, z=float(z), own=float(own[k]),
                                own_ref=c_own.ref, comm=float(comm_all[row]), comm_ref=comm_ref,
                                step=float(step_all[row]), step_ref=step_ref, phase_excess=pex,
                                phase_ref={p: float(ph_ref[i]) for i, p in enumerate(part_names)},
-                               device=table.has_device(rows)))
+                               device=table.has_device(rows), sched=sched))
+    if luck and notes is not None:
+        notes.append(
+            f"{len(luck)} rank(s) slow in this window only because they waited for a CPU (run queue) more "
+            "than their peers, unlike the steps before it (scheduler noise on a shared host), were not reported: "
+            + ", ".join(f"rank {int(table.rank[r])} +{ex:.1f} ms, {sc['runq_ms'][0]:.1f} ms run queue vs "
+                        f"peers {sc['runq_ms'][1]:.1f}" for r, ex, sc in luck[:5]))
     return out
+
+
+def scheduler_luck(table: Table, rows: np.ndarray, row: int) -> dict[str, float] | None:
+    """How much of a rank's extra own work was scheduler luck (None without step-clock data).
+
+    On a host with more runnable threads than cores, which rank waits longest for a CPU is chance,
+    and in a 3-step window one rank can lose a quarter of its step to it. Extra run-queue wait in
+    the window counts as luck unless the same rank also waited more than its peers in the steps
+    just before the window (a co-located process, a CPU quota: contention that persists).
+    """
+    runq, hist = table.sch("runq"), table.sch("hist_runq")
+    peers = rows[rows != row]
+    if not (np.isfinite(runq[row]) and np.isfinite(runq[peers]).any()):
+        return None
+    d_runq = float(runq[row] - np.nanmedian(runq[peers]))
+    d_hist = float(hist[row] - np.nanmedian(hist[peers])) if np.isfinite(hist[row]) and \
+        np.isfinite(hist[peers]).any() else 0.0
+    return {"runq_ms": [float(runq[row]), float(np.nanmedian(runq[peers]))],
+            "runq_before_ms": [float(hist[row]), float(np.nanmedian(hist[peers]))] if np.isfinite(hist[row])
+            else [],
+            "luck_ms": max(0.0, d_runq - max(0.0, d_hist))}
 
 
 def attribute(table: Table, peers: Peers, culprits: list[Culprit], th: Thresholds) -> None:

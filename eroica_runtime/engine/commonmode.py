@@ -9,6 +9,7 @@ communication with no late rank to blame (localized to hosts with a link probe o
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -124,6 +125,21 @@ def _comm_finding(table: Table, hosts: list[str], impact: float, step_ms: float,
                    title=title + where)
 
 
+def _in_most_steps(table: Table, rows: np.ndarray, bar: float) -> np.ndarray:
+    """Which of ``rows`` waited at least ``bar`` ms longer than the group's median in most of the
+    window's steps (all True without per-step data). A slow path delays every step's collectives;
+    a collective thread descheduled once on a shared host adds to one step only."""
+    if table.step_comm is None:
+        return np.ones(len(rows), dtype=bool)
+    per_step = table.step_comm[rows]
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # an all-NaN step column
+        d = per_step - np.nanmedian(per_step, axis=0)
+    known = np.isfinite(d).sum(axis=1)
+    over = (np.nan_to_num(d, nan=-np.inf) >= bar).sum(axis=1)
+    return (known == 0) | (over * 2 > known)
+
+
 def local_comm_excess(table: Table, peers: Peers, th: Thresholds,
                       link_probe: dict[str, Any] | None) -> list[Finding]:
     """Ranks that wait much longer in communication than their peers while nobody is late.
@@ -146,7 +162,8 @@ def local_comm_excess(table: Table, peers: Peers, th: Thresholds,
         # a rank that finished its own work early waits longer: that part of the wait is explained
         early = np.maximum(float(np.median(own[rows])) - own[rows], 0.0)
         d = comm[rows] - c.ref - early
-        ok = (d >= max(th.abs_ms, th.rel_step * step_ref)) & (d / c.sigma >= z_required(len(rows), th))
+        bar = max(th.abs_ms, th.rel_step * step_ref)
+        ok = (d >= bar) & (d / c.sigma >= z_required(len(rows), th)) & _in_most_steps(table, rows, 0.5 * bar)
         hit[rows[ok]] = True
         excess[rows[ok]] = d[ok]
     if not hit.any():

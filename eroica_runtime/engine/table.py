@@ -32,6 +32,11 @@ _GPU_GAUGES = ("sm_mhz", "sm_max_mhz", "temp_c", "power_w", "power_limit_w", "pc
 DEVICE_COLUMNS = ("busy", "compute", "comm", "comm_exposed", "transfer", "idle", "forward", "backward",
                   "optimizer", "htod_ms", "htod_mb", "htod_pageable_mb", "dtoh_ms", "dtoh_mb", "dtoh_pageable_mb")
 DEVICE_INDEX = {c: i for i, c in enumerate(DEVICE_COLUMNS)}
+# the training thread's time from the step clock, ms per step: in the window ("cpu", "runq") and
+# in the last HISTORY_RECENT steps before it ("hist_*"); NaN for ranks that did not record it
+SCHED_COLUMNS = ("cpu", "runq", "hist_ms", "hist_cpu", "hist_runq")
+SCHED_INDEX = {c: i for i, c in enumerate(SCHED_COLUMNS)}
+HISTORY_RECENT = 8     # a burst is seen by the vote 6-7 steps before the window opens
 
 
 @dataclass
@@ -55,6 +60,8 @@ class Table:
     gc_count: np.ndarray             # (R,) GC collections per step
     step_noise: np.ndarray           # (R,) std error of the window's mean step (std / sqrt(K)), 0 if K<2
     device: np.ndarray | None = None  # (R, len(DEVICE_COLUMNS)) device timeline, NaN where absent
+    sched: np.ndarray | None = None   # (R, len(SCHED_COLUMNS)) thread CPU / run-queue, NaN where absent
+    step_comm: np.ndarray | None = None  # (R, K) ms blocked in collectives in each window step, NaN where absent
     capture_step: int | None = None
     capture_trigger: str | None = None
     errors: list[str] = field(default_factory=list)
@@ -74,6 +81,12 @@ class Table:
     def own(self) -> np.ndarray:
         """Own work per rank: everything but waiting in communication (summary.own_work_ms)."""
         return self.phases[:, OWN_IDX].sum(axis=1)
+
+    def sch(self, column: str) -> np.ndarray:
+        """One step-clock column (NaN for ranks that did not record it, or all when none did)."""
+        if self.sched is None:
+            return np.full(self.n, np.nan)
+        return self.sched[:, SCHED_INDEX[column]]
 
     def dev(self, column: str) -> np.ndarray:
         """One device-timeline column (NaN for ranks without device events)."""
@@ -138,6 +151,8 @@ def build_table(summaries: Iterable[dict[str, Any]]) -> Table:
     gc_count: list[float] = []
     noise: list[float] = []
     device_rows: list[list[float]] = []
+    sched_rows: list[list[float]] = []
+    comm_rows: list[list[float]] = []
     seen: set[int] = set()
     errors: list[str] = []
     cap_step: int | None = None
@@ -166,6 +181,8 @@ def build_table(summaries: Iterable[dict[str, Any]]) -> Table:
             vals[0] = mean
         noise.append(math.sqrt(sum((x - mean) ** 2 for x in samples) / (k - 1) / k) if k > 1 else 0.0)
         phase_rows.append(vals)
+        sched_rows.append(_sched_row(s))
+        comm_rows.append([float(x.get("comm", math.nan)) for x in s["steps"]])
         cap = s.get("capture") or {}
         if cap_step is None and isinstance(cap.get("step"), int):
             cap_step, cap_trigger = cap["step"], str(cap.get("trigger", ""))
@@ -287,7 +304,32 @@ def build_table(summaries: Iterable[dict[str, Any]]) -> Table:
         step_noise=_p(np.nan_to_num(np.asarray(noise, dtype=np.float64))),
         device=_p(np.asarray(device_rows, dtype=np.float64).reshape(n, len(DEVICE_COLUMNS)))
         if any(math.isfinite(r[1]) for r in device_rows) else None,
+        sched=_p(np.asarray(sched_rows, dtype=np.float64).reshape(n, len(SCHED_COLUMNS)))
+        if any(math.isfinite(x) for r in sched_rows for x in r) else None,
+        step_comm=_p(_ragged(comm_rows)) if any(math.isfinite(x) for r in comm_rows for x in r) else None,
         capture_step=cap_step, capture_trigger=cap_trigger, errors=errors, notes=notes)
+
+
+def _mean(xs: list[Any]) -> float:
+    return sum(float(x) for x in xs) / len(xs) if xs else math.nan
+
+
+def _sched_row(s: dict[str, Any]) -> list[float]:
+    """SCHED_COLUMNS of one summary: means over the window's steps and the recent history."""
+    win = [x for x in s["steps"] if "cpu" in x and "runq" in x]
+    hist = s.get("history") or {}
+    recent = {c: list(hist.get(c) or [])[-HISTORY_RECENT:] for c in ("ms", "cpu", "runq")}
+    return [_mean([x["cpu"] for x in win]), _mean([x["runq"] for x in win]),
+            _mean(recent["ms"]), _mean(recent["cpu"]), _mean(recent["runq"])]
+
+
+def _ragged(rows: list[list[float]]) -> np.ndarray:
+    """Rows of different lengths as one NaN-padded matrix."""
+    width = max((len(r) for r in rows), default=0)
+    out = np.full((len(rows), width), np.nan)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return out
 
 
 _TIMELINE = [PHASE_INDEX[p] for p in ("data", "forward", "backward", "optimizer", "host_gap")]

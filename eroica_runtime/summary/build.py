@@ -75,6 +75,33 @@ def _nest(thread_events: list[Ev]) -> list[tuple[float, float, Ev]]:
     return segments
 
 
+def _closure_ranges(main_evs: list[Ev], bwd_marks: list[tuple[float, float]]) -> set[int]:
+    """Optimizer ranges that contain a backward pass: ``optimizer.step(closure)`` (PyTorch
+    Lightning, LBFGS) runs forward, backward and the gradient all-reduce inside the step.
+
+    Such a range is no optimizer work by itself: its self time is treated like any record_function
+    region's (a wait for an in-flight collective is comm, the rest host gap), and the ops nested in
+    it take the phase of where they run in the step (before the backward: forward; after it:
+    optimizer) instead of inheriting "optimizer". Returns the ``id()`` of each such range event.
+    """
+    closures: set[int] = set()
+    for ev in main_evs:
+        if ev.marker == "optimizer":
+            i = bisect.bisect_left(bwd_marks, (ev.start, ev.start))
+            if (i < len(bwd_marks) and bwd_marks[i][0] < ev.end) or (i and bwd_marks[i - 1][1] > ev.start):
+                closures.add(id(ev))
+    if not closures:
+        return closures
+    for ev in main_evs:
+        if ev.marker is None:
+            anc = ev.parent
+            while anc is not None and anc.marker is None:
+                anc = anc.parent
+            if anc is not None and id(anc) in closures:
+                ev.phase = None      # positional, like an op outside any marker
+    return closures
+
+
 def _quantile(sorted_vals: list[float], q: float) -> float:
     """Nearest-rank quantile of a sorted, non-empty list."""
     idx = min(len(sorted_vals) - 1, max(0, int(round(q * (len(sorted_vals) - 1)))))
@@ -214,7 +241,7 @@ def _trim_steps(step_evs: list[Ev], main_starts: list[float]) -> list[Ev]:
 
 def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], steps: list[dict[str, Any]],
           gc: dict[str, Any], telemetry: dict[str, Any], main_tid: int | None = None,
-          max_functions: int = MAX_FUNCTIONS, size_budget: int = SIZE_BUDGET) -> dict[str, Any]:
+          history: dict[str, Any] | None = None, max_functions: int = MAX_FUNCTIONS, size_budget: int = SIZE_BUDGET) -> dict[str, Any]:
     """Boil one rank's profiled window down to an ``eroica.summary/1`` dict.
 
     ``events`` is either ``prof.events()`` (FunctionEvents) or, much cheaper, the raw
@@ -225,7 +252,10 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
     window cut into ``len(steps)`` pseudo-steps. ``main_tid`` is only a hint for that case and
     is the profiler's thread id (``FunctionEvent.thread``), not the OS thread id. The result is
     shrunk (fewer top functions) until its encoding fits ``size_budget`` bytes, so the summary
-    stays small whatever the model.
+    stays small whatever the model. ``steps`` may carry the step clock's per-step ``cpu`` and
+    ``runq`` ms; the builder adds each profiled step's ``comm`` (ms blocked in collectives), so the
+    engine can tell an excess present in every step from one carried by a single step.
+    ``history`` (the step clock's steps before the window) is passed through.
     """
     t0 = time.perf_counter()
     evs = normalize(events)
@@ -288,13 +318,16 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
             return "forward"
         return "optimizer" if t > bwd[1] else "backward"
 
+    closures = _closure_ranges(main_evs, bwd_marks)
+
     busy_by_phase: dict[str, list[tuple[float, float]]] = {}
     blocking: dict[str, list[tuple[float, float]]] = {}  # phase-owned blocking (sync calls)
+    comm_ivs: list[tuple[float, float]] = []              # main thread blocked on a collective
     gap_like: list[tuple[float, float]] = []
     for s, e, ev in segments_by_thread.get(main, []):
         if ev.phase is None:
             ev.phase = positional(ev.start)
-        if ev.kind == "annotation" and ev.marker is None:
+        if (ev.kind == "annotation" and ev.marker is None) or id(ev) in closures:
             # self time of a record_function region (DDP.forward, a user's "train_step"
             # wrapper) is Python or an unrecorded wait, never an op: treat it like a gap
             gap_like.append((s, e))
@@ -316,6 +349,7 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
         ivs = _intersect(_union(ivs), spans)
         waiting = _intersect(ivs, inflight)
         phases["comm"] += _length(waiting)
+        comm_ivs.extend(waiting)
         key = ph if ph in ("data", "forward", "backward", "optimizer", "comm") else "host_gap"
         phases[key] += _length(ivs) - _length(waiting)
     gaps = _intersect(gaps, spans)
@@ -324,6 +358,7 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
     rest = _subtract(gaps, in_bwd)
     waiting = _intersect(rest, inflight)
     phases["comm"] += _length(waiting)
+    comm_ivs.extend(waiting)
     gap_ms = _length(rest) - _length(waiting)
     gc_ms = float(gc.get("ms", 0.0) or 0.0)
     gc_count = float(gc.get("count", 0.0) or 0.0)
@@ -404,6 +439,16 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
     host_ranked = by_time([kv for kv in groups.items() if kv[0] not in device_keys])
     dev_ranked = by_time([kv for kv in groups.items() if kv[0] in device_keys])
 
+    step_rows = [{"step": int(s.get("step", 0)), "ms": _num(s.get("ms", 0.0)),
+                  **{k: _num(s[k]) for k in ("cpu", "runq") if k in s}} for s in steps]
+    if step_evs:
+        comm_union = _union(comm_ivs)
+        by_number = {row["step"]: row for row in step_rows}
+        for ev in step_evs:
+            number = ev.name[len(STEP_PREFIX) + 1:]
+            if number.isdigit() and int(number) in by_number:
+                by_number[int(number)]["comm"] = _num(_length(_intersect(comm_union, [(ev.start, ev.end)])))
+
     host = str(identity.get("host", ""))
     doc: dict[str, Any] = {
         "schema": SCHEMA,
@@ -415,7 +460,7 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
         "versions": dict(identity.get("versions") or {}),
         "capture": {"step": int(capture.get("step", 0)), "trigger": str(capture.get("trigger", "")),
                     "k": int(capture.get("k", n_steps))},
-        "steps": [{"step": int(s.get("step", 0)), "ms": _num(s.get("ms", 0.0))} for s in steps],
+        "steps": step_rows,
         "functions": [],
         "phases": {k: _num(v) for k, v in phases.items()},
         "gc": {"count": _num(gc_count), "ms": _num(gc_ms)},
@@ -425,6 +470,8 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
     }
     if device is not None:
         doc["device_phases"] = device
+    if history:
+        doc["history"] = history
     limit = max(0, int(max_functions))
     while True:
         # device work gets its own share (a quarter) of the budget: thousands of short kernels

@@ -68,6 +68,12 @@ MAX_WORLD = 10_000_000
 MAX_FUNCTIONS_LISTED = 4096
 MAX_STEPS_LISTED = 100_000
 MAX_GROUPS = 256
+MAX_HISTORY = 4096
+# per window step, besides {step, ms}: the training thread's CPU ms and run-queue ms (step clock),
+# and ms blocked in collectives (the profiled timeline)
+STEP_EXTRAS = ("cpu", "runq", "comm")
+# the steps before the window, one column each: wall ms, thread CPU ms, run-queue ms
+HISTORY_COLUMNS = ("ms", "cpu", "runq")
 MAX_NAME = 4096
 MAX_TELEMETRY_DEPTH = 4
 MAX_TELEMETRY_LEAVES = 4096
@@ -174,6 +180,12 @@ def validate(obj: Any, *, origin: str = "?") -> None:
                 and st["step"] >= 0):
             raise _bad(origin, f"steps[{i}] must be {{step: int >= 0, ms: number}}")
         _check_ms(origin, f"steps[{i}].ms", st.get("ms"))
+        for field in STEP_EXTRAS:
+            if field in st:
+                _check_ms(origin, f"steps[{i}].{field}", st[field])
+    hist = obj.get("history")
+    if hist is not None:
+        _check_history(origin, hist)
     groups = obj["groups"]
     if len(groups) > MAX_GROUPS:
         raise _bad(origin, f"{len(groups)} groups (at most {MAX_GROUPS})")
@@ -220,6 +232,20 @@ def validate(obj: Any, *, origin: str = "?") -> None:
         _check_tree(origin, field, obj[field])
     if "profile" in obj:
         _check_tree(origin, "profile", obj["profile"])
+
+
+def _check_history(origin: str, hist: Any) -> None:
+    if not isinstance(hist, dict):
+        raise _bad(origin, "history must be a map")
+    _check_int(origin, "history.first", hist.get("first"), 0, 2**53)
+    cols = [hist.get(c) for c in HISTORY_COLUMNS]
+    if not all(isinstance(c, list) for c in cols) or len({len(c) for c in cols}) != 1:
+        raise _bad(origin, f"history needs lists {', '.join(HISTORY_COLUMNS)} of one length")
+    if len(cols[0]) > MAX_HISTORY:
+        raise _bad(origin, f"history of {len(cols[0])} steps (at most {MAX_HISTORY})")
+    for name, col in zip(HISTORY_COLUMNS, cols, strict=True):
+        for j, x in enumerate(col):
+            _check_ms(origin, f"history.{name}[{j}]", x)
 
 
 def own_work_ms(summary: dict[str, Any]) -> float:

@@ -1,6 +1,7 @@
 """A small, unmodified torchrun-style DDP job with an optional real fault on one rank.
 
 FAULT=compute|data|gc|none on FAULT_RANK from step FAULT_FROM (optimizer steps); STEPS steps.
+LOOP=closure runs forward and backward inside ``optimizer.step(closure)``, as PyTorch Lightning does.
 compute: extra matmuls inside forward; data: the Dataset's __getitem__ sleeps; gc: cyclic garbage and
 forced collections each step. Writes nothing itself; eroica (if injected) does the watching.
 """
@@ -23,6 +24,7 @@ KILL_AT = int(os.environ.get("KILL_AT", "-1"))               # ... at this step
 HANG_RANK = int(os.environ.get("HANG_RANK", "-1"))           # this rank blocks forever in forward ...
 HANG_AT = int(os.environ.get("HANG_AT", "-1"))               # ... from this step
 WORKERS = int(os.environ.get("WORKERS", "0"))
+LOOP = os.environ.get("LOOP", "plain")
 DIM = int(os.environ.get("DIM", "256"))
 state = {"step": 0}
 
@@ -85,9 +87,18 @@ def main() -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         if STEP_SLEEP:
             time.sleep(STEP_SLEEP)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
+        if LOOP == "closure":
+            def closure(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
+                opt.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                return loss
+
+            opt.step(closure)
+        else:
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
         state["step"] += 1
         if state["step"] == 10 and dist.get_rank() == 0:
             print("reached step 10", flush=True)  # tests wait for this: the runtime is up on all ranks
