@@ -45,11 +45,21 @@ class Config:
     drift_pct: float = setting(5.0, "Drift rule: mean of the last --drift-window steps this % above the best "
                                     "recent window fires; 0 disables.", metavar="PCT", lo=0.0, hi=10000.0)
     drift_window: int = setting(50, "Drift rule window (steps).", metavar="N", lo=2, hi=100000)
+    lost_pct: float = setting(10.0, "Throughput rule: the share of time lost to steps slower than the median over "
+                                    "the last --lost-window steps (the longest one left out), this many % points "
+                                    "above the best such window, fires: repeated long stalls that leave the "
+                                    "median alone; 0 disables.",
+                              metavar="PCT", lo=0.0, hi=100.0)
+    lost_window: int = setting(48, "Throughput rule window (steps).", metavar="N", lo=4, hi=100000)
+    burst_window_steps: int = setting(16, "Steps profiled when the throughput rule fires: slowness that comes and "
+                                          "goes needs a window longer than its gaps.", metavar="K", lo=1, hi=1000)
     capture_at_steps: tuple[int, ...] = setting((), "Also capture at these steps, e.g. 100,500.",
                                                 metavar="S,S", lo=0)
     cooldown_steps: int = setting(30, "Minimum steps between two captures.", metavar="N", lo=0)
     max_captures: int = setting(8, "Capture budget per job (baseline included).", metavar="N", lo=0, hi=100000)
-    max_profiled_fraction: float = setting(0.2, "Cap on the fraction of steps spent profiling.", metavar="F",
+    max_profiled_fraction: float = setting(0.2, "Cap on the fraction of steps spent profiling (the baseline and "
+                                                "the first detector-triggered capture are always allowed).",
+                                           metavar="F",
                                            lo=0.0, lo_open=True, hi=1.0)
     # boundaries a vote has to complete (MPICH moves it one stage per MPI call)
     vote_lag: int = setting(3, lo=1, hi=64)

@@ -192,7 +192,7 @@ class Runtime:
             self._window = {"tele_start": telemetry.sample(), "gc_start": self.gc.snapshot(),
                             "own_start": self._own_s}
             # the agreed step is the lead-in; the window proper starts one step later
-            self.capture.start(decision.start_step + 1, decision.trigger, cfg.window_steps)
+            self.capture.start(decision.start_step + 1, decision.trigger, decision.k)
 
     def _check_trigger_file(self) -> None:
         taken = reportdir.take_trigger(self.report_dir)
@@ -240,22 +240,27 @@ class Runtime:
     def _step_records(self, first: int, last: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         """The window's steps (wall, and the training thread's CPU and run-queue ms) and the same
         columns for up to HISTORY_STEPS contiguous steps before the window."""
-        thread = {s: (c, q) for s, c, q in self.clock.thread} if self.clock.has_runq else {}
+        thread = {s: (c, q, k) for s, c, q, k in self.clock.thread} if self.clock.has_runq else {}
         steps = []
         for s, m in self.clock.durations:
             if first <= s <= last:
                 row: dict[str, Any] = {"step": s, "ms": round(m, 4)}
                 if s in thread:
                     row["cpu"], row["runq"] = round(thread[s][0], 3), round(thread[s][1], 3)
+                    if thread[s][2]:
+                        row["stops"] = thread[s][2]
                 steps.append(row)
         before = [(s, m) for s, m in self.clock.durations if s < first and s in thread][-HISTORY_STEPS:]
         while before and before[0][0] != first - len(before):   # keep the contiguous tail only
             before.pop(0)
         if not before:
             return steps, None
-        return steps, {"first": before[0][0], "ms": [round(m, 3) for _, m in before],
-                       "cpu": [round(thread[s][0], 3) for s, _ in before],
-                       "runq": [round(thread[s][1], 3) for s, _ in before]}
+        hist: dict[str, Any] = {"first": before[0][0], "ms": [round(m, 3) for _, m in before],
+                                "cpu": [round(thread[s][0], 3) for s, _ in before],
+                                "runq": [round(thread[s][1], 3) for s, _ in before]}
+        if any(thread[s][2] for s, _ in before):
+            hist["stops"] = [thread[s][2] for s, _ in before]
+        return steps, hist
 
     # ---- groups, signals ---------------------------------------------------------------------------------
     def _record_groups(self) -> None:
@@ -309,7 +314,7 @@ class Runtime:
             self.groups.append({"name": str(name), "ranks": [int(r) for r in ranks]})
 
     def _install_signals(self) -> None:
-        """SIGUSR1: capture now. SIGUSR2: flush the report now."""
+        """SIGUSR1: capture now. SIGUSR2: flush the report now. SIGCONT: count it (a stopped process)."""
         def chain(previous: Any, signum: int, frame: Any) -> None:
             if callable(previous):
                 previous(signum, frame)
@@ -330,6 +335,14 @@ class Runtime:
             chain(prev2, signum, frame)
 
         signal.signal(signal.SIGUSR2, on_usr2)
+        prev_cont = signal.getsignal(signal.SIGCONT)
+
+        def on_cont(signum: int, frame: Any) -> None:
+            # the process was stopped (SIGSTOP/SIGTSTP) and goes on: the step clock marks this step
+            self.clock.continued += 1
+            chain(prev_cont, signum, frame)
+
+        signal.signal(signal.SIGCONT, on_cont)
         # No SIGTERM handler: a Python handler never runs while a rank is stuck in C++ (a collective),
         # so it would make the rank ignore SIGTERM. Rank 0 rewrites report.json after every capture
         # instead, so a killed job still leaves its diagnoses.

@@ -8,8 +8,9 @@ lazily once complete (never a device synchronize).
 
 Each step also records what the training thread did with its wall time: CPU time (the thread's
 own clock) and run-queue wait (``/proc/thread-self/schedstat``: runnable, but no CPU was free).
-The rest was spent blocked (a collective, the next batch, storage, a sleep, a SIGSTOP). These
-cost ~2 µs a step and let the engine tell a rank that was slow only because the scheduler ran
+The rest was spent blocked (a collective, the next batch, storage, a sleep, a SIGSTOP); a step in
+which the process was stopped and continued (SIGSTOP/SIGCONT: a freezing agent, a debugger, Slurm's
+suspend) is marked by the SIGCONT it received. These cost ~2 µs a step and let the engine tell a rank that was slow only because the scheduler ran
 others first from one that is persistently slow, using the steps before a capture window too.
 """
 
@@ -72,8 +73,11 @@ class StepClock:
         self.step = 0                     # index of the step that ends at the next boundary
         self.durations: deque[tuple[int, float]] = deque(maxlen=history)
         self.all_ms: list[float] = []     # step times of steps 1, 2, ... (compact, for the job summary)
-        # (step, cpu ms, run-queue ms) of the training thread, eroica's own boundary work excluded
-        self.thread: deque[tuple[int, float, float]] = deque(maxlen=THREAD_HISTORY)
+        # (step, cpu ms, run-queue ms, times continued) of the training thread, eroica's own
+        # boundary work excluded
+        self.thread: deque[tuple[int, float, float, int]] = deque(maxlen=THREAD_HISTORY)
+        self.continued = 0                # SIGCONTs received (the runtime's handler counts them)
+        self._continued_last = 0
         self._times: ThreadTimes | None = None
         self._t_last: tuple[float, float] | None = None
         self._last = time.perf_counter()
@@ -133,7 +137,8 @@ class StepClock:
             self.all_ms.append(ms)
             if self._t_last is not None:
                 cpu, runq = times.sample()
-                self.thread.append((step, cpu - self._t_last[0], runq - self._t_last[1]))
+                stops, self._continued_last = self.continued - self._continued_last, self.continued
+                self.thread.append((step, cpu - self._t_last[0], runq - self._t_last[1], stops))
         self.step += 1
         if self._cuda:
             self._record_cuda(step)

@@ -7,6 +7,11 @@ Local rules (defaults in Config, all configurable):
   spikes don't count) stays more than ``drift_pct`` % — and more than 3 standard errors of that
   mean — above the best window seen since the last capture, for ``drift_window // 2`` consecutive
   steps;
+- throughput: the share of time lost to steps slower than the median over the last ``lost_window``
+  steps, the longest one left out (1 - median x (n-1) / (sum - max)), stays ``lost_pct`` % points above the best such window since the last
+  capture for ``lost_window // 8`` steps: rare long stalls (a process stopped 250 ms once a second,
+  slowness in bursts) that leave the median, and so the spike and drift rules, alone. It opens a
+  ``burst_window_steps`` window, long enough to hold the bursts' slow steps;
 - manual: SIGUSR1, a ``trigger`` file in the report dir, ``--capture-at-steps``;
 - baseline: one automatic capture right after warm-up, so every job has a healthy reference.
 
@@ -28,13 +33,14 @@ import numpy as np
 
 from eroica_runtime.config import Config
 
-REASONS = ("spike", "drift", "manual")
+REASONS = ("spike", "drift", "manual", "throughput")
 
 
 @dataclass(frozen=True)
 class Decision:
     start_step: int
     trigger: str
+    k: int = 0          # window length (steps)
 
 
 class Detector:
@@ -50,9 +56,33 @@ class Detector:
         self.window: deque[float] = deque(maxlen=max(self.cfg.drift_window, 2))
         self.best: float | None = None
         self.over = 0
+        self.lost_window: deque[float] = deque(maxlen=max(self.cfg.lost_window, 4))
+        self.best_lost: float | None = None
+        self.lost_over = 0
+
+    def observe_all(self, ms: float) -> tuple[bool, bool, bool]:
+        """Add one step; return (spike, drift, throughput)."""
+        spike, drift = self.observe(ms)
+        return spike, drift, self._lost(ms)
+
+    def _lost(self, ms: float) -> bool:
+        cfg = self.cfg
+        if cfg.lost_pct <= 0:
+            return False
+        self.lost_window.append(ms)
+        if len(self.lost_window) < (self.lost_window.maxlen or 0):
+            return False
+        values = np.fromiter(self.lost_window, dtype=np.float64)
+        # the longest step is left out: one stall (a checkpoint, a one-off collection) is no pattern
+        total = float(values.sum() - values.max())
+        lost = 1.0 - float(np.median(values)) * (len(values) - 1) / total if total > 0 else 0.0
+        if self.best_lost is None or lost < self.best_lost:
+            self.best_lost = lost
+        self.lost_over = self.lost_over + 1 if lost - self.best_lost >= cfg.lost_pct / 100.0 else 0
+        return self.lost_over >= max(1, cfg.lost_window // 8)
 
     def observe(self, ms: float) -> tuple[bool, bool]:
-        """Add one step; return (spike, drift)."""
+        """Add one step to the spike and drift rules; return (spike, drift)."""
         cfg = self.cfg
         self.recent.append(ms)
         spike = False
@@ -104,19 +134,23 @@ class Trigger:
 
     # ---- local side ----------------------------------------------------------------------------------
     def local_flags(self, step: int, ms: float, in_window: bool) -> np.ndarray:
-        """This rank's vote for the step that just ended: [spike, drift, manual]."""
+        """This rank's vote for the step that just ended: [spike, drift, manual, throughput]."""
         flags = np.zeros(len(REASONS), dtype=np.int64)
         if self.manual_pending:
             flags[2] = 1
             self.manual_pending = False
         if step < self.cfg.warmup_steps or in_window or step <= self.busy_until:
             return flags
-        spike, drift = self.detector.observe(ms)
-        flags[0], flags[1] = int(spike), int(drift)
+        spike, drift, lost = self.detector.observe_all(ms)
+        flags[0], flags[1], flags[3] = int(spike), int(drift), int(lost)
         return flags
 
     # ---- agreed side (identical on every rank) -----------------------------------------------------
-    def _allowed(self, start: int) -> bool:
+    def window_for(self, trigger: str) -> int:
+        """Steps profiled for a capture of this kind."""
+        return self.cfg.burst_window_steps if trigger == "throughput" else self.cfg.window_steps
+
+    def _allowed(self, start: int, k: int) -> bool:
         cfg = self.cfg
         if self.captures >= cfg.max_captures:
             return False
@@ -124,8 +158,9 @@ class Trigger:
             return False
         if self.last_capture_start is not None and start - self.last_capture_start < cfg.cooldown_steps:
             return False
-        return (self.profiled_steps + cfg.window_steps) <= max(cfg.window_steps,
-                                                               cfg.max_profiled_fraction * start)
+        # the first capture a detector asks for is always allowed (the baseline does not count): a
+        # short job must not lose its one diagnosis to the share cap
+        return self.profiled_steps == 0 or (self.profiled_steps + k) <= max(k, cfg.max_profiled_fraction * start)
 
     def decide(self, step: int, voted: np.ndarray | None) -> Decision | None:
         """At the boundary after ``step``: does a capture start at step+1? Same answer on all ranks.
@@ -140,9 +175,9 @@ class Trigger:
             trigger = "manual"
         elif voted is not None and voted.any():
             # a person asking wins over the detectors, and is not held back by cooldown or budget share
-            trigger = "manual" if voted[2] else ("spike" if voted[0] else "drift")
+            trigger = "manual" if voted[2] else ("spike" if voted[0] else "drift" if voted[1] else "throughput")
             settled = max(self.cfg.warmup_steps, self.baseline_step or 0)  # never before the baseline
-            if trigger != "manual" and (start <= settled or not self._allowed(start)):
+            if trigger != "manual" and (start <= settled or not self._allowed(start, self.window_for(trigger))):
                 return None
         if trigger is None:
             return None
@@ -151,12 +186,14 @@ class Trigger:
         if trigger in ("baseline", "manual") and (self.captures >= self.cfg.max_captures
                                                   or start <= self.window_until):
             return None
+        k = self.window_for(trigger)
         self.captures += 1
-        self.profiled_steps += self.cfg.window_steps + 1  # the window and its lead-in step
+        if trigger != "baseline":
+            self.profiled_steps += k + 1  # the window and its lead-in step
         self.last_capture_start = start
         # lead-in, window and vote lag: votes cast inside the window are about profiled steps
-        self.window_until = start + self.cfg.window_steps
+        self.window_until = start + k
         self.busy_until = self.window_until + 1 + self.cfg.vote_lag
         if trigger != "baseline":
             self.detector.reset()
-        return Decision(start, trigger)
+        return Decision(start, trigger, k)

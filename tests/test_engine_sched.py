@@ -1,16 +1,24 @@
-"""Scheduler luck versus contention: run-queue wait from the step clock decides whether a rank that
-was slow in one window is a culprit.
+"""What the step clock adds to the engine: run-queue wait, per-step waits and SIGCONT marks.
 
-Fixture: ``data/engine/healthy-runq-luck.msgpack``, the baseline capture of a healthy 4-rank CPU job on
-this 2-core machine (tests/data/runtime/train.py, DIM=512), in which rank 2 waited for a CPU 17 ms a
-step in the window (its peers ~2 ms) but not more than its peers in the 8 steps before it. The engine
-without run-queue data named rank 2 a compute culprit (the flake seen in CI).
+Fixtures under data/engine/, all real captures recorded on this 2-core machine:
+- ``healthy-runq-luck.msgpack``: the baseline capture of a healthy 4-rank job (tests/data/runtime/
+  train.py, DIM=512) in which rank 2 waited for a CPU 17 ms a step in the window (peers ~2 ms) but
+  not before it; without run-queue data the engine named rank 2 a compute culprit (the CI flake).
+- ``healthy-4hosts.msgpack``: the baseline capture of a healthy job on 4 fake hosts (namespaces).
+- ``throttled-rank1.msgpack``: fault bench "throttle-int" (rank 1 in a 0.15-CPU cgroup), the spike
+  capture.
+- ``frozen-rank1.msgpack``: fault bench "freeze" (rank 1 SIGSTOPped 250 ms every second), the
+  throughput-triggered 16-step capture.
+- ``bursty-contention-rank1.msgpack``: fault bench "contend-int" (2 hogs on rank 1's core, 8 steps
+  on, 12 off), the spike capture whose window opened as the burst ended.
 """
 
 from __future__ import annotations
 
 import copy
 from pathlib import Path
+
+import pytest
 
 from eroica_runtime import summary
 from eroica_runtime.engine import diagnose
@@ -108,3 +116,83 @@ def test_a_wait_in_every_step_is_a_communication_finding_and_one_long_wait_is_no
         for st in s["steps"]:
             st.pop("comm")
     assert [f.category for f in _diagnose(meta, once).findings] == ["communication"]
+
+
+def _stop(s: dict, at: list[int], ms: float = 250.0) -> None:
+    """Rank ``s`` was stopped (a SIGCONT marked) in history steps ``at``, each ``ms`` longer."""
+    h = s["history"]
+    h["stops"] = [0] * len(h["ms"])
+    for i in at:
+        h["stops"][i] = 1
+        h["ms"][i] += ms
+
+
+def test_a_rank_stopped_repeatedly_is_named_from_the_steps_before_the_window() -> None:
+    meta, sums = _load()
+    _stop(sums[3], [1, 8])           # twice in the steps before the window; the window missed it
+    d = _diagnose(meta, sums)
+    f = next(f for f in d.findings if f.rank == 3)
+    assert (f.category, f.function) == ("host", "(stopped)"), f.title
+    assert f.evidence["stopped"]["stops"] == 2 and 200 < f.evidence["stopped"]["stop_ms_each"] < 300
+    assert sorted(f.victims) == [0, 1, 2] and "SIGSTOP" in f.action
+    seen = f.evidence["stopped"]["steps_seen"]
+    assert seen == len(sums[3]["history"]["ms"]) + len(sums[3]["steps"])
+    assert f.impact_ms_per_step == pytest.approx(2 * 250.0 / seen, rel=0.3)
+
+
+def test_one_stop_or_a_whole_job_suspended_names_nobody() -> None:
+    meta, sums = _load()
+    once = copy.deepcopy(sums)
+    _stop(once[3], [5])
+    assert not [f for f in _diagnose(meta, once).findings if f.function == "(stopped)"]
+    for s in sums:                   # Slurm suspended and resumed every rank alike
+        _stop(s, [1, 8])
+    assert not [f for f in _diagnose(meta, sums).findings if f.function == "(stopped)"]
+
+
+def _capture(name: str) -> tuple[dict, list[dict]]:
+    path = Path(__file__).parent / "data" / "engine" / name
+    meta, sums, errors = summary.decode_capture(path.read_bytes(), origin=path.name)
+    assert not errors
+    return meta, sorted(sums, key=lambda s: s["rank"])
+
+
+def test_a_cpu_starved_rank_is_named_though_its_timeline_books_the_starvation_as_waiting() -> None:
+    # fault bench "throttle-int": rank 1 in a cgroup with 0.15 CPU; the profiler put much of its
+    # run-queue time inside collective launches, so by the timeline it "waited" like everyone else
+    meta, sums = _capture("throttled-rank1.msgpack")
+    old = _diagnose(meta, [_without_scheduler_data(s) for s in sums])
+    assert not [f for f in old.findings if f.rank == 1], [f.title for f in old.findings]
+    d = _diagnose(meta, sums)
+    assert [(f.rank, f.category) for f in d.findings] == [(1, "host")], [f.title for f in d.findings]
+    f = d.findings[0]
+    assert sorted(f.victims) == [0, 2, 3]
+    # it was runnable without a CPU more than twice as long as its peers, in the steps before too
+    assert f.evidence["run_queue_ms"][0] > 2 * f.evidence["run_queue_ms"][1]
+    assert f.evidence["run_queue_before_ms"][0] > 2 * f.evidence["run_queue_before_ms"][1]
+
+
+def test_a_rank_stopped_once_a_second_is_named_from_its_sigcont_marks() -> None:
+    # fault bench "freeze": rank 1 SIGSTOPped 250 ms every second; a 16-step throughput window
+    meta, sums = _capture("frozen-rank1.msgpack")
+    assert meta["trigger"] == "throughput" and len(sums[1]["steps"]) == 16
+    d = _diagnose(meta, sums)
+    f = d.findings[0]
+    assert (f.rank, f.category, f.function) == (1, "host", "(stopped)"), [x.title for x in d.findings]
+    assert f.evidence["stopped"]["stops"] >= 2 and 150 < f.evidence["stopped"]["stop_ms_each"] < 350
+    assert sorted(f.victims) == [0, 2, 3]
+
+
+def test_a_burst_the_window_missed_is_named_from_the_steps_before_it() -> None:
+    meta, sums = _capture("bursty-contention-rank1.msgpack")
+    assert meta["trigger"] == "spike"
+    # the window alone: every rank alike (the burst was over)
+    assert _diagnose(meta, [_without_scheduler_data(s) for s in sums]).findings == ()
+    d = _diagnose(meta, sums)
+    assert [(f.rank, f.category) for f in d.findings] == [(1, "host")], [f.title for f in d.findings]
+    f = d.findings[0]
+    assert sorted(f.victims) == [0, 2, 3] and "steps before the window" in f.evidence["seen_in"]
+    assert f.evidence["run_queue_ms"][0] > 2 * f.evidence["run_queue_ms"][1]
+    # a capture nobody's detector asked for is no claim that anything was slow
+    manual = diagnose(sums, step=meta["step"], trigger="manual", world_size=meta["world_size"])
+    assert manual.findings == ()

@@ -106,6 +106,12 @@ def test_all_summaries_valid_and_small(runs: Runs) -> None:
             # the timeline partitions the step: own work + comm ~= step
             own = summary.own_work_ms(d)
             assert abs(own + d["phases"]["comm"] - d["phases"]["step"]) <= 0.15 * d["phases"]["step"] + 2.0
+            # per profiled step (numbered as the runtime's Capture numbers them), the waits add up
+            # to the window's
+            per_step = [st["comm"] for st in d["steps"] if "comm" in st]
+            if mode == "module":
+                assert len(per_step) == len(d["steps"]) == 4, d["steps"]
+                assert sum(per_step) / 4 == pytest.approx(d["phases"]["comm"], rel=0.02, abs=0.05), d["steps"]
 
 
 @pytest.mark.parametrize("mode,scenario", [("schedule", "compute"), ("schedule", "direct"), ("module", "compute")])

@@ -85,3 +85,36 @@ def test_scheduled_capture_right_after_the_baseline_is_not_held_back_by_the_vote
     assert trig.decide(11, None) is not None          # baseline lead-in at 12, window 13-15
     spike = np.array([1, 0, 0], dtype=np.int64)
     assert trig.decide(17, spike) is None             # votes cast in the window are due until step 20
+
+
+def _freeze(n: int, every: int = 28, stall: float = 250.0, seed: int = 2) -> list[float]:
+    """Steps of ~35 ms, one of them ``stall`` ms longer every ``every`` steps (SIGSTOP once a second)."""
+    return [ms + (stall if i % every == every - 1 else 0.0) for i, ms in enumerate(_jitter(n, 35.0, 0.2, seed))]
+
+
+def test_rare_long_stalls_fire_the_throughput_rule_but_not_spike_or_drift() -> None:
+    det = Detector(Config())
+    flags = [det.observe_all(ms) for ms in _jitter(100, 35.0, 0.2) + _freeze(120)]
+    assert not any(s or d for s, d, _ in flags)        # the median never moved
+    fired = [i for i, (_, _, lost) in enumerate(flags) if lost]
+    assert fired and 100 < fired[0] <= 100 + 2 * 48, fired[:3]
+
+
+def test_jitter_and_one_stall_do_not_fire_the_throughput_rule() -> None:
+    det = Detector(Config())
+    steps = _jitter(400, 35.0, 0.3, seed=5)
+    steps[200] += 250.0
+    steps[300] += 250.0     # 100 steps later: never two in one window
+    assert not any(det.observe_all(ms)[2] for ms in steps)
+
+
+def test_throughput_capture_gets_the_long_window_even_early_in_a_short_job() -> None:
+    cfg = Config(warmup_steps=10, max_profiled_fraction=0.2)
+    trig = Trigger(cfg)
+    assert trig.decide(11, None).trigger == "baseline"
+    lost = np.array([0, 0, 0, 1], dtype=np.int64)
+    d = next(d for step in range(16, 80) if (d := trig.decide(step, lost)) is not None)
+    # as soon as the cooldown after the baseline allows: 17 profiled steps are far over 20% of the
+    # 42 steps so far, but the first capture a detector asks for is allowed
+    assert (d.trigger, d.k, d.start_step) == ("throughput", cfg.burst_window_steps, 12 + cfg.cooldown_steps), d
+    assert trig.window_until == d.start_step + cfg.burst_window_steps

@@ -19,7 +19,9 @@ bandwidth_gbps} and names the slow host of a communication finding. ``errors`` a
 errors (bad ranks) carried into the diagnosis. ``thresholds`` tunes sensitivity (``Thresholds``).
 
 Pipeline: table (arrays, once) → peers → culprits (own work up, wait not up) → category and function
-→ victims → impact; then baseline/common-mode, local communication excess and hang checks.
+→ victims → impact; ranks stopped repeatedly (step-clock marks, window and history); with no
+culprit in a triggered window, ranks busy far longer than their peers in the steps before it
+(history); then baseline/common-mode, local communication excess and hang checks.
 
 Input hygiene: a summary with a non-finite phase or a duplicate rank is dropped with a line in
 ``errors``; gc/io phases that do not fit in the step (separately measured, they can count pauses
@@ -43,9 +45,12 @@ from eroica_runtime.engine.attribution import Culprit, attribute, find_culprits,
 from eroica_runtime.engine.baseline import Thresholds
 from eroica_runtime.engine.categories import ACTIONS, telemetry_refinement, transfer_evidence
 from eroica_runtime.engine.commonmode import common_mode, hang_findings, local_comm_excess
+from eroica_runtime.engine.history import history_culprits
 from eroica_runtime.engine.impact import culprit_what_if
 from eroica_runtime.engine.model import CATEGORIES, Diagnosis, Finding
 from eroica_runtime.engine.peers import Peers, form_peers, parse_topology
+from eroica_runtime.engine.stalls import action as stall_action
+from eroica_runtime.engine.stalls import stall_finding, stalls
 from eroica_runtime.engine.table import Table, build_table
 
 __all__ = ["CATEGORIES", "Diagnosis", "Finding", "Table", "Thresholds", "build_table", "consolidate",
@@ -55,12 +60,13 @@ HEAT_COLUMNS = ("step", "data", "forward", "backward", "optimizer", "host_gap", 
 HEAT_MAX_ROWS = 40
 
 
-def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float) -> Finding:
+def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float,
+                     stopped: dict[str, Any] | None = None) -> Finding:
     row = c.row
     rank = int(table.rank[row])
     host = table.hosts[int(table.host_idx[row])]
     contended = bool(c.sched and c.sched["runq_ms"][0] - c.sched["runq_ms"][1] >= 0.5 * c.excess_ms)
-    if contended:   # most of the extra time was spent runnable without a CPU, and not only in this window
+    if contended or stopped:   # runnable without a CPU, not only in this window; or stopped outright
         c = replace(c, category="host")
     tele_ev, hint = telemetry_refinement(table, row, peers.groups[c.group], c.category)
     if contended and c.sched:
@@ -79,6 +85,9 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float) -> 
         "functions": c.functions, "peers": {"source": peers.source, "size": int(len(peers.groups[c.group]))},
         "victims_count": int(len(c.victims)), **tele_ev,
     }
+    if stopped:
+        ev["stopped"] = stopped
+        hint = (stall_action(stopped) + " " + hint).strip()
     if c.sched:
         ev["run_queue_ms"] = c.sched["runq_ms"]
         if c.sched["runq_before_ms"]:
@@ -194,8 +203,13 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
                          + ", ".join(f"rank {int(table.rank[c.row])} +{c.excess_ms:.1f} ms" for c in dropped[:5]))
             culprits = [c for c in culprits if len(c.victims)]
     excesses = [c.excess_ms for c in culprits]
-    findings = [_culprit_finding(table, peers, c, culprit_what_if(step_med, excesses, i))
+    stopped = stalls(table, th)
+    findings = [_culprit_finding(table, peers, c, culprit_what_if(step_med, excesses, i), stopped.get(c.row))
                 for i, c in enumerate(culprits)]
+    named = {c.row for c in culprits}
+    findings.extend(stall_finding(table, row, ev, step_med) for row, ev in stopped.items() if row not in named)
+    if not findings:
+        findings.extend(history_culprits(table, peers, th, trigger, named))
     findings = _merge_hosts(table, findings)
 
     if baseline is not None:

@@ -23,6 +23,8 @@ from eroica_runtime.engine.peers import Peers
 from eroica_runtime.engine.table import Table
 from eroica_runtime.summary import OWN_WORK_PHASES
 
+LUCK_SHARE = 0.25   # scheduler luck is judged only when it is at least this share of the excess
+
 
 @dataclass
 class Culprit:
@@ -67,7 +69,19 @@ def views(table: Table, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[
                  "transfer": table.dev("transfer"),
                  **{p: table.col(p) for p in ("data", "gc", "io", "host_gap")}}
         return np.maximum(step - wait, 0.0), wait, parts
-    return table.own, table.col("comm"), {p: table.col(p) for p in OWN_WORK_PHASES}
+    own, wait = table.own, table.col("comm")
+    parts = {p: table.col(p) for p in OWN_WORK_PHASES}
+    busy = table.sch("cpu") + table.sch("runq")
+    if np.isfinite(busy[rows]).all():
+        # The profiler books the time a CPU-starved thread (a CPU quota, co-located hogs) spends
+        # waiting for a CPU to whatever op it is in, collective launches included; a wait for peers
+        # is spent asleep, never running or runnable. So the training thread's CPU plus run-queue
+        # time is own work whatever op it fell in: what the timeline booked as comm beyond
+        # step - (cpu + runq) was the rank's own starvation (booked as host_gap here).
+        hidden = np.nan_to_num(np.clip(np.minimum(busy, table.col("step")) - own, 0.0, None))
+        own, wait = own + hidden, np.maximum(wait - hidden, 0.0)
+        parts["host_gap"] = parts["host_gap"] + hidden
+    return own, wait, parts
 
 
 def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] | None = None) -> list[Culprit]:
@@ -106,7 +120,8 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
                     or d_comm >= excess:
                 continue
             sched = None if table.has_device(rows) else scheduler_luck(table, rows, row)
-            if sched is not None and sched["luck_ms"] > 0:
+            # a few ms more run queue than the peers is their normal spread, not what made it slow
+            if sched is not None and sched["luck_ms"] >= LUCK_SHARE * excess:
                 left = excess - sched["luck_ms"]
                 if left < limit or not significant(left, left / c_own.sigma if c_own.sigma > 0 else float("inf"),
                                                    step_ref, th, len(rows), d_comm <= -0.5 * left):

@@ -71,9 +71,11 @@ MAX_GROUPS = 256
 MAX_HISTORY = 4096
 # per window step, besides {step, ms}: the training thread's CPU ms and run-queue ms (step clock),
 # and ms blocked in collectives (the profiled timeline)
-STEP_EXTRAS = ("cpu", "runq", "comm")
-# the steps before the window, one column each: wall ms, thread CPU ms, run-queue ms
+STEP_EXTRAS = ("cpu", "runq", "comm", "stops")
+# the steps before the window, one column each: wall ms, thread CPU ms, run-queue ms; optional:
+# SIGCONTs received in the step (present when there were some)
 HISTORY_COLUMNS = ("ms", "cpu", "runq")
+HISTORY_OPTIONAL = ("stops",)
 MAX_NAME = 4096
 MAX_TELEMETRY_DEPTH = 4
 MAX_TELEMETRY_LEAVES = 4096
@@ -246,6 +248,13 @@ def _check_history(origin: str, hist: Any) -> None:
     for name, col in zip(HISTORY_COLUMNS, cols, strict=True):
         for j, x in enumerate(col):
             _check_ms(origin, f"history.{name}[{j}]", x)
+    for name in HISTORY_OPTIONAL:
+        if name in hist:
+            col = hist[name]
+            if not isinstance(col, list) or len(col) != len(cols[0]):
+                raise _bad(origin, f"history.{name} must be a list as long as history.ms")
+            for j, x in enumerate(col):
+                _check_ms(origin, f"history.{name}[{j}]", x, MAX_COUNT)
 
 
 def own_work_ms(summary: dict[str, Any]) -> float:

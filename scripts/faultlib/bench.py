@@ -66,6 +66,8 @@ CPU = ("compute", "host")
 CASES: list[Case] = [
     Case("healthy-1", "", ("",), None, note="no fault: natural jitter only, expect no finding"),
     Case("healthy-2", "", ("",), None, note="second healthy run"),
+    # more healthy runs, so that >= 1,000 healthy steps are judged (issue 12)
+    *[Case(f"healthy-{i}", "", ("",), None, note="another healthy run") for i in range(3, 10)],
     Case("compute", "compute:rank={rank}:start={start}:ms=150", ("compute",)),
     Case("compute-int", "compute:rank={rank}:start={start}:ms=150:{int}", ("compute",)),
     Case("throttle", "throttle:rank={rank}:start={start}:quota=0.15", CPU, note="root: cgroup cpu quota"),
@@ -194,6 +196,7 @@ def score_case(case: Case, res: CaseResult, report_dir: Path) -> dict[str, Any]:
         "top": None if top is None else {k: top.get(k) for k in ("rank", "host", "category", "function", "phase",
                                                                   "impact_ms_per_step", "victims")},
         "false_findings": len(false), "false_blamed": sorted(map(str, false)),
+        "steps": rep.get("steps") if isinstance(rep.get("steps"), int) else None,
     }
     sizes = summary_bytes(report_dir)
     out["summary_bytes"] = {"n": len(sizes), "median": int(statistics.median(sizes)) if sizes else None,
@@ -468,6 +471,14 @@ def table(results: list[CaseResult], overhead: dict[str, Any] | None) -> str:
              f"({pr['rank']['tp']} right of {pr['fault_cases']} fault cases; {pr['reported_cases']} cases reported "
              f"a finding). Category: precision {pr['category']['precision']}, recall {pr['category']['recall']} "
              f"({pr['category']['tp']} right)."]
+    healthy = [r for r in results if not r.skipped and r.expected_categories == [""] and r.score]
+    ttds = sorted(r.score["ttd_steps"] for r in results if r.score and r.score.get("ok")
+                  and r.score.get("ttd_steps") is not None and r.case != "hang")
+    lines += ["", f"Healthy runs: {len(healthy)}, {sum(r.score.get('steps') or 0 for r in healthy)} steps judged, "
+                  f"{sum(1 for r in healthy if r.score.get('false_findings'))} with a false finding. "
+                  f"Onset → diagnosis (right cases, hang aside): median "
+                  f"{statistics.median(ttds) if ttds else '–'} steps (range {ttds[0] if ttds else '–'}–"
+                  f"{ttds[-1] if ttds else '–'})."]
     if overhead:
         def med(xs: list[float]) -> str:
             return f"{statistics.median(xs):.3f} (rounds: {', '.join(f'{x:.3f}' for x in xs)})" if xs else "–"

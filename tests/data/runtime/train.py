@@ -88,7 +88,8 @@ def main() -> None:
         if STEP_SLEEP:
             time.sleep(STEP_SLEEP)
         if LOOP == "closure":
-            def closure(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
+            def closure(x: torch.Tensor = x, y: torch.Tensor = y, model: torch.nn.Module = model,
+                        opt: torch.optim.Optimizer = opt) -> torch.Tensor:
                 opt.zero_grad()
                 loss = torch.nn.functional.mse_loss(model(x), y)
                 loss.backward()
