@@ -42,10 +42,10 @@ class Runtime:
         self.rank = int(os.environ.get("RANK", "0"))
         self.report_dir = cfg.report_dir or os.path.abspath("eroica-report")
         self.side: SideChannel | None = None
-        self.clock = StepClock(self._on_boundary)
+        self.gc = telemetry.GcMonitor()
+        self.clock = StepClock(self._on_boundary, gc_ms=lambda: self.gc.snapshot()[1])
         self.trigger = Trigger(cfg)
         self.capture = Capture()
-        self.gc = telemetry.GcMonitor()
         self.pg_keeper = GroupKeeper()
         self.votes: deque[tuple[int, Any]] = deque()
         self.analyst: Any = None
@@ -240,13 +240,14 @@ class Runtime:
     def _step_records(self, first: int, last: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         """The window's steps (wall, and the training thread's CPU and run-queue ms) and the same
         columns for up to HISTORY_STEPS contiguous steps before the window."""
-        thread = {s: (c, q, k) for s, c, q, k in self.clock.thread} if self.clock.has_runq else {}
+        thread = {s: rest for s, *rest in self.clock.thread} if self.clock.has_runq else {}
         steps = []
         for s, m in self.clock.durations:
             if first <= s <= last:
                 row: dict[str, Any] = {"step": s, "ms": round(m, 4)}
                 if s in thread:
                     row["cpu"], row["runq"] = round(thread[s][0], 3), round(thread[s][1], 3)
+                    row["data"], row["gc"] = round(thread[s][3], 3), round(thread[s][4], 3)
                     if thread[s][2]:
                         row["stops"] = thread[s][2]
                 steps.append(row)
@@ -257,7 +258,9 @@ class Runtime:
             return steps, None
         hist: dict[str, Any] = {"first": before[0][0], "ms": [round(m, 3) for _, m in before],
                                 "cpu": [round(thread[s][0], 3) for s, _ in before],
-                                "runq": [round(thread[s][1], 3) for s, _ in before]}
+                                "runq": [round(thread[s][1], 3) for s, _ in before],
+                                "data": [round(thread[s][3], 3) for s, _ in before],
+                                "gc": [round(thread[s][4], 3) for s, _ in before]}
         if any(thread[s][2] for s, _ in before):
             hist["stops"] = [thread[s][2] for s, _ in before]
         return steps, hist
@@ -343,6 +346,11 @@ class Runtime:
             chain(prev_cont, signum, frame)
 
         signal.signal(signal.SIGCONT, on_cont)
+        for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT):
+            # signal.signal() makes the signal interrupt system calls in every thread; restart
+            # them instead (SA_RESTART), so the training's and MPI's blocking calls never see EINTR
+            # because eroica listens
+            signal.siginterrupt(sig, False)
         # No SIGTERM handler: a Python handler never runs while a rank is stuck in C++ (a collective),
         # so it would make the rank ignore SIGTERM. Rank 0 rewrites report.json after every capture
         # instead, so a killed job still leaves its diagnoses.

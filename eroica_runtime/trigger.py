@@ -26,6 +26,7 @@ lag 4, 3-4 µs. Each step of lag delays a capture by a step, and short bursts en
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from dataclasses import dataclass
 
@@ -56,7 +57,9 @@ class Detector:
         self.window: deque[float] = deque(maxlen=max(self.cfg.drift_window, 2))
         self.best: float | None = None
         self.over = 0
-        self.lost_window: deque[float] = deque(maxlen=max(self.cfg.lost_window, 4))
+        self.lost_window: deque[float] = deque()
+        self.lost_sorted: list[float] = []     # the same steps, sorted (median and max per step in O(n))
+        self.lost_sum = 0.0
         self.best_lost: float | None = None
         self.lost_over = 0
 
@@ -69,13 +72,21 @@ class Detector:
         cfg = self.cfg
         if cfg.lost_pct <= 0:
             return False
+        n = max(cfg.lost_window, 4)
         self.lost_window.append(ms)
-        if len(self.lost_window) < (self.lost_window.maxlen or 0):
+        bisect.insort(self.lost_sorted, ms)
+        self.lost_sum += ms
+        if len(self.lost_window) > n:
+            old = self.lost_window.popleft()
+            del self.lost_sorted[bisect.bisect_left(self.lost_sorted, old)]
+            self.lost_sum -= old
+        if len(self.lost_window) < n:
             return False
-        values = np.fromiter(self.lost_window, dtype=np.float64)
+        ordered = self.lost_sorted
+        median = 0.5 * (ordered[(n - 1) // 2] + ordered[n // 2])
         # the longest step is left out: one stall (a checkpoint, a one-off collection) is no pattern
-        total = float(values.sum() - values.max())
-        lost = 1.0 - float(np.median(values)) * (len(values) - 1) / total if total > 0 else 0.0
+        total = self.lost_sum - ordered[-1]
+        lost = 1.0 - median * (n - 1) / total if total > 0 else 0.0
         if self.best_lost is None or lost < self.best_lost:
             self.best_lost = lost
         self.lost_over = self.lost_over + 1 if lost - self.best_lost >= cfg.lost_pct / 100.0 else 0

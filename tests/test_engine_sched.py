@@ -11,6 +11,8 @@ Fixtures under data/engine/, all real captures recorded on this 2-core machine:
   throughput-triggered 16-step capture.
 - ``bursty-contention-rank1.msgpack``: fault bench "contend-int" (2 hogs on rank 1's core, 8 steps
   on, 12 off), the spike capture whose window opened as the burst ended.
+- ``bursty-gc-rank1.msgpack``: fault bench "gc-int" (GC storms on rank 1 in bursts), a spike capture
+  whose window missed the burst; its history carries GC pause and batch-wait time per step.
 """
 
 from __future__ import annotations
@@ -196,3 +198,15 @@ def test_a_burst_the_window_missed_is_named_from_the_steps_before_it() -> None:
     # a capture nobody's detector asked for is no claim that anything was slow
     manual = diagnose(sums, step=meta["step"], trigger="manual", world_size=meta["world_size"])
     assert manual.findings == ()
+
+
+def test_a_gc_burst_the_window_missed_is_named_gc_from_the_pauses_before_it() -> None:
+    meta, sums = _capture("bursty-gc-rank1.msgpack")
+    d = _diagnose(meta, sums)
+    assert [(f.rank, f.category) for f in d.findings] == [(1, "gc")], [f.title for f in d.findings]
+    f = d.findings[0]
+    assert f.evidence["gc_ms"][0] > 0.5 * f.impact_ms_per_step and f.evidence["gc_ms"][1] < 5.0
+    # the same capture read as an older eroica wrote it (no GC column): still rank 1, as CPU work
+    for s in sums:
+        s["history"].pop("gc", None)
+    assert [(f.rank, f.category) for f in _diagnose(meta, sums).findings] == [(1, "compute")]

@@ -89,3 +89,24 @@ def test_scoring_on_stored_reports(tmp_path: Path) -> None:
     body = doc.read_text()
     assert body.startswith("intro\n") and "second" in body and "| compute |" not in body
     assert json.dumps(s)  # serialisable into bench.json
+
+
+@pytest.mark.multirank
+def test_rank_stopped_once_a_second_is_named_though_the_median_never_moves(tmp_path: Path) -> None:
+    """The bench's 'freeze' case: rank 1 SIGSTOPped 250 ms every second from step 50. The median step
+    does not move (spike and drift stay quiet); the throughput rule opens a long window and the
+    step clock's SIGCONT marks name the stopped rank."""
+    args = _args(tmp_path)
+    args.steps = 140          # the throughput rule's 48-step window fills ~30 steps after the onset
+    r = bench.run_case(_case("freeze"), args, None)
+    log = (tmp_path / "freeze" / "launcher.log").read_text()[-4000:]
+    assert not r.timed_out and r.exit_code == 0, log
+    s = r.score or {}
+    assert s.get("scored"), s
+    assert s["top"] is not None, (s, log)
+    assert (s["top"]["rank"], s["top"]["category"]) == (1, "host"), s
+    assert s["rank_ok"] and s["category_ok"] and s["false_findings"] == 0, s
+    report = json.loads((tmp_path / "freeze" / "report" / "report.json").read_text())
+    top = report["findings"][0]
+    assert top["evidence"].get("stopped", {}).get("stops", 0) >= 2, top["evidence"]
+    assert sorted(top["victims"]) == [0, 2, 3]

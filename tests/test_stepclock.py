@@ -1,6 +1,9 @@
-"""The step clock counts one step per iteration (first optimizer), and mark_step() takes over."""
+"""The step clock counts one step per iteration (first optimizer), and mark_step() takes over; each
+step also records the training thread's CPU, run-queue and batch-wait time."""
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -41,3 +44,36 @@ def test_mark_step_replaces_the_optimizer_hook() -> None:
     finally:
         clock.uninstall()
     assert seen == [0, 1]
+
+
+class _SlowData(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(0.002)
+        return torch.zeros(2)
+
+
+def test_each_step_records_its_thread_cpu_run_queue_and_batch_wait() -> None:
+    clock = StepClock(lambda step, ms: None)
+    clock.install()
+    try:
+        opt = _opt()
+        loader = iter(torch.utils.data.DataLoader(_SlowData(), batch_size=4))   # 4 x 2 ms per batch
+        for _ in range(6):
+            next(loader)
+            t = time.perf_counter()
+            while time.perf_counter() - t < 0.005:   # 5 ms of CPU work
+                pass
+            opt.step()
+    finally:
+        clock.uninstall()
+    rows = list(clock.thread)
+    assert [r[0] for r in rows] == [1, 2, 3, 4, 5]
+    for _, cpu, runq, stops, data, gc in rows:
+        assert cpu + runq >= 4.0 and runq >= 0 and stops == 0 and gc == 0   # 5 ms running or runnable
+        assert 7.0 <= data < 40.0, rows          # the batch wait is counted, every step
+    # uninstall puts torch's DataLoader back as it was
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+    assert not getattr(_BaseDataLoaderIter.__next__, "__eroica_timed__", False)

@@ -33,10 +33,11 @@ DEVICE_COLUMNS = ("busy", "compute", "comm", "comm_exposed", "transfer", "idle",
                   "optimizer", "htod_ms", "htod_mb", "htod_pageable_mb", "dtoh_ms", "dtoh_mb", "dtoh_pageable_mb")
 DEVICE_INDEX = {c: i for i, c in enumerate(DEVICE_COLUMNS)}
 # the training thread's time from the step clock, ms per step: in the window ("cpu", "runq") and
-# in the last HISTORY_RECENT steps before it ("hist_*"); over the window and all the history shipped:
+# in the last HISTORY_RECENT steps before it ("hist_*", data = ms in DataLoader next(), gc = GC pauses); over the window and all the history shipped:
 # steps in which the process was stopped and continued ("stops"), their ms beyond the rank's median
 # step ("stop_ms", total) and the steps seen; NaN for ranks that did not record it
-SCHED_COLUMNS = ("cpu", "runq", "hist_ms", "hist_cpu", "hist_runq", "stops", "stop_ms", "steps_seen")
+SCHED_COLUMNS = ("cpu", "runq", "hist_ms", "hist_cpu", "hist_runq", "hist_data", "hist_gc", "stops", "stop_ms",
+                 "steps_seen")
 SCHED_INDEX = {c: i for i, c in enumerate(SCHED_COLUMNS)}
 HISTORY_RECENT = 8     # a burst is seen by the vote 6-7 steps before the window opens
 
@@ -320,7 +321,7 @@ def _sched_row(s: dict[str, Any]) -> list[float]:
     """SCHED_COLUMNS of one summary: means over the window's steps and the recent history."""
     win = [x for x in s["steps"] if "cpu" in x and "runq" in x]
     hist = s.get("history") or {}
-    recent = {c: list(hist.get(c) or [])[-HISTORY_RECENT:] for c in ("ms", "cpu", "runq")}
+    recent = {c: list(hist.get(c) or [])[-HISTORY_RECENT:] for c in ("ms", "cpu", "runq", "data", "gc")}
     ms = [float(x) for x in hist.get("ms") or []] + [float(x["ms"]) for x in win]
     stops = [bool(x) for x in hist.get("stops") or [0] * len(hist.get("ms") or [])] + \
         [bool(x.get("stops")) for x in win]
@@ -328,7 +329,8 @@ def _sched_row(s: dict[str, Any]) -> list[float]:
     typical = normal[len(normal) // 2] if normal else math.nan
     stop_ms = sum(max(m - typical, 0.0) for m, st in zip(ms, stops, strict=False) if st) if normal else math.nan
     return [_mean([x["cpu"] for x in win]), _mean([x["runq"] for x in win]),
-            _mean(recent["ms"]), _mean(recent["cpu"]), _mean(recent["runq"]),
+            _mean(recent["ms"]), _mean(recent["cpu"]), _mean(recent["runq"]), _mean(recent["data"]),
+            _mean(recent["gc"]),
             float(sum(stops)) if win else math.nan, stop_ms if win else math.nan, float(len(ms)) if win else math.nan]
 
 

@@ -440,7 +440,7 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
     dev_ranked = by_time([kv for kv in groups.items() if kv[0] in device_keys])
 
     step_rows = [{"step": int(s.get("step", 0)), "ms": _num(s.get("ms", 0.0)),
-                  **{k: _num(s[k]) for k in ("cpu", "runq", "stops") if k in s}} for s in steps]
+                  **{k: _num(s[k]) for k in ("cpu", "runq", "stops", "data", "gc") if k in s}} for s in steps]
     if step_evs:
         comm_union = _union(comm_ivs + busy_by_phase.get("comm", []))   # as phases["comm"] counts it
         by_number = {row["step"]: row for row in step_rows}

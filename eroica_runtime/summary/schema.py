@@ -71,11 +71,12 @@ MAX_GROUPS = 256
 MAX_HISTORY = 4096
 # per window step, besides {step, ms}: the training thread's CPU ms and run-queue ms (step clock),
 # and ms blocked in collectives (the profiled timeline)
-STEP_EXTRAS = ("cpu", "runq", "comm", "stops")
+STEP_EXTRAS = ("cpu", "runq", "comm", "stops", "data", "gc")
 # the steps before the window, one column each: wall ms, thread CPU ms, run-queue ms; optional:
-# SIGCONTs received in the step (present when there were some)
+# SIGCONTs received in the step (present when there were some), ms in DataLoader next(), ms in
+# GC pauses
 HISTORY_COLUMNS = ("ms", "cpu", "runq")
-HISTORY_OPTIONAL = ("stops",)
+HISTORY_OPTIONAL = ("stops", "data", "gc")
 MAX_NAME = 4096
 MAX_TELEMETRY_DEPTH = 4
 MAX_TELEMETRY_LEAVES = 4096

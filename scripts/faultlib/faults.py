@@ -378,12 +378,14 @@ def resume(*_):
 signal.signal(signal.SIGTERM, resume)
 signal.signal(signal.SIGINT, resume)
 try:
+    # the first stop at the onset: a burst shorter than ``every`` (intermittent faults) must still
+    # stop the process (it used to sleep first, and an 8-step burst never froze anything)
     while True:
-        time.sleep(max(0.0, every - stop_s))
         os.kill(target, 0)
         os.kill(target, signal.SIGSTOP)
         time.sleep(stop_s)
         os.kill(target, signal.SIGCONT)
+        time.sleep(max(0.0, every - stop_s))
 except ProcessLookupError:
     pass
 finally:
