@@ -2,8 +2,10 @@
 
 `eroica analyze DIR` re-runs the pure diagnosis engine over DIR/captures/*.msgpack (the capture whose
 trigger is "baseline" is the job's healthy baseline), rewrites diagnosis-*.json, report.json and
-report.html, then prints the text report. Bad input gets one line naming the file or rank and a
-non-zero exit; everything that could be read is still analysed.
+report.html, then prints the text report. `eroica analyze --traces FILES --out DIR` first writes
+DIR/captures from per-rank torch.profiler traces (eroica_launch/traces.py), then does the same. Bad
+input gets one line naming the file or rank and a non-zero exit; everything that could be read is
+still analysed.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import click
 
-from eroica_runtime import report, summary
+from eroica_runtime import report, reportdir, summary
 from eroica_runtime.engine import Diagnosis
 from eroica_runtime.pipeline import Pipeline
 from eroica_runtime.reportdir import (
@@ -84,20 +86,8 @@ def run_analysis(root: Path, *, topology: str | None = None) -> tuple[list[Diagn
     return diagnoses, doc, problems
 
 
-@click.command("analyze")
-@click.argument("report_dir", type=click.Path(path_type=Path))
-@click.option("--topology", default=None, help='Peer layout, e.g. "pp=4,tp=8,dp=*" (row-major, last dim fastest).')
-def analyze_cmd(report_dir: Path, topology: str | None) -> None:
-    """Re-run the diagnosis over REPORT_DIR/captures and rewrite the reports.
-
-    The captures go through the live analyst's pipeline (decode, validate, baseline policy,
-    diagnose) in step order, so the result is the diagnosis the job printed. Exit codes: 0 every
-    capture and summary analysed; 1 analysed, but some were rejected (one line each on stderr);
-    2 nothing could be analysed (no directory, no readable capture); 3 the reports could not be
-    written (read-only or full disk).
-    """
-    if not report_dir.is_dir():
-        _fail(f"analyze: no such report directory: {report_dir}", 2)
+def _print_analysis(report_dir: Path, topology: str | None) -> None:
+    """Analyse REPORT_DIR's captures, print the rank-0 text and exit as `eroica analyze` documents."""
     try:
         diagnoses, doc, problems = run_analysis(report_dir, topology=topology)
     except click.ClickException as exc:
@@ -113,6 +103,95 @@ def analyze_cmd(report_dir: Path, topology: str | None) -> None:
         click.echo(f"eroica: analyze: rejected {' '.join(p.split())}", err=True)
     if problems:
         sys.exit(1)
+
+
+def _analyze_traces(paths: tuple[Path, ...], out: Path | None, step_ranges: tuple[str, ...],
+                    baseline_steps: str | None, topology: str | None) -> None:
+    """`analyze --traces`: summaries from the traces into OUT/captures, then the one offline analysis."""
+    from eroica_launch import tracejob, traces
+    from eroica_launch.tracefile import TraceError
+
+    if out is None:
+        _fail("analyze: --traces needs --out DIR (the report directory to write)", 2)
+        return
+    if not paths:
+        _fail("analyze: --traces needs one or more trace files or directories", 2)
+    if (out / REPORT_JSON).exists() or capture_files(out):
+        _fail(f"analyze: {out} already holds a report (report.json or captures/); write into a new or empty "
+              "directory, so the traces' captures never mix with another job's", 2)
+
+    def say(msg: str) -> None:
+        click.echo(msg, err=True)
+
+    try:
+        ranges = [tracejob.parse_range(r) for r in step_ranges]
+        baseline = tracejob.parse_range(baseline_steps) if baseline_steps else None
+        job = traces.plan(paths, ranges, baseline, say)
+        if job.note:
+            say(f"eroica: analyze: {job.note}")
+        reportdir.ensure_directory(out)   # before the long read: a directory we cannot use fails now
+        traces.write_captures(out, job, say)
+    except TraceError as exc:
+        _fail(f"analyze: {' '.join(str(exc).split())}", 2)
+    except OSError as exc:
+        _fail(f"analyze: cannot write the captures into {out}: {exc.strerror or exc}", 3)
+    _print_analysis(out, topology)
+
+
+@click.command("analyze")
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--traces", "from_traces", is_flag=True,
+              help="PATHS are per-rank torch.profiler chrome traces (export_chrome_trace; .json or .json.gz; "
+                   "a directory stands for its *.json and *.json.gz files), not a report directory. Needs --out.")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="With --traces: the report directory to write (new or empty).")
+@click.option("--steps", "step_ranges", multiple=True, metavar="FIRST-LAST",
+              help="With --traces: the ProfilerStep numbers of one capture, e.g. 100-103 (repeat for more "
+                   "captures). Default: one capture over the steps every trace holds, less the first and "
+                   "the last when six or more are shared.")
+@click.option("--baseline-steps", metavar="FIRST-LAST", default=None,
+              help="With --traces: steps of a healthy stretch; their capture is the job's baseline for the "
+                   "later ones (finds slowdowns that hit every rank alike).")
+@click.option("--topology", default=None, help='Peer layout, e.g. "pp=4,tp=8,dp=*" (row-major, last dim fastest).')
+def analyze_cmd(paths: tuple[Path, ...], from_traces: bool, out: Path | None, step_ranges: tuple[str, ...],
+                baseline_steps: str | None, topology: str | None) -> None:
+    """Re-run the diagnosis over REPORT_DIR/captures and rewrite the reports; or, with --traces,
+    diagnose existing per-rank torch.profiler traces.
+
+    \b
+      eroica analyze REPORT_DIR
+      eroica analyze --traces TRACE_OR_DIR... --out DIR [--steps 100-103]
+
+    The captures go through the live analyst's pipeline (decode, validate, baseline policy,
+    diagnose) in step order, so the result is the diagnosis the job printed.
+
+    With --traces, each trace is one rank's. Its rank, world size and process groups come from the
+    trace's distributedInfo, else the rank from its file name (trace-rank3.json, rank_3.json.gz,
+    worker_3.json); then the files must be ranks 0..n-1. Traces of fewer ranks than their
+    distributedInfo's world size are analysed as a job of their own (said on stderr). Steps are the
+    ProfilerStep#N annotations (profile with a schedule and call prof.step() every step). Each
+    trace is read as a stream (ijson: memory follows its event count, not its JSON size; progress
+    on stderr) and boiled down by the runtime's own summary builder into DIR/captures/<step>.msgpack;
+    then DIR is analysed as above. GPU kernels, NCCL kernels, copies and CPU ops are read; GC
+    pauses only from traces recorded with with_stack=True and record_python_gc_info (else they
+    count as host gaps). A file that is not a chrome trace, a rank missing or twice, or traces of
+    different jobs (world size, backend, process groups, no common step) is refused with one line
+    naming the file.
+
+    Exit codes: 0 every capture and summary analysed; 1 analysed, but some were rejected (one line
+    each on stderr); 2 nothing could be analysed (no directory, no readable capture, unusable
+    traces); 3 the reports could not be written (read-only or full disk).
+    """
+    if from_traces:
+        _analyze_traces(paths, out, step_ranges, baseline_steps, topology)
+        return
+    if len(paths) != 1 or out is not None or step_ranges or baseline_steps:
+        _fail("analyze: give one REPORT_DIR, or --traces TRACE... --out DIR (--out, --steps and "
+              "--baseline-steps go with --traces)", 2)
+    report_dir = paths[0]
+    if not report_dir.is_dir():
+        _fail(f"analyze: no such report directory: {report_dir}", 2)
+    _print_analysis(report_dir, topology)
 
 
 @click.command("show")

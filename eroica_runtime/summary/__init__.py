@@ -1,8 +1,9 @@
 """Behaviour summaries: one rank's profiled window boiled down to a small msgpack document.
 
 One job per module: ``schema`` (the format, validation, encoding of summaries and capture files),
-``events`` (reading and classifying profiler events), ``intervals`` (interval arithmetic) and
-``build`` (events -> summary). Everything callers use is re-exported here.
+``events`` (reading and classifying profiler events), ``chrome`` (chrome-trace events read into the
+same records, for ``eroica analyze --traces``), ``intervals`` (interval arithmetic) and ``build``
+(events -> summary). Everything callers use is re-exported here.
 """
 
 from eroica_runtime.summary.build import MAX_FUNCTIONS, NAME_LIMIT, OTHER, SIZE_BUDGET, build

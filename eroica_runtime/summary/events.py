@@ -161,9 +161,12 @@ def normalize_raw(events: Any) -> list[Ev]:
 
 
 def normalize(events: Any) -> list[Ev]:
-    """Read FunctionEvents (fast path: the torch 2.x attributes; else field by field, defaulted)."""
+    """Read FunctionEvents (fast path: the torch 2.x attributes; else field by field, defaulted);
+    Ev records already read from a chrome trace (summary/chrome.py) pass through."""
     if not isinstance(events, list | tuple):
         events = list(events)
+    if events and isinstance(events[0], Ev):  # already read (a chrome trace: summary/chrome.py)
+        return list(events)
     if events and callable(getattr(events[0], "start_ns", None)):
         return normalize_raw(events)
     out: list[Ev] = []

@@ -1,10 +1,16 @@
 """Run train_bench.py under an always-on torch.profiler and export one chrome trace per rank.
 
 Why: this is what users do today instead of eroica (profile everything, look at traces later); the
-fault bench compares its step-time overhead and trace volume with eroica's dormant cost. Same flags as
-train_bench.py; traces go to ``$EROICA_BENCH_TRACE_DIR`` (default ``./traces``) as
-``trace-rank<r>.json``, and each rank prints ``BENCH_TRACE {"rank", "bytes", "seconds", "export_s"}``
+fault bench compares its step-time overhead and trace volume with eroica's dormant cost, and
+``eroica analyze --traces`` is checked on these traces against eroica's live diagnosis of the same
+fault. Same flags as train_bench.py; traces go to ``$EROICA_BENCH_TRACE_DIR`` (default ``./traces``)
+as ``trace-rank<r>.json``, and each rank prints ``BENCH_TRACE {"rank", "bytes", "seconds", "export_s"}``
 (seconds = time the profiler was on, for bytes per second).
+
+Each optimizer step closes one ``ProfilerStep#N`` annotation (as a user's ``prof.step()`` in the
+training loop would; ProfilerStep#N is training step N, #0 also holds the set-up).
+``EROICA_BENCH_TRACE_GC=1`` also records Python GC pauses (``with_stack`` and
+``record_python_gc_info``: without them a trace cannot tell a GC pause from any other host stall).
 """
 
 from __future__ import annotations
@@ -14,12 +20,28 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
+from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402
+from torch.profiler import ProfilerAction  # noqa: E402
 
 from faultlib import train_bench  # noqa: E402
+
+
+def _always_record(_step: int) -> ProfilerAction:
+    """A schedule that never stops recording: torch emits ProfilerStep#N annotations only with one."""
+    return ProfilerAction.RECORD
+
+
+def _profiler_options() -> dict[str, Any]:
+    if os.environ.get("EROICA_BENCH_TRACE_GC", "") not in ("1", "true", "yes"):
+        return {}
+    from torch._C._profiler import _ExperimentalConfig
+
+    return {"with_stack": True, "experimental_config": _ExperimentalConfig(record_python_gc_info=True)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,8 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     acts = [torch.profiler.ProfilerActivity.CPU]
     t0 = time.perf_counter()
-    with torch.profiler.profile(activities=acts) as prof:
-        rc = train_bench.main(argv)
+    with torch.profiler.profile(activities=acts, schedule=_always_record, **_profiler_options()) as prof:
+        hook = register_optimizer_step_post_hook(lambda *_: prof.step())
+        try:
+            rc = train_bench.main(argv)
+        finally:
+            hook.remove()
     on_s = time.perf_counter() - t0
     path = out / f"trace-rank{rank}.json"
     t1 = time.perf_counter()

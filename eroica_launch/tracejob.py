@@ -1,0 +1,169 @@
+"""Which traces make one job, and which steps become captures (the checks of `eroica analyze --traces`).
+
+Why apart from the reading and building: these are the decisions a user must be able to predict
+and that must fail early, before minutes of reading: two traces of one rank, a missing rank, traces
+of different jobs (world size, backend, NCCL version, process groups, no common step), steps a trace
+does not hold. Each refusal is a TraceError, one line naming the file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eroica_launch.tracefile import TraceError, TraceFile
+
+TRIGGER = "traces"
+TRACE_SUFFIXES = (".json", ".json.gz")
+_LONE = ("one trace: eroica compares ranks that should behave alike, so one rank alone is not diagnosed; its "
+         "summary is still written to captures/")
+
+
+@dataclass(frozen=True)
+class Window:
+    """One capture to build from the traces: these ProfilerStep numbers, under this trigger."""
+
+    steps: tuple[int, ...]
+    trigger: str
+
+    @property
+    def first(self) -> int:
+        return self.steps[0]
+
+
+def parse_range(text: str) -> tuple[int, int]:
+    """"100-103" -> (100, 103); "7" -> (7, 7). TraceError with the reason otherwise."""
+    lo, sep, hi = text.strip().partition("-")
+    if not lo.isdigit() or (sep and not hi.isdigit()):
+        raise TraceError(f"--steps {text!r}: expected FIRST-LAST or one step number, e.g. 100-103")
+    a, b = int(lo), int(hi) if sep else int(lo)
+    if b < a:
+        raise TraceError(f"--steps {text!r}: the last step is before the first")
+    return a, b
+
+
+def trace_paths(paths: Sequence[Path]) -> list[Path]:
+    """Files as given; a directory stands for its *.json and *.json.gz files (not recursive)."""
+    out: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            found = sorted(q for q in p.iterdir() if q.name.endswith(TRACE_SUFFIXES) and q.is_file())
+            if not found:
+                raise TraceError(f"{p}: no *.json or *.json.gz trace in this directory")
+            out.extend(found)
+        else:
+            out.append(p)
+    if not out:
+        raise TraceError("no trace files given")
+    return out
+
+
+def _pg_key(pg: Any) -> tuple[str, str, Any]:
+    return (str(pg.get("pg_desc", "")), str(pg.get("backend_config", "")), pg.get("pg_size"))
+
+
+def check_job(traces: list[TraceFile]) -> tuple[int, int, str | None]:
+    """Refuse traces that cannot be one job's ranks; return (the job's world size, the world the
+    captures describe, a note for the user or None).
+
+    Ranks come from distributedInfo, else the file name; two traces of one rank, different world
+    sizes, backends, NCCL versions or process-group configs are different jobs. Without any
+    distributedInfo the files are the whole job, so ranks 0..n-1 must all be there. With it, fewer
+    traces than the world size are a sample of the job, analysed as a job of its own (the note says so);
+    a lone trace keeps the job's world, so that its capture reads "not diagnosed", never "healthy".
+    """
+    first = traces[0]
+    by_rank: dict[int, TraceFile] = {}
+    for t in traces:
+        if t.rank is None:
+            raise TraceError(f"{t.path}: cannot tell which rank this trace is from: no distributedInfo.rank "
+                             "in it and no rank in its file name (name it like trace-rank3.json)")
+        if t.rank in by_rank:
+            raise TraceError(f"{t.path}: rank {t.rank} twice: this trace and {by_rank[t.rank].path} "
+                             f"(rank from {t.rank_from} and {by_rank[t.rank].rank_from})")
+        by_rank[t.rank] = t
+    with_info = [t for t in traces if t.dist]
+    ref = with_info[0] if with_info else first
+    pgs: dict[str, tuple[tuple[str, str, Any], TraceFile]] = {}
+    for t in with_info:
+        for field in ("world_size", "backend", "nccl_version"):
+            if field in t.dist and field in ref.dist and t.dist[field] != ref.dist[field]:
+                raise TraceError(f"{t.path}: {field} {t.dist[field]!r} but {ref.path} says {ref.dist[field]!r}: "
+                                 "traces from different jobs")
+        for pg in t.dist.get("pg_config") or []:
+            if not isinstance(pg, dict) or "pg_name" not in pg:
+                continue
+            key, seen = _pg_key(pg), pgs.get(str(pg["pg_name"]))
+            if seen is not None and seen[0] != key:
+                raise TraceError(f"{t.path}: process group {pg['pg_name']!r} is {key} but {seen[1].path} has "
+                                 f"{seen[0]}: traces from different jobs")
+            pgs.setdefault(str(pg["pg_name"]), (key, t))
+    world = ref.world_size if with_info and ref.world_size else None
+    ranks = sorted(by_rank)
+    if world is None:
+        missing = sorted(set(range(len(traces))) - set(ranks))
+        if missing:
+            raise TraceError(f"no trace for rank {missing[0]}: the {len(traces)} traces (ranks from their file "
+                             f"names: {_ranks(ranks)}) must be ranks 0..{len(traces) - 1}, one file per rank")
+        return len(traces), len(traces), (_LONE if len(traces) == 1 else None)
+    outside = [t for t in traces if t.rank is not None and t.rank >= world]
+    if outside:
+        raise TraceError(f"{outside[0].path}: rank {outside[0].rank} is outside the job's world size {world}")
+    if len(traces) == 1 and world > 1:
+        return world, world, _LONE
+    if len(traces) < world:
+        return world, len(traces), (f"{len(traces)} of the job's {world} ranks have traces ({_ranks(ranks)}): "
+                                    "they are analysed as a job of their own; culprits and victims are named "
+                                    "among them only")
+    return world, world, None
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks[:8])) + (f", … ({len(ranks)} in all)" if len(ranks) > 8 else "")
+
+
+def choose_windows(traces: list[TraceFile], ranges: Sequence[tuple[int, int]],
+                   baseline: tuple[int, int] | None) -> list[Window]:
+    """The captures to build: one per --steps range (and the baseline range), every step in every
+    trace; by default one capture over the steps all traces share, less the first and the last when
+    at least four remain (a trace's edge steps hold the profiler's start-up, set-up or teardown)."""
+    common = set(traces[0].steps)
+    for t in traces[1:]:
+        common &= set(t.steps)
+    if not any(t.steps for t in traces):
+        raise TraceError(f"{traces[0].path}: no ProfilerStep#N annotations (profile with a schedule, e.g. "
+                         "torch.profiler.schedule(...), and call prof.step() every training step)")
+    for t in traces:
+        if not t.steps:
+            raise TraceError(f"{t.path}: no ProfilerStep#N annotations, unlike {traces[0].path}")
+    if not common:
+        a, b = traces[0], next(t for t in traces if not set(t.steps) & set(traces[0].steps))
+        raise TraceError(f"{b.path}: no step in common with {a.path} (steps {_span(b.steps)} vs "
+                         f"{_span(a.steps)}): traces from different jobs or different profiling windows")
+    wanted = [(r, TRIGGER) for r in ranges] + ([(baseline, "baseline")] if baseline else [])
+    if not wanted:
+        steps = sorted(common)
+        if len(steps) >= 6:   # four or more left once the edges go
+            steps = steps[1:-1]
+        return [Window(tuple(steps), TRIGGER)]
+    windows: list[Window] = []
+    taken: dict[int, tuple[int, int]] = {}
+    for (a, b), trigger in wanted:
+        for n in range(a, b + 1):
+            if n in taken:
+                raise TraceError(f"step {n} is in two step ranges ({taken[n][0]}-{taken[n][1]} and {a}-{b}); "
+                                 "captures must not overlap")
+            taken[n] = (a, b)
+            lacking = next((t for t in traces if n not in t.steps), None)
+            if lacking is not None:
+                raise TraceError(f"{lacking.path}: no ProfilerStep#{n} (its steps: {_span(lacking.steps)})")
+        windows.append(Window(tuple(range(a, b + 1)), trigger))
+    return sorted(windows, key=lambda w: w.first)
+
+
+def _span(steps: list[int]) -> str:
+    if not steps:
+        return "none"
+    return f"{steps[0]}-{steps[-1]}" if steps[-1] - steps[0] + 1 == len(steps) else _ranks(steps)

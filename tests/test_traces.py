@@ -1,0 +1,380 @@
+"""`eroica analyze --traces`: existing per-rank torch.profiler chrome traces through the one builder and engine.
+
+Why: the traces teams already have must get the diagnosis eroica would have printed live. Real NCCL GPU
+traces (tests/data/traces, HolisticTraceAnalysis test data) prove the GPU reading: NCCL kernels are
+communication, never compute; phases and device time are there; two sampled ranks of a 128-rank job
+are compared as peers. Small synthetic traces pin the bad-input errors. The multi-rank test runs the
+fault bench's jobs twice, live under eroica and under an always-on profiler, and checks that the
+traces name the culprit and category the live capture named.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from conftest import ROOT, eroica_run, explain
+
+from eroica_launch import tracefile, tracejob, traces
+from eroica_launch.offline import analyze_cmd
+from eroica_runtime import summary as summary_mod
+from eroica_runtime.summary import chrome
+from eroica_runtime.summary.events import classify
+
+DATA = Path(__file__).resolve().parent / "data" / "traces"
+SAMPLED = [DATA / "hta-sampled_rank-0.json.gz", DATA / "hta-sampled_rank-1.json.gz"]
+NCCL = DATA / "hta-nccl_data.json.gz"
+PUBLIC = [*SAMPLED, NCCL]
+
+
+def _summaries(paths: list[Path], *ranges: tuple[int, int]) -> list[dict[str, Any]]:
+    job = traces.plan(paths, list(ranges))
+    return [summary_mod.decode(blob, origin=t.name) for t in job.traces
+            for blob in traces.summarise(t, job.windows, job.world)]
+
+
+def _analyze(*args: str | Path) -> Any:
+    return CliRunner().invoke(analyze_cmd, [str(a) for a in args])
+
+
+def _mini_trace(path: Path, *, rank: int | None = None, world: int | None = None, steps: range = range(6),
+                backend: str = "gloo", pg_size: int = 2, slow_ms: float = 0.0, job_slow_ms: float = 0.0,
+                gc_ms: float = 0.0, array: bool = False, gz: bool = False) -> Path:
+    """A small CPU trace as torch writes it: ProfilerStep#N on the main thread, a matmul (``slow_ms``
+    longer on a slow rank), then a gloo allreduce on a worker thread that lasts until the slowest rank
+    (``job_slow_ms``) joins it, the main thread waiting outside any op; optionally a GC pause."""
+    events: list[dict[str, Any]] = []
+    t, ext = 1_700_000_000_000.0, 1
+    for n in steps:
+        mm = 4000.0 + slow_ms * 1000
+        step = 4000.0 + job_slow_ms * 1000 + 3000 + gc_ms * 1000
+        events += [
+            {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "pid": 7, "tid": 7, "ts": t,
+             "dur": step, "args": {"External id": ext}},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 7, "tid": 7, "ts": t + 500, "dur": mm,
+             "args": {"External id": ext + 1}},
+            {"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": 7, "tid": 9,
+             "ts": t + 600 + mm, "dur": step - gc_ms * 1000 - 1000 - mm, "args": {"External id": ext + 2}},
+            {"ph": "s", "id": ext, "pid": 7, "tid": 7, "ts": t, "cat": "fwdbwd", "name": "fwdbwd"}]
+        if gc_ms:
+            events.append({"ph": "X", "cat": "python_function", "name": "Python GC", "pid": 7, "tid": 7,
+                           "ts": t + step - gc_ms * 1000, "dur": gc_ms * 1000, "args": {}})
+        t, ext = t + step, ext + 3
+    doc: dict[str, Any] = {"schemaVersion": 1}
+    if rank is not None:
+        doc["distributedInfo"] = {"backend": backend, "rank": rank, "world_size": world, "pg_count": 1,
+                                  "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "backend_config": backend,
+                                                 "pg_size": pg_size, "ranks": list(range(pg_size))}]}
+    doc["traceEvents"] = events
+    doc["traceName"] = str(path)
+    text = json.dumps(events if array else doc).encode()
+    path.write_bytes(gzip.compress(text) if gz else text)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- real GPU traces
+@pytest.mark.parametrize("path", PUBLIC, ids=lambda p: p.name)
+def test_every_nccl_kernel_is_a_collective_never_compute(path: Path) -> None:
+    reader = tracefile.read(tracefile.inspect(path))
+    kernels = [ev for ev in reader.events if ev.gpu and ev.activity == "kernel"]
+    for ev in kernels:
+        classify(ev)
+    nccl = [ev for ev in kernels if "nccl" in ev.name.lower()]
+    assert len(nccl) >= 10, [ev.name for ev in kernels][:20]
+    assert {ev.kind for ev in nccl} == {"collective"} and {ev.marker for ev in nccl} == {"comm"}
+    assert [ev for ev in kernels if ev.kind == "kernel"], "the compute kernels must stay compute"
+    # and in the built summary: every NCCL row is communication, in the comm phase
+    for s in _summaries([path]):
+        rows = [f for f in s["functions"] if "nccl" in f["name"].lower() and f["kind"] != "annotation"]
+        assert rows and all(f["kind"] == "collective" and f["phase"] == "comm" for f in rows), rows
+        assert not [f for f in s["functions"] if f["kind"] == "kernel" and "nccl" in f["name"].lower()]
+
+
+@pytest.mark.parametrize("path", PUBLIC, ids=lambda p: p.name)
+def test_phases_and_device_time_are_nonzero(path: Path) -> None:
+    (s,) = _summaries([path])
+    ph, dev = s["phases"], s["device_phases"]
+    assert s["profile"]["step_source"] == "profiler" and s["capture"]["trigger"] == "traces"
+    assert ph["step"] > 100 and ph["forward"] > 0 and ph["backward"] > 0 and ph["comm_total"] > 0
+    assert dev["busy"] > 0 and dev["compute"] > 0 and dev["comm"] > 0 and dev["comm_exposed"] > 0
+    assert dev["compute"] < ph["step"] and dev["forward"] + dev["backward"] > 0
+    assert s["steps"] and all(st["ms"] > 0 for st in s["steps"])
+
+
+def test_kernels_are_tied_to_the_ops_that_launched_them() -> None:
+    """Newer Kineto names the launching op in a kernel's External id; the sampled traces (older) give the
+    runtime call's id, so the kernel is tied through its runtime call to the op around it."""
+    for path, launcher in ((SAMPLED[0], "nccl:all_to_all"), (NCCL, "record_param_comms")):
+        reader = tracefile.read(tracefile.inspect(path))
+        ops = {ev.corr for ev in reader.events if not ev.gpu and ev.corr and not ev.linked}
+        work = [ev for ev in reader.events if ev.gpu and not ev.annotation]
+        tied = sum(ev.linked in ops for ev in work)
+        assert tied >= 0.95 * len(work), (path.name, tied, len(work))
+        (s,) = _summaries([path])
+        nccl = [f for f in s["functions"] if f["kind"] == "collective" and "launcher" in f]
+        assert any(f["launcher"] == launcher for f in nccl), nccl
+
+
+def test_two_sampled_ranks_are_analysed_as_peers_of_one_job(tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    res = _analyze("--traces", *SAMPLED, "--out", out)
+    assert res.exit_code == 0, res.output + res.stderr
+    assert "2 of the job's 128 ranks have traces" in res.stderr
+    assert "eroica: step 551 (traces)" in res.stdout and "2/2 ranks" in res.stdout
+    meta, sums, errors = summary_mod.decode_capture((out / "captures" / "551.msgpack").read_bytes())
+    assert not errors and meta["world_size"] == 2 and meta["trigger"] == "traces"
+    assert sorted(s["rank"] for s in sums) == [0, 1] and {s["world_size"] for s in sums} == {128}
+    assert {s["capture"]["k"] for s in sums} == {2}
+    diag = json.loads((out / "diagnosis-551.json").read_text())
+    assert diag["ranks_analysed"] == 2 and diag["peers"]["sizes"] == [2], diag["peers"]
+    report = json.loads((out / "report.json").read_text())
+    assert report["schema"] == "eroica.report/1" and report["world_size"] == 2
+    assert (out / "report.html").read_text().lower().startswith("<!doctype html>")
+    # the written report directory is an ordinary one: `eroica analyze DIR` gives the same diagnosis
+    again = _analyze(out)
+    assert again.exit_code == 0 and again.stdout == res.stdout
+
+
+def test_a_lone_trace_is_summarised_but_not_diagnosed(tmp_path: Path) -> None:
+    res = _analyze("--traces", NCCL, "--out", tmp_path / "r")
+    assert res.exit_code == 0, res.output
+    assert "one trace" in res.stderr and "not diagnosed" in res.stdout and "missing ranks: 1" in res.stdout
+    meta, sums, _ = summary_mod.decode_capture((tmp_path / "r" / "captures" / "4.msgpack").read_bytes())
+    assert meta["world_size"] == 2 and meta["missing"] == [1] and sums[0]["device"]["name"].startswith("NVIDIA")
+
+
+def test_gzip_and_plain_json_give_the_same_summary(tmp_path: Path) -> None:
+    plain = tmp_path / "hta-sampled_rank-0.json"
+    plain.write_bytes(gzip.decompress(SAMPLED[0].read_bytes()))
+    a, b = _summaries([SAMPLED[0]]), _summaries([plain])
+    for s in (*a, *b):
+        s["profile"]["build_ms"] = 0
+        s["host"] = ""   # "<file name>" when the trace names no host
+    assert a == b
+
+
+# ---------------------------------------------------------------------------------------------- synthetic traces
+def test_reader_keeps_what_a_live_capture_records() -> None:
+    """Host ops, annotations, runtime calls and device work are read (ms from the first event); flows,
+    instants, metadata, the profiler's span, Python-function events other than GC and torch's own
+    utility records are not; malformed events are counted, never raised."""
+    r = chrome.Reader()
+    for e in [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 5, "ts": 1000.0, "dur": 500.0,
+         "args": {"External id": 10}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 99, "ts": 1100.0,
+         "dur": 5.0, "args": {"External id": 10, "correlation": 77}},
+        {"ph": "X", "cat": "kernel", "name": "ampere_sgemm", "pid": 0, "tid": 7, "ts": 1200.0, "dur": 300.0,
+         "args": {"External id": 10, "correlation": 77, "device": 0, "stream": 7}},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "pid": 0, "tid": 7,
+         "ts": 1600.0, "dur": 10.0, "args": {"correlation": 78, "device": 0, "stream": 7, "bytes": 4096}},
+        {"ph": "X", "cat": "python_function", "name": "train.py(3): step", "pid": 1, "tid": 5, "ts": 900.0,
+         "dur": 900.0},
+        {"ph": "X", "cat": "python_function", "name": "Python GC", "pid": 1, "tid": 5, "ts": 1700.0, "dur": 50.0},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::is_leaf", "pid": 1, "tid": 5, "ts": 1000.0, "dur": 1.0},
+        {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", "tid": "x", "ts": 0, "dur": 9},
+        {"ph": "s", "cat": "ac2g", "name": "ac2g", "id": 77, "pid": 1, "tid": 5, "ts": 1100.0},
+        {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 5, "ts": 1300.0},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 5, "args": {"name": "main"}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 5, "dur": 3.0},
+        {"ph": "X", "cat": "cpu_op", "pid": 1, "tid": 5, "ts": 1.0, "dur": 3.0},
+        "not an event",
+    ]:
+        r.add(e)
+    evs = {ev.name: ev for ev in r.finish()}
+    assert sorted(evs) == ["Memcpy HtoD (Pageable -> Device)", "ampere_sgemm", "aten::mm", "cudaLaunchKernel"]
+    assert r.skipped == 2 and r.gc == [(0.7, 0.75)] and r.devices == {0}
+    mm, launch, kernel, copy = (evs[n] for n in ("aten::mm", "cudaLaunchKernel", "ampere_sgemm",
+                                                 "Memcpy HtoD (Pageable -> Device)"))
+    assert (mm.start, mm.end) == (0.0, 0.5) and mm.corr == 10 and not mm.gpu
+    assert launch.thread == mm.thread and launch.linked == 10 and not launch.corr   # on its op's thread
+    assert kernel.gpu and kernel.linked == 10 and kernel.thread == ("gpu", 0, 7)
+    classify(copy)
+    assert (copy.kind, copy.copy, copy.pageable, copy.nbytes) == ("memcpy", "HtoD", True, 4096)
+
+
+def test_a_slow_rank_is_named_and_gc_pauses_are_read(tmp_path: Path) -> None:
+    """CPU traces, ranks from file names, one of them slow in compute, one with GC pauses, one in the
+    JSON Array Format and gzipped: the culprit and its victims come out of the one engine."""
+    d = tmp_path / "traces"
+    d.mkdir()
+    _mini_trace(d / "trace-rank0.json", job_slow_ms=30)
+    _mini_trace(d / "trace-rank1.json", slow_ms=30, job_slow_ms=30)
+    _mini_trace(d / "trace-rank2.json.gz", job_slow_ms=30, array=True, gz=True)
+    _mini_trace(d / "trace-rank3.json", job_slow_ms=30, gc_ms=2)
+    res = _analyze("--traces", d, "--out", tmp_path / "r")
+    assert res.exit_code == 0, res.output
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    top = report["findings"][0]
+    assert (top["rank"], top["category"]) == (1, "compute") and top["victims"] == [0, 2, 3], top
+    sums = _summaries([d])
+    by_rank = {s["rank"]: s for s in sums}
+    assert by_rank[3]["gc"] == {"count": 1, "ms": 2} and by_rank[3]["phases"]["gc"] == 2
+    assert by_rank[0]["gc"]["count"] == 0
+
+
+def test_steps_pick_the_captures_and_the_baseline(tmp_path: Path) -> None:
+    paths = [_mini_trace(tmp_path / f"rank{r}.json", rank=r, world=2, steps=range(10)) for r in range(2)]
+    res = _analyze("--traces", *paths, "--out", tmp_path / "r", "--steps", "6-8", "--baseline-steps", "2-3")
+    assert res.exit_code == 0, res.output
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert [(c["step"], c["trigger"]) for c in report["captures"]] == [(2, "baseline"), (6, "traces")]
+    _, sums, _ = summary_mod.decode_capture((tmp_path / "r" / "captures" / "6.msgpack").read_bytes())
+    assert [st["step"] for st in sums[0]["steps"]] == [6, 7, 8] and sums[0]["profile"]["steps"] == 3
+
+
+def test_process_groups_become_peer_hints(tmp_path: Path) -> None:
+    """distributedInfo.pg_config -> the summary's groups, named as the live runtime names them (a
+    DeviceMesh dim "mesh_pp" is "pp"); the default group and groups without this rank are left out."""
+    t = tracefile.inspect(_mini_trace(tmp_path / "rank1.json", rank=1, world=4))
+    t.dist["pg_config"] = [
+        {"pg_name": "0", "pg_desc": "default_pg", "pg_size": 4, "ranks": [0, 1, 2, 3]},
+        {"pg_name": "1", "pg_desc": "mesh_pp", "pg_size": 2, "ranks": [1, 3]},
+        {"pg_name": "2", "pg_desc": "mesh_dp", "pg_size": 2, "ranks": "[0, 1]"},
+        {"pg_name": "3", "pg_desc": "mesh_dp", "pg_size": 2, "ranks": [2, 3]}]
+    assert traces._groups(t, 4) == [{"name": "pp", "ranks": [1, 3]}, {"name": "dp", "ranks": [0, 1]}]
+
+
+def test_default_window_is_the_common_steps_less_the_edges(tmp_path: Path) -> None:
+    a = tracefile.inspect(_mini_trace(tmp_path / "rank0.json", steps=range(0, 10)))
+    b = tracefile.inspect(_mini_trace(tmp_path / "rank1.json", steps=range(2, 12)))
+    (w,) = tracejob.choose_windows([a, b], [], None)
+    assert w.steps == tuple(range(3, 9)) and w.trigger == "traces"
+    short = tracefile.inspect(_mini_trace(tmp_path / "rank2.json", steps=range(0, 3)))
+    assert tracejob.choose_windows([short], [], None)[0].steps == (0, 1, 2)
+
+
+def test_long_reads_report_progress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tracefile, "PROGRESS_EVERY_S", 0.0)
+    said: list[str] = []
+    tracefile.read(tracefile.inspect(SAMPLED[0], said.append), said.append)
+    assert any("reading hta-sampled_rank-0.json.gz:" in s and " of " in s and "MB" in s for s in said), said
+    assert said[-1].startswith("eroica: analyze: read hta-sampled_rank-0.json.gz: rank 0, ")
+
+
+@pytest.mark.parametrize("name,rank", [("trace-rank3.json", 3), ("rank-12.json.gz", 12), ("RANK_4.json", 4),
+                                       ("worker_5.json", 5), ("job-7.json.gz", 7),
+                                       ("host_123.1700000000.pt.trace.json", None), ("trace.json", None)])
+def test_rank_from_file_name(name: str, rank: int | None) -> None:
+    assert tracefile.rank_from_name(Path(name)) == rank
+
+
+def _bad_case(case: str, tmp: Path) -> tuple[list[Any], str]:
+    """(arguments after --traces, text the one error line must hold)."""
+    ok0 = _mini_trace(tmp / "rank0.json", rank=0, world=2)
+    if case == "not json":
+        p = tmp / "rank1.json"
+        p.write_text("this is a log file, not JSON\n")
+        return [ok0, p], f"{p}: not a readable chrome trace"
+    if case == "json but no trace":
+        p = tmp / "rank1.json"
+        p.write_text('{"loss": [1.0, 0.5], "step": 3}')
+        return [ok0, p], f"{p}: not a chrome trace (no traceEvents in it)"
+    if case == "truncated gzip":
+        p = tmp / "rank1.json.gz"
+        p.write_bytes(SAMPLED[1].read_bytes()[:5000])
+        return [ok0, p], f"{p}: not a readable chrome trace"
+    if case == "no rank":
+        p = _mini_trace(tmp / "mytrace.json")
+        return [p], f"{p}: cannot tell which rank this trace is from"
+    if case == "rank twice":
+        p = tmp / "copy.json"
+        shutil.copy(ok0, p)
+        return [ok0, p], "rank 0 twice"
+    if case == "rank missing":
+        a, b = _mini_trace(tmp / "t_rank0.json"), _mini_trace(tmp / "t_rank2.json")
+        return [a, b], "no trace for rank 1"
+    if case == "world sizes differ":
+        p = _mini_trace(tmp / "rank1.json", rank=1, world=4)
+        return [ok0, p], f"{p}: world_size 4 but {ok0} says 2: traces from different jobs"
+    if case == "backends differ":
+        p = _mini_trace(tmp / "rank1.json", rank=1, world=2, backend="nccl")
+        return [ok0, p], f"{p}: backend 'nccl' but {ok0} says 'gloo'"
+    if case == "process groups differ":
+        p = _mini_trace(tmp / "rank1.json", rank=1, world=2, pg_size=4)
+        return [ok0, p], f"{p}: process group '0' is"
+    if case == "no common step":
+        p = _mini_trace(tmp / "rank1.json", rank=1, world=2, steps=range(50, 56))
+        return [ok0, p], f"{p}: no step in common with {ok0}"
+    if case == "no step marks":
+        p = tmp / "rank1.json"
+        p.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1,
+                                                  "tid": 1, "ts": 5.0, "dur": 3.0}]}))
+        return [ok0, p], f"{p}: no ProfilerStep#N annotations"
+    if case == "step not in trace":
+        p = _mini_trace(tmp / "rank1.json", rank=1, world=2, steps=range(3))
+        return [ok0, p, "--steps", "4-5"], f"{p}: no ProfilerStep#4"
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize("case", ["not json", "json but no trace", "truncated gzip", "no rank", "rank twice",
+                                  "rank missing", "world sizes differ", "backends differ", "process groups differ",
+                                  "no common step", "no step marks", "step not in trace"])
+def test_bad_inputs_are_one_line_errors(tmp_path: Path, case: str) -> None:
+    args, expected = _bad_case(case, tmp_path)
+    out = tmp_path / "out"
+    res = _analyze("--traces", *args, "--out", out)
+    assert res.exit_code == 2, (res.exit_code, res.output)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("eroica: analyze: ") and expected in lines[0], res.stderr
+    assert not (out / "captures").exists() and not (out / "report.json").exists()
+
+
+def test_usage_errors(tmp_path: Path) -> None:
+    trace = _mini_trace(tmp_path / "rank0.json")
+    res = _analyze("--traces", trace)
+    assert res.exit_code == 2 and "--traces needs --out DIR" in res.stderr
+    res = _analyze(tmp_path, "--steps", "1-2")
+    assert res.exit_code == 2 and "go with --traces" in res.stderr
+    res = _analyze("--traces", trace, "--out", tmp_path / "r", "--steps", "9-3")
+    assert res.exit_code == 2 and "--steps '9-3': the last step is before the first" in res.stderr
+    first = _analyze("--traces", trace, "--out", tmp_path / "r")
+    assert first.exit_code == 0, first.output
+    res = _analyze("--traces", trace, "--out", tmp_path / "r")
+    assert res.exit_code == 2 and "already holds a report" in res.stderr
+
+
+# ---------------------------------------------------------------------------------------------- real ranks
+TRAIN = ROOT / "scripts" / "faultlib" / "train_bench.py"
+PROFILE_WRAP = ROOT / "scripts" / "faultlib" / "profile_wrap.py"
+# the fault bench's compute, data and gc faults, one after the other on three ranks of one job
+FAULTS = ("compute:rank=1:start=4:stop=12:ms=150;data:rank=2:start=12:stop=20:ms=80;"
+          "gc:rank=3:start=20:stop=28:cycles=2000")
+EXPECTED = [(1, "compute"), (2, "dataloader"), (3, "gc")]
+
+
+@pytest.mark.multirank
+def test_fault_bench_traces_name_the_live_culprit_and_category(tmp_path: Path) -> None:
+    """The same faulty job twice: live under eroica (manual captures in each fault's stretch) and under
+    the fault bench's always-on profiler (a chrome trace per rank, GC pauses recorded). The traces,
+    analysed over the live captures' steps, name the rank and category the live captures named.
+    About 35 s here (two 4-rank jobs of 30 steps, ~170 MB of traces); run it under the multi-rank lock."""
+    live = tmp_path / "live"
+    quiet = ("--spike-ratio", "100", "--drift-pct", "0", "--lost-pct", "0")   # only the manual captures
+    proc = eroica_run("--nproc-per-node", "4", "--report-dir", live, "--no-baseline", "--warmup-steps", "2",
+                      "--capture-at-steps", "7,15,23", *quiet, TRAIN, "--steps", "30",
+                      env={"EROICA_BENCH_FAULT": FAULTS}, timeout=120)
+    assert proc.returncode == 0, explain(proc)
+    live_caps = json.loads((live / "report.json").read_text())["captures"]
+    named_live = [(c["step"], [(f["rank"], f["category"]) for f in c["findings"]][:1]) for c in live_caps]
+    assert [n for _, n in named_live] == [[e] for e in EXPECTED], (named_live, explain(proc))
+
+    proc = eroica_run("--nproc-per-node", "4", "--no-eroica", "--report-dir", tmp_path / "profiled",
+                      PROFILE_WRAP, "--steps", "30", timeout=120,
+                      env={"EROICA_BENCH_FAULT": FAULTS, "EROICA_BENCH_TRACE_DIR": str(tmp_path / "traces"),
+                           "EROICA_BENCH_TRACE_GC": "1"})
+    assert proc.returncode == 0, explain(proc)
+    steps = [a for s, _ in named_live for a in ("--steps", f"{s}-{s + 2}")]
+    res = _analyze("--traces", tmp_path / "traces", "--out", tmp_path / "from-traces", *steps)
+    assert res.exit_code == 0, res.output
+    caps = json.loads((tmp_path / "from-traces" / "report.json").read_text())["captures"]
+    named_traces = [(c["step"], [(f["rank"], f["category"]) for f in c["findings"]][:1]) for c in caps]
+    assert named_traces == named_live, (named_traces, named_live, res.stdout)
+    for c in caps:   # the victims are the culprit's peers, not culprits of their own
+        assert sorted(c["findings"][0]["victims"]) == sorted({0, 1, 2, 3} - {c["findings"][0]["rank"]}), c
+    shutil.rmtree(tmp_path / "traces")   # ~170 MB; pytest keeps its last three runs' directories
