@@ -49,17 +49,21 @@ class Detector:
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
+        self.lost_window: deque[float] = deque()   # the throughput rule's steps, kept across resets
+        self.lost_sorted: list[float] = []         # the same, sorted (median and max per step in O(n))
+        self.lost_sum = 0.0
         self.reset()
 
     def reset(self) -> None:
-        """Forget history: after a capture the new regime is the reference (no re-fire for it)."""
+        """Forget history: after a capture the new regime is the reference (no re-fire for it).
+
+        The throughput rule keeps its window and forgets only its reference: a capture that opened
+        on the first of a series of stalls (a spike) must not make the rule wait a whole new window
+        before the next stalls can count."""
         self.recent: deque[float] = deque(maxlen=self.cfg.spike_history + self.cfg.spike_steps)
         self.window: deque[float] = deque(maxlen=max(self.cfg.drift_window, 2))
         self.best: float | None = None
         self.over = 0
-        self.lost_window: deque[float] = deque()
-        self.lost_sorted: list[float] = []     # the same steps, sorted (median and max per step in O(n))
-        self.lost_sum = 0.0
         self.best_lost: float | None = None
         self.lost_over = 0
 

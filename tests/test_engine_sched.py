@@ -13,6 +13,9 @@ Fixtures under data/engine/, all real captures recorded on this 2-core machine:
   on, 12 off), the spike capture whose window opened as the burst ended.
 - ``bursty-gc-rank1.msgpack``: fault bench "gc-int" (GC storms on rank 1 in bursts), a spike capture
   whose window missed the burst; its history carries GC pause and batch-wait time per step.
+- ``compute-on-loaded-host.msgpack``: fault bench "lightning-compute" (PyTorch Lightning, extra
+  compute on rank 1) on a loaded machine: rank 1 queued 139 ms a step for a CPU (peers 15, asleep in
+  the all-reduce), but its CPU time grew far more.
 """
 
 from __future__ import annotations
@@ -210,3 +213,25 @@ def test_a_gc_burst_the_window_missed_is_named_gc_from_the_pauses_before_it() ->
     for s in sums:
         s["history"].pop("gc", None)
     assert [(f.rank, f.category) for f in _diagnose(meta, sums).findings] == [(1, "compute")]
+
+
+def test_a_rank_computing_more_on_a_loaded_host_is_compute_not_contention() -> None:
+    meta, sums = _capture("compute-on-loaded-host.msgpack")
+    d = _diagnose(meta, sums)
+    assert [(f.rank, f.category) for f in d.findings] == [(1, "compute")], [f.title for f in d.findings]
+    f = d.findings[0]
+    assert f.evidence["run_queue_ms"][0] - f.evidence["run_queue_ms"][1] >= 0.5 * f.impact_ms_per_step
+
+
+def test_waits_that_grew_while_a_rank_was_being_stopped_are_not_a_network_finding() -> None:
+    meta, base, errors = summary.decode_capture(HOSTS.read_bytes(), origin=HOSTS.name)
+    base = sorted(base, key=lambda s: s["rank"])
+    now = copy.deepcopy(base)
+    for s in now:                    # every rank waits 40 ms longer: common-mode, vs the baseline
+        _wait_more(s, [40.0, 40.0, 40.0])
+    d = diagnose(now, step=60, trigger="spike", world_size=4, baseline=base)
+    assert [f.category for f in d.findings] == ["communication"], [f.title for f in d.findings]
+    _stop(now[1], [3, 10])           # ... while rank 1 was being stopped (inside a collective)
+    d = diagnose(now, step=60, trigger="spike", world_size=4, baseline=base)
+    assert [(f.rank, f.category, f.function) for f in d.findings] == [(1, "host", "(stopped)")]
+    assert any("not reported as a network problem" in n for n in d.notes)

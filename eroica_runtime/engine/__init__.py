@@ -65,7 +65,8 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float,
     row = c.row
     rank = int(table.rank[row])
     host = table.hosts[int(table.host_idx[row])]
-    contended = bool(c.sched and c.sched["runq_ms"][0] - c.sched["runq_ms"][1] >= 0.5 * c.excess_ms)
+    contended = bool(c.sched and c.sched["starved"] and c.sched["runq_ms"][0] - c.sched["runq_ms"][1]
+                     >= 0.5 * c.excess_ms)
     if contended or stopped:   # runnable without a CPU, not only in this window; or stopped outright
         c = replace(c, category="host")
     tele_ev, hint = telemetry_refinement(table, row, peers.groups[c.group], c.category)
@@ -106,6 +107,21 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float,
     return Finding(category=c.category, rank=rank, host=host, function=c.function, phase=c.phase,
                    impact_ms_per_step=c.excess_ms, what_if_step_ms=what_if,
                    victims=tuple(int(v) for v in c.victims), evidence=ev, action=action.strip(), title=title)
+
+
+def _not_while_stopped(table: Table, stopped: dict[int, dict[str, Any]], found: list[Finding],
+                       notes: list[str]) -> list[Finding]:
+    """Communication findings are dropped while a rank was being stopped: a rank stopped inside a
+    collective (its communication threads stopped with it) makes every rank's wait grow alike,
+    which looks like a slow network but is that rank."""
+    if not stopped:
+        return found
+    kept = [f for f in found if f.category != "communication"]
+    if len(kept) < len(found):
+        ranks = ", ".join(str(int(table.rank[r])) for r in sorted(stopped))
+        notes.append(f"communication waits grew while rank(s) {ranks} were being stopped and continued: "
+                     "not reported as a network problem")
+    return kept
 
 
 def _merge_hosts(table: Table, findings: list[Finding]) -> list[Finding]:
@@ -217,10 +233,10 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
         if base.n:
             extra, more_notes = common_mode(table, base, th, max(excesses, default=0.0), link_probe,
                                            np.asarray([c.row for c in culprits], dtype=np.int64))
-            findings.extend(extra)
+            findings.extend(_not_while_stopped(table, stopped, extra, notes))
             notes.extend(more_notes)
     if not culprits and not any(f.category == "communication" for f in findings):
-        findings.extend(local_comm_excess(table, peers, th, link_probe))
+        findings.extend(_not_while_stopped(table, stopped, local_comm_excess(table, peers, th, link_probe), notes))
     findings.extend(hang_findings(trigger, miss, step_med))
     findings.sort(key=lambda f: -f.impact_ms_per_step)
     findings = [Finding(**{**f.__dict__, "captures": (int(step),)}) for f in findings]

@@ -89,7 +89,7 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
     appended to ``notes``."""
     step_all = table.col("step")
     out: list[Culprit] = []
-    luck: list[tuple[int, float, dict[str, float]]] = []
+    luck: list[tuple[int, float, dict[str, Any]]] = []
     for gi, rows in enumerate(peers.groups):
         if len(rows) < 2:
             continue
@@ -142,7 +142,7 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
     return out
 
 
-def scheduler_luck(table: Table, rows: np.ndarray, row: int) -> dict[str, float] | None:
+def scheduler_luck(table: Table, rows: np.ndarray, row: int) -> dict[str, Any] | None:
     """How much of a rank's extra own work was scheduler luck (None without step-clock data).
 
     On a host with more runnable threads than cores, which rank waits longest for a CPU is chance,
@@ -150,17 +150,22 @@ def scheduler_luck(table: Table, rows: np.ndarray, row: int) -> dict[str, float]
     the window counts as luck unless the same rank also waited more than its peers in the steps
     just before the window (a co-located process, a CPU quota: contention that persists).
     """
-    runq, hist = table.sch("runq"), table.sch("hist_runq")
+    runq, hist, cpu = table.sch("runq"), table.sch("hist_runq"), table.sch("cpu")
     peers = rows[rows != row]
     if not (np.isfinite(runq[row]) and np.isfinite(runq[peers]).any()):
         return None
     d_runq = float(runq[row] - np.nanmedian(runq[peers]))
     d_hist = float(hist[row] - np.nanmedian(hist[peers])) if np.isfinite(hist[row]) and \
         np.isfinite(hist[peers]).any() else 0.0
+    d_cpu = float(cpu[row] - np.nanmedian(cpu[peers])) if np.isfinite(cpu[row]) else 0.0
     return {"runq_ms": [float(runq[row]), float(np.nanmedian(runq[peers]))],
             "runq_before_ms": [float(hist[row]), float(np.nanmedian(hist[peers]))] if np.isfinite(hist[row])
             else [],
-            "luck_ms": max(0.0, d_runq - max(0.0, d_hist))}
+            "luck_ms": max(0.0, d_runq - max(0.0, d_hist)),
+            # starved: its run-queue wait grew far more than its CPU time. A rank that computes more
+            # also queues more on a loaded host (its peers sleep in the collective and hardly
+            # queue): that is a compute culprit, not contention
+            "starved": d_runq >= 2.0 * max(d_cpu, 0.0)}
 
 
 def attribute(table: Table, peers: Peers, culprits: list[Culprit], th: Thresholds) -> None:

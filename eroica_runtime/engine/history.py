@@ -56,7 +56,9 @@ def _finding(table: Table, rows: np.ndarray, row: int, excess: float, step_ref: 
     peers = rows[rows != row]
     cpu_ref, runq_ref = float(np.median(cpu[peers])), float(np.median(runq[peers]))
     data_ref, gc_ref = float(np.median(data[peers])), float(np.median(gc[peers]))
-    starved = kind == "busy" and runq[row] - runq_ref >= 0.5 * excess
+    # starved: the run-queue wait grew far more than the CPU time (a rank computing more on a loaded
+    # host queues more too, while its peers sleep in the collective)
+    starved = kind == "busy" and runq[row] - runq_ref >= max(0.5 * excess, 2.0 * (cpu[row] - cpu_ref))
     collecting = kind == "busy" and not starved and gc[row] - gc_ref >= 0.5 * excess
     category = "dataloader" if kind == "data" else "host" if starved else "gc" if collecting else "compute"
     rank = int(table.rank[row])
