@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -33,6 +34,9 @@ from faultlib import faults, netns
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 TRAIN = ROOT / "scripts" / "faultlib" / "train_bench.py"
+# The same job under real frameworks' loops (issue 12): their own step structure, same fault planting.
+TRAIN_LIGHTNING = ROOT / "scripts" / "faultlib" / "train_lightning.py"
+TRAIN_HF = ROOT / "scripts" / "faultlib" / "train_hf.py"
 PROFILE_WRAP = ROOT / "scripts" / "faultlib" / "profile_wrap.py"
 BIN = Path(sys.executable).parent
 EROICA_RUN = str(BIN / "eroica-run") if (BIN / "eroica-run").exists() else "eroica-run"
@@ -56,6 +60,8 @@ class Case:
     link_mbit: float = 0.0  # with a 'mark' fault: the driver rate-limits the culprit's host (both ways)
     link_delay_ms: float = 0.0  # with a 'mark' fault: the driver delays the culprit's host (both ways)
     note: str = ""
+    script: Path = TRAIN  # the training job (it must honour EROICA_BENCH_FAULT, --steps and --out)
+    needs_modules: tuple[str, ...] = ()  # Python packages the job imports (missing: the case is skipped)
 
     @property
     def healthy(self) -> bool:
@@ -92,7 +98,30 @@ CASES: list[Case] = [
          link_mbit=100, note="tbf on/off with the mark"),
     Case("link-delay", "mark:rank={rank}:start={start}", ("communication",), needs_netns=True,
          link_delay_ms=5.0, note="NFQUEUE 5 ms each way on the culprit's host"),
+    # Real frameworks (issue 12): their loops put forward/backward/all-reduce elsewhere than train_bench
+    # (Lightning: inside optimizer.step(closure); HF Trainer: prefetched micro-batches, a token-count
+    # all-gather in the fetch, gradient accumulation). Same faults, same onset, same scoring.
+    Case("lightning-data", "data:rank={rank}:start={start}:ms=80", ("dataloader",), script=TRAIN_LIGHTNING,
+         needs_modules=("lightning",), note="Lightning 2.x Trainer, DDP; slow dataset"),
+    Case("lightning-compute", "compute:rank={rank}:start={start}:ms=150", ("compute",), script=TRAIN_LIGHTNING,
+         needs_modules=("lightning",), note="Lightning 2.x Trainer, DDP; extra compute"),
+    Case("hf-data", "data:rank={rank}:start={start}:ms=80", ("dataloader",), script=TRAIN_HF,
+         needs_modules=("transformers", "accelerate"), note="HF Trainer, tiny GPT-2, grad accum 2; slow dataset"),
+    Case("hf-compute", "compute:rank={rank}:start={start}:ms=150", ("compute",), script=TRAIN_HF,
+         needs_modules=("transformers", "accelerate"), note="HF Trainer, tiny GPT-2, grad accum 2; extra compute"),
 ]
+
+
+def modules_unavailable_reason(modules: tuple[str, ...]) -> str | None:
+    """Why a case's framework cannot run here (None when every module is installed).
+
+    ``find_spec`` rather than an import: the driver stays light (transformers takes seconds to import),
+    and an installed but broken framework then fails its launch visibly instead of being skipped.
+    """
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if not missing:
+        return None
+    return f"{', '.join(missing)} not installed (pip install -e '.[frameworks]')"
 
 
 @dataclass
@@ -328,13 +357,17 @@ def run_case(case: Case, args: argparse.Namespace, cluster: netns.Cluster | None
     if case.link_delay_ms and netns.delay_unavailable_reason():
         res.skipped = netns.delay_unavailable_reason()
         return res
+    why_not = modules_unavailable_reason(case.needs_modules)
+    if why_not:
+        res.skipped = why_not
+        return res
     cdir = Path(args.out) / case.name
     shutil.rmtree(cdir, ignore_errors=True)  # a stale report from an earlier run must not be scored
     cdir.mkdir(parents=True, exist_ok=True)
     rdir = cdir / "report"
     argv, env = _launcher(args, cluster, ["--report-dir", str(rdir)])
     env["EROICA_BENCH_FAULT"] = fault
-    argv += [str(TRAIN), "--steps", str(args.steps), "--out", str(cdir / "steps")]
+    argv += [str(case.script), "--steps", str(args.steps), "--out", str(cdir / "steps")]
     res.argv = argv
     marks: list[tuple[float, str]] = []
 
@@ -536,8 +569,9 @@ def main(argv: list[str] | None = None) -> int:
         return _finish(args, results, stored.get("overhead"), meta, argv)
     if args.list:
         for c in CASES:
-            print(f"{c.name:16} {c.fault.format(rank=c.rank, start=args.start, int=INTERMITTENT) or '-':58} "
-                  f"expect {'/'.join(c.categories) or 'nothing'}  {c.note}")
+            job = "" if c.script == TRAIN else f"  [{c.script.name}]"
+            print(f"{c.name:17} {c.fault.format(rank=c.rank, start=args.start, int=INTERMITTENT) or '-':58} "
+                  f"expect {'/'.join(c.categories) or 'nothing'}  {c.note}{job}")
         return 0
     names = [c.name for c in CASES]
     wanted = names if args.cases == "all" else [] if args.cases == "none" else args.cases.split(",")

@@ -75,19 +75,27 @@ def _env_int(names: tuple[str, ...], default: int) -> int:
     return default
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def bench_parser(description: str, d_model: int = 128, heads: int = 4) -> argparse.ArgumentParser:
+    """The flags every bench training job takes (this one, the Lightning and the HF Trainer jobs), so
+    the bench drives them all alike."""
     e = os.environ.get
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=int(e("EROICA_BENCH_STEPS", "60")))
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--steps", type=int, default=int(e("EROICA_BENCH_STEPS", "60")), help="optimizer steps")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--seq", type=int, default=32)
     ap.add_argument("--vocab", type=int, default=1000)
-    ap.add_argument("--d-model", type=int, default=128)
+    ap.add_argument("--d-model", type=int, default=d_model)
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=heads)
     ap.add_argument("--workers", type=int, default=int(e("EROICA_BENCH_WORKERS", "0")))
     ap.add_argument("--threads", type=int, default=int(e("EROICA_BENCH_THREADS", "1")))
     ap.add_argument("--out", default=e("EROICA_BENCH_OUT"))
+    return ap
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    e = os.environ.get
+    ap = bench_parser(__doc__.splitlines()[0])
     ap.add_argument("--device-ms", type=float, default=float(e("EROICA_BENCH_DEVICE_MS", "0")),
                     help="sleep this long per step after the backward, standing in for accelerator time "
                          "the host waits on (a GPU-bound step): the CPU is idle, as on a real GPU job")
