@@ -13,6 +13,8 @@ Fixtures under data/engine/, all real captures recorded on this 2-core machine:
   on, 12 off), the spike capture whose window opened as the burst ended.
 - ``bursty-gc-rank1.msgpack``: fault bench "gc-int" (GC storms on rank 1 in bursts), a spike capture
   whose window missed the burst; its history carries GC pause and batch-wait time per step.
+- ``throttled-rank1-late.msgpack`` / ``contended-rank1.msgpack`` with their ``-baseline`` captures:
+  fault bench "throttle" (0.15-CPU quota) and "contend" (2 hogs) on rank 1, later spike captures.
 - ``compute-on-loaded-host.msgpack``: fault bench "lightning-compute" (PyTorch Lightning, extra
   compute on rank 1) on a loaded machine: rank 1 queued 139 ms a step for a CPU (peers 15, asleep in
   the all-reduce), but its CPU time grew far more.
@@ -235,3 +237,14 @@ def test_waits_that_grew_while_a_rank_was_being_stopped_are_not_a_network_findin
     d = diagnose(now, step=60, trigger="spike", world_size=4, baseline=base)
     assert [(f.rank, f.category, f.function) for f in d.findings] == [(1, "host", "(stopped)")]
     assert any("not reported as a network problem" in n for n in d.notes)
+
+
+@pytest.mark.parametrize("name", ["throttled-rank1-late", "contended-rank1"])
+def test_a_cpu_starved_culprit_explains_everyone_elses_extra_wait_and_work(name: str) -> None:
+    # the starved rank's collective threads share its quota / core, so every rank's wait grew (not the
+    # network), and on a shared host its peers' own work grew a little too (not a job-wide regression)
+    meta, sums = _capture(f"{name}.msgpack")
+    _, base = _capture(f"{name.removesuffix('-late')}-baseline.msgpack")
+    d = diagnose(sums, step=meta["step"], trigger=meta["trigger"], world_size=meta["world_size"], baseline=base)
+    assert [(f.rank, f.category) for f in d.findings] == [(1, "host")], [f.title for f in d.findings]
+    assert d.findings[0].evidence.get("cpu_starved")

@@ -89,6 +89,8 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float,
     if stopped:
         ev["stopped"] = stopped
         hint = (stall_action(stopped) + " " + hint).strip()
+    if contended:
+        ev["cpu_starved"] = True
     if c.sched:
         ev["run_queue_ms"] = c.sched["runq_ms"]
         if c.sched["runq_before_ms"]:
@@ -109,18 +111,17 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float,
                    victims=tuple(int(v) for v in c.victims), evidence=ev, action=action.strip(), title=title)
 
 
-def _not_while_stopped(table: Table, stopped: dict[int, dict[str, Any]], found: list[Finding],
-                       notes: list[str]) -> list[Finding]:
-    """Communication findings are dropped while a rank was being stopped: a rank stopped inside a
-    collective (its communication threads stopped with it) makes every rank's wait grow alike,
-    which looks like a slow network but is that rank."""
-    if not stopped:
+def _not_while_held(table: Table, held: list[int], found: list[Finding], notes: list[str]) -> list[Finding]:
+    """Communication findings are dropped while a rank was stopped or starved of CPU: its
+    communication threads are stopped or starved with it (a cgroup quota covers the whole process),
+    so every rank's wait grows alike, which looks like a slow network but is that rank."""
+    if not held:
         return found
     kept = [f for f in found if f.category != "communication"]
     if len(kept) < len(found):
-        ranks = ", ".join(str(int(table.rank[r])) for r in sorted(stopped))
-        notes.append(f"communication waits grew while rank(s) {ranks} were being stopped and continued: "
-                     "not reported as a network problem")
+        ranks = ", ".join(str(int(table.rank[r])) for r in held)
+        notes.append(f"communication waits grew while rank(s) {ranks} were stopped or starved of CPU (their "
+                     "collective threads with them): not reported as a network problem")
     return kept
 
 
@@ -225,18 +226,26 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
     named = {c.row for c in culprits}
     findings.extend(stall_finding(table, row, ev, step_med) for row, ev in stopped.items() if row not in named)
     if not findings:
-        findings.extend(history_culprits(table, peers, th, trigger, named))
+        earlier = history_culprits(table, peers, th, trigger, named)
+        findings.extend(earlier)
+        excesses += [f.impact_ms_per_step for f in earlier]
+        named |= {int(r) for r in table.rows_of([int(f.rank) for f in earlier if f.rank is not None])}
     findings = _merge_hosts(table, findings)
+    # ranks whose own collective threads were stopped or starved of CPU with them: every rank's wait
+    # grows alike then, which looks like the network but is them
+    held = sorted(set(stopped) | {int(r) for r in table.rows_of(
+        [int(f.rank) for f in findings if f.rank is not None and f.category == "host"
+         and (f.evidence.get("cpu_starved") or "stopped" in f.evidence)])})
 
     if baseline is not None:
         base = baseline if isinstance(baseline, Table) else build_table(baseline)
         if base.n:
             extra, more_notes = common_mode(table, base, th, max(excesses, default=0.0), link_probe,
-                                           np.asarray([c.row for c in culprits], dtype=np.int64))
-            findings.extend(_not_while_stopped(table, stopped, extra, notes))
+                                           np.asarray(sorted(named), dtype=np.int64))
+            findings.extend(_not_while_held(table, held, extra, notes))
             notes.extend(more_notes)
     if not culprits and not any(f.category == "communication" for f in findings):
-        findings.extend(_not_while_stopped(table, stopped, local_comm_excess(table, peers, th, link_probe), notes))
+        findings.extend(_not_while_held(table, held, local_comm_excess(table, peers, th, link_probe), notes))
     findings.extend(hang_findings(trigger, miss, step_med))
     findings.sort(key=lambda f: -f.impact_ms_per_step)
     findings = [Finding(**{**f.__dict__, "captures": (int(step),)}) for f in findings]

@@ -73,7 +73,8 @@ def _finding(table: Table, rows: np.ndarray, row: int, excess: float, step_ref: 
     ev = {"excess_ms": excess, "seen_in": f"the {HISTORY_RECENT} steps before the window (step clock)",
           "cpu_ms": [float(cpu[row]), cpu_ref], "run_queue_ms": [float(runq[row]), runq_ref],
           "data_ms": [float(data[row]), data_ref], "gc_ms": [float(gc[row]), gc_ref],
-          "step_ms": [float(table.sch("hist_ms")[row]), step_ref], "victims_count": len(victims)}
+          "step_ms": [float(table.sch("hist_ms")[row]), step_ref], "victims_count": len(victims),
+          **({"cpu_starved": True} if starved else {})}
     phase = "data" if kind == "data" else "host_gap" if starved else "gc" if collecting else "forward"
     return Finding(category=category, rank=rank, host=host, function="(steps before the window)",
                    phase=phase, impact_ms_per_step=excess,
