@@ -173,7 +173,8 @@ class Runtime:
         if self.rank == 0 and time.monotonic() >= self._next_file_check:
             self._next_file_check = time.monotonic() + TRIGGER_FILE_EVERY_S
             self._check_trigger_file()
-        flags = self.trigger.local_flags(step, ms, in_window)
+        last = self.clock.thread[-1] if self.clock.thread else None
+        flags = self.trigger.local_flags(step, ms, in_window, last[3] if last is not None and last[0] == step else 0)
         self.votes.append((step, self.side.post_vote(flags)))
         voted = None
         if len(self.votes) > cfg.vote_lag:

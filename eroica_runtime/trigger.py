@@ -10,7 +10,8 @@ Local rules (defaults in Config, all configurable):
 - throughput: the share of time lost to steps slower than the median over the last ``lost_window``
   steps, the longest one left out (1 - median x (n-1) / (sum - max)), stays ``lost_pct`` % points above the best such window since the last
   capture for ``lost_window // 8`` steps: rare long stalls (a process stopped 250 ms once a second,
-  slowness in bursts) that leave the median, and so the spike and drift rules, alone. It opens a
+  slowness in bursts) that leave the median, and so the spike and drift rules, alone; also as soon as
+  the rank was stopped and continued (SIGCONT) twice within ``lost_window`` steps. It opens a
   ``burst_window_steps`` window, long enough to hold the bursts' slow steps;
 - manual: SIGUSR1, a ``trigger`` file in the report dir, ``--capture-at-steps``;
 - baseline: one automatic capture right after warm-up, so every job has a healthy reference.
@@ -35,6 +36,7 @@ import numpy as np
 from eroica_runtime.config import Config
 
 REASONS = ("spike", "drift", "manual", "throughput")
+MIN_STOPS = 2   # SIGCONTs within the throughput window that make a rank vote (one is an accident)
 
 
 @dataclass(frozen=True)
@@ -66,11 +68,18 @@ class Detector:
         self.over = 0
         self.best_lost: float | None = None
         self.lost_over = 0
+        self.stops: deque[int] = deque(maxlen=max(self.cfg.lost_window, 4))
 
-    def observe_all(self, ms: float) -> tuple[bool, bool, bool]:
-        """Add one step; return (spike, drift, throughput)."""
+    def observe_all(self, ms: float, stops: int = 0) -> tuple[bool, bool, bool]:
+        """Add one step (and the SIGCONTs this rank received in it); return (spike, drift, throughput).
+
+        Throughput fires on lost time, or as soon as this rank was stopped and continued twice within
+        the rule's window: a stopped process is the one case the step clock sees directly, and on a
+        noisy host a 250 ms stop a second moves the lost-time share by only a few points."""
         spike, drift = self.observe(ms)
-        return spike, drift, self._lost(ms)
+        self.stops.append(stops)
+        lost = self._lost(ms)
+        return spike, drift, lost or sum(self.stops) >= MIN_STOPS
 
     def _lost(self, ms: float) -> bool:
         cfg = self.cfg
@@ -148,15 +157,16 @@ class Trigger:
         self.baseline_step = cfg.warmup_steps + 2 if cfg.baseline else None
 
     # ---- local side ----------------------------------------------------------------------------------
-    def local_flags(self, step: int, ms: float, in_window: bool) -> np.ndarray:
-        """This rank's vote for the step that just ended: [spike, drift, manual, throughput]."""
+    def local_flags(self, step: int, ms: float, in_window: bool, stops: int = 0) -> np.ndarray:
+        """This rank's vote for the step that just ended: [spike, drift, manual, throughput]
+        (``stops``: SIGCONTs this rank received in that step)."""
         flags = np.zeros(len(REASONS), dtype=np.int64)
         if self.manual_pending:
             flags[2] = 1
             self.manual_pending = False
         if step < self.cfg.warmup_steps or in_window or step <= self.busy_until:
             return flags
-        spike, drift, lost = self.detector.observe_all(ms)
+        spike, drift, lost = self.detector.observe_all(ms, stops)
         flags[0], flags[1], flags[3] = int(spike), int(drift), int(lost)
         return flags
 

@@ -118,3 +118,12 @@ def test_throughput_capture_gets_the_long_window_even_early_in_a_short_job() -> 
     # 42 steps so far, but the first capture a detector asks for is allowed
     assert (d.trigger, d.k, d.start_step) == ("throughput", cfg.burst_window_steps, 12 + cfg.cooldown_steps), d
     assert trig.window_until == d.start_step + cfg.burst_window_steps
+
+
+def test_a_rank_stopped_twice_votes_at_once_and_once_is_an_accident() -> None:
+    det = Detector(Config())
+    steps = _jitter(60, 35.0, 0.2)
+    assert not any(det.observe_all(ms)[2] for ms in steps)
+    assert not det.observe_all(285.0, stops=1)[2]                  # one SIGCONT: a person's Ctrl-Z
+    assert not any(det.observe_all(ms)[2] for ms in _jitter(10, 35.0, 0.2, seed=3))
+    assert det.observe_all(290.0, stops=1)[2]                      # the second within the window
