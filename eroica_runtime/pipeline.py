@@ -2,25 +2,42 @@
 
 The live analyst (rank 0, during the job) and ``eroica analyze`` (offline, over a report directory)
 both feed captures through a ``Pipeline`` in step order, so the same captures always give the same
-diagnosis. Pure: no MPI, no torch.
+diagnosis. Decoding and validating go straight into the engine's columns (engine/ingest.py): no
+list of per-rank dicts is held, so a 100,000-rank capture costs seconds and its bytes plus the
+columns in memory; the raw summaries of the ranks a diagnosis names are decoded again for the
+report's drill-down. Pure: no MPI, no torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from eroica_runtime import engine
-from eroica_runtime import summary as summary_mod
+from eroica_runtime.engine import ingest
 
 
 @dataclass(frozen=True)
 class Analysed:
-    """One capture through the pipeline: its diagnosis, the capture file's fields, rejected summaries."""
+    """One capture through the pipeline: its diagnosis, the capture file's fields, rejected summaries,
+    and the raw summaries of the ranks its findings name (for drill-down; not every rank's)."""
 
     diagnosis: engine.Diagnosis
     meta: dict[str, Any]
     errors: tuple[str, ...]
+    summaries: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+def named_ranks(diagnosis: engine.Diagnosis) -> list[int]:
+    """Ranks the findings name as culprits (a host finding's ranks too), most costly finding first."""
+    out: dict[int, None] = {}
+    for f in diagnosis.findings:
+        if f.rank is not None:
+            out[int(f.rank)] = None
+        for r in (f.evidence or {}).get("ranks") or ():
+            if isinstance(r, int) and not isinstance(r, bool):
+                out[r] = None
+    return list(out)
 
 
 class Pipeline:
@@ -39,8 +56,9 @@ class Pipeline:
 
     def analyse(self, data: bytes, *, origin: str) -> Analysed:
         """One capture file's bytes; raises summary.SummaryError when the file itself is unusable."""
-        meta, summaries, errors = summary_mod.decode_capture(data, origin=origin)
-        table = engine.build_table(summaries)
+        cap = ingest.read_capture(data, origin=origin)
+        meta, errors = cap.meta, cap.errors
+        table = cap.table()
         extra = meta.get("extra") or {}
         probe = extra.get("link_probe") if isinstance(extra.get("link_probe"), dict) else None
         world = self.world_size or int(meta["world_size"])
@@ -49,7 +67,10 @@ class Pipeline:
                                     link_probe=probe, errors=errors)
         if meta["trigger"] == "baseline":
             flagged = {f.rank for f in diagnosis.findings if f.rank is not None}
-            kept = [s for s in summaries if s["rank"] not in flagged]
-            if len(kept) >= max(1, len(summaries) // 2):
-                self.baseline = table if len(kept) == len(summaries) else engine.build_table(kept)
-        return Analysed(diagnosis, meta, tuple(errors))
+            good = cap.good_ranks
+            kept = int(sum(1 for r in good.tolist() if r not in flagged)) if flagged else len(good)
+            if kept >= max(1, len(good) // 2):
+                self.baseline = table if kept == len(good) else cap.table(exclude={int(r) for r in flagged})
+        drill = cap.summaries(named_ranks(diagnosis))
+        cap.release()
+        return Analysed(diagnosis, meta, tuple(errors), drill)

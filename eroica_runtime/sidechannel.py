@@ -235,8 +235,10 @@ class SideChannel:
         sub = self._recv_all(self.leaders, list(range(1, n_leaders)), tag_base + 1, deadline)
         all_blobs: dict[int, bytes] = dict(bundle)
         all_missing = set(missing)
-        for raw in sub.values():
-            doc = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        for src in list(sub):
+            # drop each bundle once merged: at 100,000 ranks the bundles, the merged map and the
+            # capture file rank 0 then writes are 1.1 GB each; never all three at once
+            doc = msgpack.unpackb(sub.pop(src), raw=False, strict_map_key=False)
             all_blobs.update({int(k): v for k, v in doc["blobs"].items()})
             all_missing.update(int(r) for r in doc["missing"])
         all_missing.update(r for r in range(self.size) if r not in all_blobs)

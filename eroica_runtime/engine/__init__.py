@@ -51,9 +51,9 @@ from eroica_runtime.engine.model import CATEGORIES, Diagnosis, Finding
 from eroica_runtime.engine.peers import Peers, form_peers, parse_topology
 from eroica_runtime.engine.stalls import action as stall_action
 from eroica_runtime.engine.stalls import stall_finding, stalls
-from eroica_runtime.engine.table import Table, build_table
+from eroica_runtime.engine.table import Table, TableBuilder, build_table
 
-__all__ = ["CATEGORIES", "Diagnosis", "Finding", "Table", "Thresholds", "build_table", "consolidate",
+__all__ = ["CATEGORIES", "Diagnosis", "Finding", "Table", "TableBuilder", "Thresholds", "build_table", "consolidate",
            "diagnose", "parse_topology"]
 
 HEAT_COLUMNS = ("step", "data", "forward", "backward", "optimizer", "host_gap", "gc", "io", "comm")

