@@ -397,6 +397,26 @@ def test_real_eroica_run_captures(name: str, rank: int, category: str) -> None:
     assert [(f.rank, f.category) for f in d.findings] == [(rank, category)]
 
 
+def test_function_in_two_phases_is_named_in_the_phase_it_grew() -> None:
+    """Real summaries list ``aten::mm`` twice, in the forward and in the backward. In the e2e-compute
+    capture rank 2's extra matmuls ran in the forward; its backward matmuls were as its peers'. The
+    finding must show the forward growth as forward, not fold both into one ``aten::mm`` row with
+    whichever phase was listed first (which said "backward, 8.6 vs 0.7 ms")."""
+    caps = sorted((DATA / "e2e-compute" / "captures").glob("*.msgpack"), key=lambda p: int(p.stem))
+    meta, spike, _ = summary.decode_capture(caps[1].read_bytes())
+    _, base, _ = summary.decode_capture(caps[0].read_bytes())
+    table = build_table(spike)
+    fwd, bwd = table.fn("aten::mm", "forward"), table.fn("aten::mm", "backward")
+    assert fwd is not None and bwd is not None and fwd != bwd
+    d = diagnose(spike, step=meta["step"], trigger=meta["trigger"], world_size=4, baseline=base)
+    (finding,) = d.findings
+    grown = {(f["name"], f["phase"]): f for f in finding.evidence["functions"]}
+    assert ("aten::mm", "forward") in grown and ("aten::mm", "backward") not in grown
+    mm = grown[("aten::mm", "forward")]
+    assert mm["rank_ms"] > 5.0 and mm["peers_ms"] < 1.0
+    assert finding.phase == "forward"
+
+
 def test_all_ranks_starved_of_cpu_is_host_contention_not_network() -> None:
     """Every rank waits longer than in the baseline and is descheduled far more: CPU contention."""
     import copy

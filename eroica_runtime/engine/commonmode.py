@@ -298,10 +298,11 @@ def _cpu_contention(cur: Table, base: Table, rc: np.ndarray, rb: np.ndarray,
 
 def _function_growth(cur: Table, base: Table, rc: np.ndarray, rb: np.ndarray,
                      th: Thresholds) -> list[dict[str, Any]]:
-    """Functions whose median ms per step grew most against the baseline (matched by name)."""
-    bidx = {n: i for i, n in enumerate(base.fn_names)}
-    pairs = [(i, bidx[n]) for i, n in enumerate(cur.fn_names) if n in bidx and n != "<other>"]
-    new = [i for i, n in enumerate(cur.fn_names) if n not in bidx]
+    """Functions whose median ms per step grew most against the baseline (matched by name and phase)."""
+    bidx = {k: i for i, k in enumerate(zip(base.fn_names, base.fn_phase, strict=True))}
+    ckeys = list(zip(cur.fn_names, cur.fn_phase, strict=True))
+    pairs = [(i, bidx[k]) for i, k in enumerate(ckeys) if k in bidx and k[0] != "<other>"]
+    new = [i for i, k in enumerate(ckeys) if k not in bidx]
     out: list[tuple[float, dict[str, Any]]] = []
     if pairs:
         ci = np.asarray([p[0] for p in pairs])

@@ -52,7 +52,7 @@ class Table:
     host_idx: np.ndarray             # (R,) int32 into ``hosts``
     hosts: list[str]
     phases: np.ndarray               # (R, len(PHASES)) float64, columns in summary.PHASES order
-    fn_names: list[str]
+    fn_names: list[str]              # one function column per (name, phase, kind) the summaries list
     fn_phase: list[str]
     fn_kind: list[str]
     fn_ms: np.ndarray                # (R, F) float64, ms per step (0 where the rank did not list it)
@@ -71,7 +71,7 @@ class Table:
     capture_trigger: str | None = None
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    _fn_index: dict[str, int] = field(default_factory=dict)
+    _fn_index: dict[tuple[str, str | None], int] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -106,11 +106,16 @@ class Table:
         cols = self.device[np.asarray(rows)][:, [DEVICE_INDEX["compute"], DEVICE_INDEX["comm_exposed"]]]
         return bool(np.isfinite(cols).all())
 
-    def fn(self, name: str) -> int | None:
-        """Column of function ``name`` or None."""
+    def fn(self, name: str, phase: str | None = None) -> int | None:
+        """Column of function ``name`` (in ``phase``; else its first column) or None.
+
+        A function is a column per (name, phase, kind): ``aten::mm`` in the forward and in the
+        backward are two columns, so a finding names the phase its time grew in."""
         if not self._fn_index:
-            self._fn_index = {n: i for i, n in enumerate(self.fn_names)}
-        return self._fn_index.get(name)
+            for i, key in enumerate(zip(self.fn_names, self.fn_phase, strict=True)):
+                self._fn_index.setdefault(key, i)
+                self._fn_index.setdefault((key[0], None), i)
+        return self._fn_index.get((name, phase))
 
     def rows_of(self, ranks: Iterable[int]) -> np.ndarray:
         """Row indices of the given ranks (ranks not in the table are dropped)."""
@@ -138,9 +143,12 @@ def build_table(summaries: Iterable[dict[str, Any]]) -> Table:
     return builder.finish()
 
 
+FnKey = tuple[str, str, str]    # a function column: (name, phase, kind), as summaries list them
+
+
 @dataclass
 class _Pat:
-    """Rows of one segment that list the same function names in the same order."""
+    """Rows of one segment that list the same functions ((name, phase, kind)) in the same order."""
 
     names: list[str]
     phases: list[str]
@@ -148,7 +156,11 @@ class _Pat:
     rows: np.ndarray            # (k,) local rows
     ms: list[np.ndarray]        # per listed name, (k,) ms per step
     cnt: list[np.ndarray]       # per listed name, (k,) calls per step
-    repeats: bool               # a name listed twice: its entries are summed, in list order
+    repeats: bool               # a function listed twice: its entries are summed, in list order
+
+    @property
+    def keys(self) -> list[FnKey]:
+        return list(zip(self.names, self.phases, self.kinds, strict=True))
 
 
 @dataclass
@@ -226,7 +238,7 @@ class TableBuilder:
             "stage", "groups", "gc", "device")}
         self._d_tele: dict[str, list[float]] = {k: [] for k in _HOST_COUNTERS + _GPU_GAUGES}
         self._d_throttle: dict[int, list[str]] = {}
-        self._d_pats: dict[tuple[str, ...], tuple[list[str], list[str], array, array, array]] = {}
+        self._d_pats: dict[tuple[FnKey, ...], tuple[array, array, array]] = {}
         self._d_cache: _Seg | None = None
         self.row_index = np.zeros(0, dtype=np.int64)   # set by finish: each row's place in the capture
 
@@ -268,24 +280,17 @@ class TableBuilder:
         d["host"].append(str(s.get("host", "?")))
 
         fns = s["functions"]
-        names = tuple([f["name"] for f in fns])
-        pat = self._d_pats.get(names)
+        keys_f = tuple([(str(f["name"]), str(f["phase"]), str(f["kind"])) for f in fns])
+        pat = self._d_pats.get(keys_f)
         if pat is None:
-            pat = self._d_pats[names] = ([str(f["phase"]) for f in fns], [str(f["kind"]) for f in fns],
-                                         array("q"), array("d"), array("d"))
-        pat[2].append(row)
-        pat[3].extend([float(f["ms"]) for f in fns])
-        pat[4].extend([float(f["count"]) for f in fns])
+            pat = self._d_pats[keys_f] = (array("q"), array("d"), array("d"))
+        pat[0].append(row)
+        pat[1].extend([float(f["ms"]) for f in fns])
+        pat[2].extend([float(f["count"]) for f in fns])
 
         st = -1
         keys: list[tuple[int, bool, tuple[int, ...]]] = []
-        for gpos, g in enumerate(s["groups"]):
-            if not isinstance(g, dict):
-                continue
-            gname = str(g.get("name", "")).lower()
-            granks = g.get("ranks")
-            if not isinstance(granks, list) or not granks:
-                continue
+        for gpos, gname, granks in _recorded_groups(s["groups"]):
             if gname in ROLE_DIMS:
                 if r in granks:
                     st = granks.index(r)
@@ -327,12 +332,14 @@ class TableBuilder:
         hosts: dict[str, int] = {}
         code = np.asarray([hosts.setdefault(h, len(hosts)) for h in d["host"]], dtype=np.int64)
         pats = []
-        for names, (phs, kinds, rows, ms, cnt) in self._d_pats.items():
+        for keys_f, (rows, ms, cnt) in self._d_pats.items():
             rows_np = np.frombuffer(rows, dtype=np.int64).copy()
-            ms_m = np.frombuffer(ms, dtype=np.float64).reshape(len(rows_np), len(names))
-            cnt_m = np.frombuffer(cnt, dtype=np.float64).reshape(len(rows_np), len(names))
-            pats.append(_Pat(list(names), phs, kinds, rows_np, [ms_m[:, j] for j in range(len(names))],
-                             [cnt_m[:, j] for j in range(len(names))], len(set(names)) != len(names)))
+            nk = len(keys_f)
+            ms_m = np.frombuffer(ms, dtype=np.float64).reshape(len(rows_np), nk)
+            cnt_m = np.frombuffer(cnt, dtype=np.float64).reshape(len(rows_np), nk)
+            pats.append(_Pat([k[0] for k in keys_f], [k[1] for k in keys_f], [k[2] for k in keys_f], rows_np,
+                             [ms_m[:, j] for j in range(nk)], [cnt_m[:, j] for j in range(nk)],
+                             len(set(keys_f)) != nk))
         groups: list[_Groups] = []
         by_key: dict[tuple[int, bool], tuple[dict[tuple[Any, ...], int], np.ndarray]] = {}
         for row, keys in enumerate(d["groups"]):
@@ -408,20 +415,14 @@ class TableBuilder:
             hosts, code = [str(doc.get("host", "?"))], np.zeros(m, dtype=np.int64)
 
         fns = doc["functions"]
-        names = [f["name"] for f in fns]
-        pat = _Pat(names, [str(f["phase"]) for f in fns], [str(f["kind"]) for f in fns], np.arange(m),
+        keys_f = [(str(f["name"]), str(f["phase"]), str(f["kind"])) for f in fns]
+        pat = _Pat([k[0] for k in keys_f], [k[1] for k in keys_f], [k[2] for k in keys_f], np.arange(m),
                    [col(("functions", i, "ms")) for i in range(len(fns))],
-                   [col(("functions", i, "count")) for i in range(len(fns))], len(set(names)) != len(names))
+                   [col(("functions", i, "count")) for i in range(len(fns))], len(set(keys_f)) != len(keys_f))
 
         stage = np.full(m, -1, dtype=np.int32)
         groups: list[_Groups] = []
-        for gpos, g in enumerate(doc["groups"]):
-            if not isinstance(g, dict):
-                continue
-            gname = str(g.get("name", "")).lower()
-            granks = g.get("ranks")
-            if not isinstance(granks, list) or not granks:
-                continue
+        for gpos, gname, granks in _recorded_groups(doc["groups"]):
             ranks_of = np.stack([col(("groups", gpos, "ranks", j)) for j in range(len(granks))],
                                 axis=1).astype(np.int64)
             if gname in ROLE_DIMS:
@@ -537,16 +538,11 @@ class TableBuilder:
                 if len(pg):
                     units.append((int(pg.min()), i, pat))
         units.sort(key=lambda u: u[0])
-        fn_ids: dict[str, int] = {}
-        fn_phase: list[str] = []
-        fn_kind: list[str] = []
+        fn_ids: dict[FnKey, int] = {}
         for _, _, pat in units:
-            for name, p, kd in zip(pat.names, pat.phases, pat.kinds, strict=True):
-                if name not in fn_ids:
-                    fn_ids[name] = len(fn_phase)
-                    fn_phase.append(p)
-                    fn_kind.append(kd)
-        nf = len(fn_phase)
+            for key in pat.keys:
+                fn_ids.setdefault(key, len(fn_ids))
+        nf = len(fn_ids)
         fn_ms = np.zeros((n, nf))
         fn_count = np.zeros((n, nf), dtype=np.float32)
         for _, i, pat in units:
@@ -554,7 +550,7 @@ class TableBuilder:
             ok = pg >= 0
             every = bool(ok.all())
             rows_t = pg if every else pg[ok]
-            cols = [fn_ids[x] for x in pat.names]
+            cols = [fn_ids[x] for x in pat.keys]
             ms = pat.ms if every else [c[ok] for c in pat.ms]
             cnt = pat.cnt if every else [c[ok] for c in pat.cnt]
             if pat.repeats:                  # sum the entries of a name, in list order
@@ -628,7 +624,8 @@ class TableBuilder:
         self.row_index = _p(index[rows_acc])   # each table row's position in the capture
         return Table(
             rank=_p(ranks), host_idx=_p(host_idx), hosts=hosts, phases=_p(phase_arr),
-            fn_names=list(fn_ids), fn_phase=fn_phase, fn_kind=fn_kind, fn_ms=_p(fn_ms), fn_count=_p(fn_count),
+            fn_names=[k[0] for k in fn_ids], fn_phase=[k[1] for k in fn_ids], fn_kind=[k[2] for k in fn_ids],
+            fn_ms=_p(fn_ms), fn_count=_p(fn_count),
             stage=_p(gather(lambda s: s.stage, dtype=np.int32, fill=-1)), alike_groups=alike_groups,
             unknown_groups=len(unknown),
             telemetry={k: _p(gather(lambda s, k=k: s.tele[k])) for k in _HOST_COUNTERS + _GPU_GAUGES},
@@ -638,6 +635,20 @@ class TableBuilder:
             sched=_p(sched_rows) if n and np.isfinite(sched_rows).any() else None,
             step_comm=_p(comm_rows) if n and np.isfinite(comm_rows).any() else None,
             capture_step=cap_step, capture_trigger=cap_trigger, errors=errors, notes=notes)
+
+
+def _recorded_groups(groups: list[Any]) -> list[tuple[int, str, list[Any]]]:
+    """(position, lower-case name, ranks) of each usable process group a summary recorded: how the
+    one-at-a-time and the block paths both read ``groups`` (a pipeline dimension in ROLE_DIMS gives
+    the rank's stage; the others are groups of ranks, interchangeable when in ALIKE_DIMS)."""
+    out = []
+    for gpos, g in enumerate(groups):
+        if not isinstance(g, dict):
+            continue
+        granks = g.get("ranks")
+        if isinstance(granks, list) and granks:
+            out.append((gpos, str(g.get("name", "")).lower(), granks))
+    return out
 
 
 def _lookup(doc: Any, path: tuple[Any, ...]) -> Any:
