@@ -5,7 +5,9 @@ both feed captures through a ``Pipeline`` in step order, so the same captures al
 diagnosis. Decoding and validating go straight into the engine's columns (engine/ingest.py): no
 list of per-rank dicts is held, so a 100,000-rank capture costs seconds and its bytes plus the
 columns in memory; the raw summaries of the ranks a diagnosis names are decoded again for the
-report's drill-down. Pure: no MPI, no torch.
+report's drill-down. A capture of node blocks (``eroica.capture/2``: node leaders pre-reduced their
+ranks, engine/blocks.py) takes the same path and gives the same Table; its drill-down has the raw
+summaries the leaders forwarded (``blocks.pick_drill``). Pure: no MPI, no torch.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from eroica_runtime.engine import ingest
 @dataclass(frozen=True)
 class Analysed:
     """One capture through the pipeline: its diagnosis, the capture file's fields, rejected summaries,
-    and the raw summaries of the ranks its findings name (for drill-down; not every rank's)."""
+    and the raw summaries of the ranks its findings name (for drill-down; not every rank's; from a
+    capture of node blocks, only those of the named ranks whose leader forwarded them)."""
 
     diagnosis: engine.Diagnosis
     meta: dict[str, Any]

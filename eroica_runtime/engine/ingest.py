@@ -9,10 +9,12 @@ the same one-line errors naming the rank) and added as dicts, then dropped. The 
 ``build_table`` makes of ``decode_capture``'s summaries, with the same rejected-summary lines in
 the same order, and one bad summary still spoils nothing but itself.
 
-The capture file layout is unchanged (``eroica.capture/1``: every summary its own msgpack bin in
-one array), which is already readable column-wise: the summaries' offsets are found with a walk
-over the array's headers, never copying them; files of any other shape go through the plain
-decoder. Pure: no MPI, no torch.
+The raw capture file layout (``eroica.capture/1``: every summary its own msgpack bin in one array)
+is already readable column-wise: the summaries' offsets are found with a walk over the array's
+headers, never copying them; files of any other shape go through the plain decoder. A capture of
+node blocks (``eroica.capture/2``, written when node leaders pre-reduce, engine/blocks.py) is read
+here too: each block's segments join the same TableBuilder, so both layouts give the same Table.
+Pure: no MPI, no torch.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from eroica_runtime.engine import blocks as blocks_mod
+from eroica_runtime.engine.blockcodec import BlockError
 from eroica_runtime.engine.table import Table, TableBuilder, block_wants
 from eroica_runtime.summary import schema
 from eroica_runtime.summary.layout import Layout, Rows, Unsupported
@@ -48,6 +52,8 @@ class Ingested:
     fast: int = 0                        # summaries read as layout columns
     layouts: int = 0
     useless: int = 0                     # layouts derived that matched nothing else
+    error_index: list[int] = field(default_factory=list)   # capture position of each line in errors
+    drill: dict[int, bytes] | None = None  # capture/2: the raw summaries the leaders forwarded, by rank
     _data: bytes = b""
     _starts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     _lens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
@@ -84,6 +90,14 @@ class Ingested:
         table = self.table()
         assert self._row_index is not None
         out: dict[int, dict[str, Any]] = {}
+        if self.drill is not None:       # capture/2: only what the leaders forwarded (blocks.pick_drill)
+            for r in table.rank[table.rows_of(ranks[:DRILL_DOWN])].tolist():
+                if int(r) in self.drill:
+                    try:
+                        out[int(r)] = schema.decode(self.drill[int(r)], origin=f"rank {r}")
+                    except schema.SummaryError:     # rank 0 never decoded it: a bad one is just not shown
+                        continue
+            return out
         for row in table.rows_of(ranks[:DRILL_DOWN]).tolist():
             i = int(self._row_index[row])
             try:
@@ -95,6 +109,8 @@ class Ingested:
     def release(self) -> None:
         """Drop the capture's bytes (the Table and the builder stay)."""
         self._data, self._blobs = b"", None
+        if self.drill is not None:
+            self.drill = {}
         self._starts = self._lens = np.zeros(0, dtype=np.int64)
 
 
@@ -114,6 +130,8 @@ def read_capture(data: bytes, *, origin: str = "capture",
     else:
         fields, (starts, lens) = outer
         doc = fields
+    if isinstance(fields, dict) and fields.get("schema") == blocks_mod.CAPTURE_SCHEMA_V2:
+        return _read_blocks(fields, origin)   # no "summaries" array: _outer left it to msgpack
     if not isinstance(fields, dict) or fields.get("schema") != schema.CAPTURE_SCHEMA:
         got = fields.get("schema") if isinstance(fields, dict) else type(doc).__name__
         raise schema.SummaryError(f"{origin}: unsupported capture schema {got!r} "
@@ -163,7 +181,60 @@ def read_capture(data: bytes, *, origin: str = "capture",
         for size in np.unique(lens[small]).tolist():
             idx = np.flatnonzero(small & (lens == size))
             _by_layout(ing, buf, starts, idx, int(size), claimed, one, good)
-    ing.errors = [errors[i] for i in sorted(errors)]
+    ing.error_index = sorted(errors)
+    ing.errors = [errors[i] for i in ing.error_index]
+    ing.good_ranks = np.concatenate(good) if good else np.zeros(0, dtype=np.int64)
+    return ing
+
+
+def _read_blocks(fields: dict[Any, Any], origin: str) -> Ingested:
+    """A capture of node blocks (``eroica.capture/2``) into columns: each block decoded and checked
+    (blocks.decode_node_block), its segments added to one TableBuilder, its rejected-summary lines
+    merged in rank order (where the raw capture, in rank order, has them). A block that cannot be
+    used, or speaks for a rank another block already did, adds one line naming its leader and its
+    ranks count as missing; so do the ranks no block speaks for (leaders that sent none)."""
+    meta = {k: fields.get(k) for k in ("step", "trigger", "world_size", "missing", "extra")}
+    schema.check_capture_meta(meta, origin)
+    world, step = int(meta["world_size"]), int(meta["step"])
+    leaders, raw = fields.get("leaders"), fields.get("blocks")
+    if not isinstance(raw, list) or not isinstance(leaders, list) or len(leaders) != len(raw) or not all(
+            isinstance(r, int) and not isinstance(r, bool) and 0 <= r < world for r in leaders):
+        raise schema.SummaryError(f"{origin}: 'blocks' and 'leaders' must be lists of equal length "
+                                  f"(leaders: ranks below world_size {world})")
+    ing = Ingested(meta=meta, errors=[], builder=TableBuilder(), good_ranks=np.zeros(0, dtype=np.int64),
+                   _origin=origin, drill={})
+    lines: list[tuple[int, str]] = []
+    covered = np.zeros(world, dtype=bool)
+    missing: set[int] = set(meta["missing"])
+    good: list[np.ndarray] = []
+    for leader, data in zip(leaders, raw, strict=True):
+        try:
+            blk = blocks_mod.decode_node_block(data, leader=int(leader), step=step, world_size=world)
+            if covered[blk.ranks].any():
+                twice = [r for r in blk.ranks if covered[r]][:8]
+                raise BlockError(f"block from node leader rank {leader}: speaks for ranks {twice} that another "
+                                 "block already did (foreign)")
+        except BlockError as exc:
+            lines.append((int(leader), f"{exc}; its node's ranks count as missing"))
+            continue
+        covered[blk.ranks] = True
+        missing.update(blk.missing)
+        if blk.failure:
+            lines.append((blk.leader, f"block from node leader rank {blk.leader}: the leader could not reduce "
+                                      f"its node ({blk.failure}); ranks {blk.ranks} count as missing"))
+            missing.update(blk.ranks)
+            continue
+        lines += blk.errors
+        for seg in blk.segments:
+            ing.builder.add_segment(seg)
+            good.append(seg.rank)
+        assert ing.drill is not None
+        ing.drill.update(blk.drill)
+    missing.update(np.flatnonzero(~covered).tolist())
+    meta["missing"] = sorted(int(r) for r in missing)
+    lines.sort(key=lambda x: x[0])          # stable: a rank's lines keep their order
+    ing.errors = [line for _, line in lines]
+    ing.error_index = [r for r, _ in lines]
     ing.good_ranks = np.concatenate(good) if good else np.zeros(0, dtype=np.int64)
     return ing
 

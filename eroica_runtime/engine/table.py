@@ -147,7 +147,7 @@ FnKey = tuple[str, str, str]    # a function column: (name, phase, kind), as sum
 
 
 @dataclass
-class _Pat:
+class FnPattern:
     """Rows of one segment that list the same functions ((name, phase, kind)) in the same order."""
 
     names: list[str]
@@ -164,7 +164,7 @@ class _Pat:
 
 
 @dataclass
-class _Groups:
+class GroupCodes:
     """One recorded group position of a segment's rows, as distinct rank lists."""
 
     alike: bool                 # dp/tp/...: a set of interchangeable ranks; else a group we cannot read
@@ -174,10 +174,11 @@ class _Groups:
 
 
 @dataclass
-class _Seg:
-    """Rows added together (one block of a shared layout, or the rows added one at a time)."""
+class Segment:
+    """Rows added together (one block of a shared layout, the rows added one at a time, or a node
+    leader's rows: engine/blockcodec.py ships segments as they are, so every field is plain data)."""
 
-    index: np.ndarray           # (m,) position of each row in the capture
+    index: np.ndarray           # (m,) position of each row in the capture (a node block's rows: their rank)
     rank: np.ndarray            # (m,) int64
     badp: np.ndarray            # (m,) first phase that is not a finite number, -1 if none
     phases: np.ndarray          # (m, len(PHASES))
@@ -189,9 +190,9 @@ class _Seg:
     cap_trigger: list[str]      # per row (or one for every row)
     hosts: list[str]
     host_code: np.ndarray
-    pats: list[_Pat]
+    pats: list[FnPattern]
     stage: np.ndarray
-    groups: list[_Groups]
+    groups: list[GroupCodes]
     tele: dict[str, np.ndarray]
     throttle: dict[int, list[str]]
     gc_count: np.ndarray
@@ -230,7 +231,7 @@ class TableBuilder:
     """
 
     def __init__(self) -> None:
-        self._segs: list[_Seg] = []
+        self._segs: list[Segment] = []
         self._next = 0
         # rows added one at a time, as python lists (converted into one segment by finish)
         self._d: dict[str, list[Any]] = {k: [] for k in (
@@ -239,13 +240,32 @@ class TableBuilder:
         self._d_tele: dict[str, list[float]] = {k: [] for k in _HOST_COUNTERS + _GPU_GAUGES}
         self._d_throttle: dict[int, list[str]] = {}
         self._d_pats: dict[tuple[FnKey, ...], tuple[array, array, array]] = {}
-        self._d_cache: _Seg | None = None
+        self._d_cache: Segment | None = None
         self.row_index = np.zeros(0, dtype=np.int64)   # set by finish: each row's place in the capture
 
     @property
     def rows(self) -> int:
         """Summaries added so far (duplicates included)."""
         return sum(s.m for s in self._segs) + len(self._d["index"])
+
+    # ---- segments: rows another builder made ---------------------------------------------------------
+    def segments(self) -> list[Segment]:
+        """Every row added so far as segments (what a node leader ships in its block, engine/blocks.py).
+
+        The segments are this builder's own (not copies): the caller must not change them."""
+        dseg = self._dict_segment()
+        return [*self._segs, dseg] if dseg is not None else list(self._segs)
+
+    def add_segment(self, seg: Segment) -> None:
+        """Rows another builder made (a node leader's block, decoded and checked by
+        engine/blockcodec.py), as if they had been added here: ``seg.index`` must order them among
+        the other rows as the capture would (the ranks, in a capture whose summaries are in rank
+        order, as rank 0 writes them). Since ``finish`` numbers hosts and functions by first
+        appearance in that order and sums in the same order whatever the segments, the Table is the
+        one the rows' summaries added here would give, bit for bit."""
+        self._segs.append(seg)
+        if seg.m:
+            self._next = max(self._next, int(seg.index.max()) + 1)
 
     # ---- one summary ------------------------------------------------------------------------------
     def add(self, s: dict[str, Any], index: int | None = None) -> None:
@@ -322,7 +342,7 @@ class TableBuilder:
         else:
             d["device"].append([math.nan] * len(DEVICE_COLUMNS))
 
-    def _dict_segment(self) -> _Seg | None:
+    def _dict_segment(self) -> Segment | None:
         d = self._d
         m = len(d["index"])
         if not m:
@@ -337,10 +357,10 @@ class TableBuilder:
             nk = len(keys_f)
             ms_m = np.frombuffer(ms, dtype=np.float64).reshape(len(rows_np), nk)
             cnt_m = np.frombuffer(cnt, dtype=np.float64).reshape(len(rows_np), nk)
-            pats.append(_Pat([k[0] for k in keys_f], [k[1] for k in keys_f], [k[2] for k in keys_f], rows_np,
+            pats.append(FnPattern([k[0] for k in keys_f], [k[1] for k in keys_f], [k[2] for k in keys_f], rows_np,
                              [ms_m[:, j] for j in range(nk)], [cnt_m[:, j] for j in range(nk)],
                              len(set(keys_f)) != nk))
-        groups: list[_Groups] = []
+        groups: list[GroupCodes] = []
         by_key: dict[tuple[int, bool], tuple[dict[tuple[Any, ...], int], np.ndarray]] = {}
         for row, keys in enumerate(d["groups"]):
             for gpos, alike, tup in keys:
@@ -348,8 +368,8 @@ class TableBuilder:
                     (gpos, alike), ({}, np.full(m, -1, dtype=np.int64)))
                 codes[row] = known.setdefault(tup, len(known))
         for (gpos, alike), (known, codes) in by_key.items():
-            groups.append(_Groups(alike, gpos, list(known), codes))
-        self._d_cache = _Seg(
+            groups.append(GroupCodes(alike, gpos, list(known), codes))
+        self._d_cache = Segment(
             index=np.asarray(d["index"], dtype=np.int64), rank=np.asarray(d["rank"], dtype=np.int64),
             badp=np.asarray(d["badp"], dtype=np.int64),
             phases=np.asarray(d["phases"], dtype=np.float64).reshape(m, len(PHASES)),
@@ -416,12 +436,12 @@ class TableBuilder:
 
         fns = doc["functions"]
         keys_f = [(str(f["name"]), str(f["phase"]), str(f["kind"])) for f in fns]
-        pat = _Pat([k[0] for k in keys_f], [k[1] for k in keys_f], [k[2] for k in keys_f], np.arange(m),
+        pat = FnPattern([k[0] for k in keys_f], [k[1] for k in keys_f], [k[2] for k in keys_f], np.arange(m),
                    [col(("functions", i, "ms")) for i in range(len(fns))],
                    [col(("functions", i, "count")) for i in range(len(fns))], len(set(keys_f)) != len(keys_f))
 
         stage = np.full(m, -1, dtype=np.int32)
-        groups: list[_Groups] = []
+        groups: list[GroupCodes] = []
         for gpos, gname, granks in _recorded_groups(doc["groups"]):
             ranks_of = np.stack([col(("groups", gpos, "ranks", j)) for j in range(len(granks))],
                                 axis=1).astype(np.int64)
@@ -430,7 +450,7 @@ class TableBuilder:
                 stage = np.where(eq.any(axis=1), eq.argmax(axis=1), stage).astype(np.int32)
             else:
                 uniq_r, inv = np.unique(ranks_of, axis=0, return_inverse=True)
-                groups.append(_Groups(gname in ALIKE_DIMS, gpos,
+                groups.append(GroupCodes(gname in ALIKE_DIMS, gpos,
                                       [(gname, *row) for row in uniq_r.tolist()], inv.reshape(-1)))
 
         tele = {key: col(("telemetry", "end", "host", key)) - col(("telemetry", "start", "host", key))
@@ -447,7 +467,7 @@ class TableBuilder:
                 device[:, i] = col(("device_phases", c))
                 if c.startswith(("htod", "dtoh")):
                     device[:, i] = np.where(np.isnan(device[:, i]), 0.0, device[:, i])
-        self._segs.append(_Seg(
+        self._segs.append(Segment(
             index=index, rank=rank, badp=badp, phases=phases, steps=np.full(m, k, dtype=np.int64), noise=noise,
             sched=_sched_block(doc, col, m), comm=comm, cap_step=cap_step,
             cap_trigger=[str(cap.get("trigger", ""))], hosts=hosts, host_code=code.reshape(-1),
@@ -605,6 +625,7 @@ class TableBuilder:
             for loc, reasons in s.throttle.items():
                 if gpos[i][loc] >= 0:
                     throttle[int(gpos[i][loc])] = reasons
+        throttle = dict(sorted(throttle.items()))    # in row order, however the rows were split
         device_rows = gather(lambda s: s.device, len(DEVICE_COLUMNS), fill=np.nan)
         sched_rows = gather(lambda s: s.sched, len(SCHED_COLUMNS), fill=np.nan)
         width = int(gather(lambda s: s.steps, dtype=np.int64).max()) if n else 0
@@ -616,7 +637,7 @@ class TableBuilder:
         if perm is not None:
             where = np.empty(n, dtype=np.int64)
             where[order_r] = np.arange(n)
-            inv_throttle = {int(where[k]): v for k, v in throttle.items()}
+            inv_throttle = dict(sorted((int(where[k]), v) for k, v in throttle.items()))
 
         def _p(a: np.ndarray) -> np.ndarray:
             return a[perm] if perm is not None else a
