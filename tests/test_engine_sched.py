@@ -15,6 +15,10 @@ Fixtures under data/engine/, all real captures recorded on this 2-core machine:
   whose window missed the burst; its history carries GC pause and batch-wait time per step.
 - ``throttled-rank1-late.msgpack`` / ``contended-rank1.msgpack`` with their ``-baseline`` captures:
   fault bench "throttle" (0.15-CPU quota) and "contend" (2 hogs) on rank 1, later spike captures.
+- ``contended-swinging-rank1.msgpack`` with its ``-baseline``: fault bench "contend" (2 hogs on rank
+  1's core from step 50), the spike capture at step 58: rank 1 queued for a CPU 21 ms a step more
+  than its peers in the 8 steps before the window and 40 ms more in it. The engine counted the
+  difference as scheduler luck and blamed the network instead (fault bench run 6).
 - ``compute-on-loaded-host.msgpack``: fault bench "lightning-compute" (PyTorch Lightning, extra
   compute on rank 1) on a loaded machine: rank 1 queued 139 ms a step for a CPU (peers 15, asleep in
   the all-reduce), but its CPU time grew far more.
@@ -73,6 +77,19 @@ def test_run_queue_wait_that_persists_before_the_window_is_cpu_contention() -> N
     assert f.evidence["run_queue_ms"][0] > 4 * f.evidence["run_queue_ms"][1]
     assert f.evidence["run_queue_before_ms"][0] > f.evidence["run_queue_before_ms"][1]
     assert "CPU contention" in f.action and sorted(f.victims) == [0, 1, 3]
+
+
+def test_contention_that_swings_higher_in_the_window_is_still_contention() -> None:
+    data = Path(__file__).parent / "data" / "engine"
+    bmeta, base, _ = summary.decode_capture((data / "contended-swinging-rank1-baseline.msgpack").read_bytes())
+    meta, sums, errors = summary.decode_capture((data / "contended-swinging-rank1.msgpack").read_bytes())
+    assert not errors and bmeta["trigger"] == "baseline"
+    d = diagnose(sums, step=meta["step"], trigger=meta["trigger"], world_size=meta["world_size"], baseline=base)
+    assert [(f.rank, f.category) for f in d.findings] == [(1, "host")], [f.title for f in d.findings]
+    f = d.findings[0]
+    before, window = f.evidence["run_queue_before_ms"], f.evidence["run_queue_ms"]
+    assert window[0] - window[1] > 1.5 * (before[0] - before[1]) > 0   # it swung higher in the window
+    assert sorted(f.victims) == [0, 2, 3]
 
 
 def test_extra_compute_on_a_noisy_host_is_still_a_culprit() -> None:
