@@ -2,7 +2,10 @@
 
 The transport (node ranks -> node leader -> rank 0, with deadlines) lives in the side channel; this
 stage chooses tags, and on rank 0 writes ``captures/<step>.msgpack`` before anything is analysed or
-printed, so `eroica analyze` can always redo the diagnosis.
+printed, so `eroica analyze` can always redo the diagnosis. With leader-side reduction on
+(``reduce=True``), each node leader forwards one column block of its node (engine/leader.py) and
+the file holds the blocks as they came (``eroica.capture/2``); off, every rank's raw summary
+(``eroica.capture/1``), exactly as before.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from pathlib import Path
 
 from eroica_runtime import reportdir
 from eroica_runtime import summary as summary_mod
+from eroica_runtime.engine import blocks, leader
 from eroica_runtime.sidechannel import SideChannel
 
 TAG_JOBEND = 30100
@@ -27,13 +31,27 @@ class Gathered:
     step: int
     trigger: str
     path: Path
-    data: bytes             # the capture file's bytes (decode with summary.decode_capture)
-    missing: list[int]
+    data: bytes             # the capture file's bytes (read with engine.ingest.read_capture)
+    missing: list[int]      # ranks (reduced: node leaders) that sent nothing in time
+    reduced: bool = False   # node leaders sent column blocks (eroica.capture/2)
 
 
 def gather_capture(side: SideChannel, blob: bytes, *, step: int, trigger: str, deadline_s: float,
-                   report_dir: str, extra: dict | None = None) -> Gathered | None:
+                   report_dir: str, extra: dict | None = None, reduce: bool = False) -> Gathered | None:
     """Collective over all ranks; returns the persisted capture on rank 0, None elsewhere."""
+    if reduce:
+        def node_block(blobs: dict[int, bytes], missing: list[int]) -> bytes:
+            return leader.reduce_node(step=step, trigger=trigger, world_size=side.size, leader=side.rank,
+                                      blobs=blobs, missing=missing)
+
+        red = side.gather_reduced(blob, deadline_s, node_block, tag_base=capture_tag(step))
+        if red is None:
+            return None
+        by_leader, silent = red
+        data = blocks.encode_capture(step=step, trigger=trigger, world_size=side.size, blocks=by_leader,
+                                     missing=silent, extra=extra)
+        path = reportdir.atomic_write(reportdir.capture_path(report_dir, step), data)
+        return Gathered(step, trigger, path, data, silent, reduced=True)
     got = side.gather_bytes(blob, deadline_s, tag_base=capture_tag(step))
     if got is None:
         return None

@@ -231,10 +231,12 @@ class Runtime:
         probe = self.side.probe_links(self.cfg.deadline_s)
         gathered = gather_capture(self.side, blob, step=first, trigger=trigger,  # type: ignore[arg-type]
                                   deadline_s=self.cfg.deadline_s, report_dir=self.report_dir,
-                                  extra={"link_probe": probe} if probe else None)
+                                  extra={"link_probe": probe} if probe else None,
+                                  reduce=self.cfg.reduces(self.side.size))
         if gathered is not None and self.analyst is not None:
             if gathered.missing:
-                self._warn(f"capture at step {first}: no summary from ranks {gathered.missing} "
+                what = "no block from node leaders" if gathered.reduced else "no summary from ranks"
+                self._warn(f"capture at step {first}: {what} {gathered.missing} "
                            f"within {self.cfg.deadline_s:.0f}s; analysing the others")
             self.analyst.submit(gathered)
 

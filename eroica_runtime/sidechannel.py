@@ -205,6 +205,46 @@ class SideChannel:
         _poll(step, deadline)
         return got
 
+    def _node_bundle(self, data: bytes, deadline: float, deadline_s: float, tag: int,
+                     ) -> tuple[dict[int, bytes], list[int]] | None:
+        """Node level of a gather: a member sends ``data`` to its leader (None); the leader returns
+        its node's {world rank: bytes} (its own included) and the members it did not hear from,
+        giving up a quarter of the deadline early so it can still forward in time."""
+        if not self.is_leader:
+            self._send(self.node, data, 0, tag, deadline, "gather (to node leader)")
+            return None
+        others = list(range(1, self.node.Get_size()))
+        got = self._recv_all(self.node, others, tag, deadline - 0.25 * deadline_s)
+        bundle = {self.node_ranks[0]: data}
+        bundle.update({self.node_ranks[i]: b for i, b in got.items()})
+        return bundle, [self.node_ranks[i] for i in others if i not in got]
+
+    def _from_leaders(self, payload: bytes, deadline: float, deadline_s: float, tag: int) -> dict[int, bytes] | None:
+        """Leader level: every leader but rank 0 sends ``payload`` (None); rank 0 returns each leader's
+        payload by world rank (its own included; leaders that missed the deadline absent)."""
+        if self.rank != 0:
+            # leaders' communicator: world rank 0 is a leader and has leaders-rank 0
+            self._send(self.leaders, payload, 0, tag, deadline + 0.25 * deadline_s, "gather (to rank 0)")
+            return None
+        n_leaders = self.leaders.Get_size()
+        sub = self._recv_all(self.leaders, list(range(1, n_leaders)), tag, deadline)
+        srcs = list(sub)
+        out = {0: payload}
+        for src, w in zip(srcs, self._leader_world_ranks(srcs), strict=True):
+            out[w] = sub.pop(src)
+        return out
+
+    def _leader_world_ranks(self, ranks: list[int]) -> list[int]:
+        """World ranks of leaders-communicator ranks (a local lookup, no communication)."""
+        if not ranks:
+            return []
+        mine, world = self.leaders.Get_group(), self.world.Get_group()
+        try:
+            return [int(w) for w in mine.Translate_ranks(ranks, world)]
+        finally:
+            mine.Free()
+            world.Free()
+
     def gather_bytes(self, data: bytes, deadline_s: float, tag_base: int = TAG_GATHER,
                      ) -> tuple[dict[int, bytes], list[int]] | None:
         """Hierarchical gather: node ranks -> node leader -> world rank 0.
@@ -215,24 +255,15 @@ class SideChannel:
         import msgpack
 
         deadline = time.monotonic() + deadline_s
-        node_rank = self.node.Get_rank()
-        if not self.is_leader:
-            self._send(self.node, data, 0, tag_base, deadline, "gather (to node leader)")
+        node = self._node_bundle(data, deadline, deadline_s, tag_base)
+        if node is None:
             return None
-        others = list(range(1, self.node.Get_size()))
-        got = self._recv_all(self.node, others, tag_base, deadline - 0.25 * deadline_s)
-        bundle = {self.node_ranks[0]: data}
-        bundle.update({self.node_ranks[i]: b for i, b in got.items()})
-        missing = [self.node_ranks[i] for i in others if i not in got]
+        bundle, missing = node
         packed = msgpack.packb({"blobs": bundle, "missing": missing}, use_bin_type=True)
-        if self.rank != 0:
-            # leaders' communicator: world rank 0 is a leader and has leaders-rank 0
-            self._send(self.leaders, packed, 0, tag_base + 1, deadline + 0.25 * deadline_s,
-                       "gather (to rank 0)")
+        sub = self._from_leaders(packed, deadline, deadline_s, tag_base + 1)
+        if sub is None:
             return None
-        assert node_rank == 0
-        n_leaders = self.leaders.Get_size()
-        sub = self._recv_all(self.leaders, list(range(1, n_leaders)), tag_base + 1, deadline)
+        sub.pop(0)
         all_blobs: dict[int, bytes] = dict(bundle)
         all_missing = set(missing)
         for src in list(sub):
@@ -243,6 +274,24 @@ class SideChannel:
             all_missing.update(int(r) for r in doc["missing"])
         all_missing.update(r for r in range(self.size) if r not in all_blobs)
         return all_blobs, sorted(all_missing - set(all_blobs))
+
+    def gather_reduced(self, data: bytes, deadline_s: float, reduce: Callable[[dict[int, bytes], list[int]], bytes],
+                       tag_base: int = TAG_GATHER) -> tuple[dict[int, bytes], list[int]] | None:
+        """Hierarchical gather with leader-side reduction: each node leader turns its node's
+        {world rank: bytes} and missing ranks into one payload with ``reduce`` (pure code, passed in:
+        this module only moves bytes) and forwards that. Returns ({leader world rank: payload},
+        world ranks of the leaders that sent nothing in time) on rank 0, None elsewhere; the same
+        deadlines as ``gather_bytes``."""
+        deadline = time.monotonic() + deadline_s
+        node = self._node_bundle(data, deadline, deadline_s, tag_base)
+        if node is None:
+            return None
+        payload = reduce(*node)
+        got = self._from_leaders(payload, deadline, deadline_s, tag_base + 1)
+        if got is None:
+            return None
+        leaders = self._leader_world_ranks(list(range(self.leaders.Get_size())))
+        return got, sorted(w for w in leaders if w not in got)
 
     # ---- link probe (node leaders) -----------------------------------------------------------------
     def probe_links(self, deadline_s: float, small: int = 8, large: int = 1 << 20, reps: int = 5,

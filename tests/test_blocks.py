@@ -25,6 +25,7 @@ from test_columnar import RECORDED, _capture_order, _jsonable, assert_tables_equ
 
 from eroica_launch.offline import analyze_cmd
 from eroica_runtime import summary, synth
+from eroica_runtime.config import REDUCE_AUTO_RANKS, Config
 from eroica_runtime.engine import blockcodec, blocks, build_table, ingest, leader
 from eroica_runtime.pipeline import Pipeline
 from eroica_runtime.summary.layout import Layout
@@ -313,3 +314,10 @@ def test_drill_down_is_bounded_per_node_and_quiet_when_healthy(tmp_path: Path) -
     healthy = sum(len(blockcodec.unseal("t", b)["drill"]) for b in _doc(red)["blocks"])
     assert healthy <= 4, "healthy nodes forward (almost) no raw summaries"
 
+
+def test_reduction_is_off_by_default_and_auto_above_a_size() -> None:
+    assert not Config().reduces(100_000)          # rank 0 reads blocks slower than raw summaries (§8)
+    auto = Config.from_env({"EROICA_LEADER_REDUCE": "auto"})
+    assert not auto.reduces(REDUCE_AUTO_RANKS - 1) and auto.reduces(REDUCE_AUTO_RANKS)
+    assert Config.from_env({"EROICA_LEADER_REDUCE": "on"}).reduces(2)
+    assert not Config.from_env({"EROICA_LEADER_REDUCE": "off"}).reduces(100_000)

@@ -18,8 +18,12 @@ Usage (measurements that launch ranks or use >1 GB go under the bench lock):
         mpi --out /tmp/gm-mpi16.json        # real ranks: ping, receive rate, the real gather
   flock /tmp/eroica-multirank.lock .venv/bin/mpiexec -n 2 .venv/bin/python scripts/bench/gather_model.py \
         mpi-rank0 --out /tmp/gm-rank0.json   # rank 0 draining 124 / 1,249 / 12,499 real-size node bundles
+  flock /tmp/eroica-multirank.lock .venv/bin/python scripts/bench/reduce_bench.py --out /tmp/gm-red.json --full
   .venv/bin/python scripts/bench/gather_model.py model --measured /tmp/gm.json --mpi /tmp/gm-mpi16.json \
-        --rank0 /tmp/gm-rank0.json
+        --rank0 /tmp/gm-rank0.json [--reduced /tmp/gm-red.json]
+--reduced adds the way with leader-side reduction (engine/leader.py): each node leader reduces its
+node to one column block (its measured time), rank 0 receives the measured block bytes, writes the
+capture/2 file and analyses it (measured by reduce_bench.py; sizes it did not run scaled by ranks).
 --full also times the 100,000-rank analysis (~5 s, ~2 GB; else it is scaled from 10,000 ranks).
 """
 
@@ -71,6 +75,19 @@ def summary_bytes() -> dict[str, Any]:
     return {"real_median": statistics.median(real), "real_max": max(real), "real_n": len(real)}
 
 
+def timed_analysis(pipe: Pipeline, data: bytes, out: Path, ranks: int) -> tuple[Any, float, float, str]:
+    """What rank 0's analyst does with one capture's bytes, timed: (result, seconds analysing,
+    seconds writing the diagnosis JSON and report.json/html and formatting the text, the text)."""
+    t = time.perf_counter()
+    result = pipe.analyse(data, origin="capture")
+    analyse_s = time.perf_counter() - t
+    t = time.perf_counter()
+    report.write_capture(out, result.diagnosis)
+    report.write_job(out, diagnoses=[result.diagnosis], world_size=ranks, steps=600, job={"partial": True})
+    text = report.format_capture(result.diagnosis)
+    return result, analyse_s, time.perf_counter() - t, text
+
+
 def analysis_child(ranks: int, workdir: str) -> dict[str, Any]:
     """In a fresh process: time what rank 0 does with a synthetic job's faulty capture. The job is
     synthesised in another process, and the analysis runs first, so this process's peak RSS is the
@@ -82,14 +99,7 @@ def analysis_child(ranks: int, workdir: str) -> dict[str, Any]:
     pipe = Pipeline()
     pipe.analyse((out / "captures" / f"{synth.BASELINE_STEP}.msgpack").read_bytes(), origin="baseline")
     data = (out / "captures" / f"{synth.FAULT_STEP}.msgpack").read_bytes()
-    t = time.perf_counter()
-    result = pipe.analyse(data, origin="capture")
-    analyse_s = time.perf_counter() - t
-    t = time.perf_counter()
-    report.write_capture(out, result.diagnosis)
-    report.write_job(out, diagnoses=[result.diagnosis], world_size=ranks, steps=600, job={"partial": True})
-    text = report.format_capture(result.diagnosis)
-    report_s = time.perf_counter() - t
+    result, analyse_s, report_s, text = timed_analysis(pipe, data, out, ranks)
     rss_analysis = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     ok = bool(result.diagnosis.findings) and result.diagnosis.findings[0].rank == ranks // 3 + 1
     del result, pipe
@@ -265,6 +275,7 @@ def model(args: argparse.Namespace) -> None:
     meas = json.loads(Path(args.measured).read_text())
     mpi_doc = json.loads(Path(args.mpi).read_text()) if args.mpi else {}
     r0 = json.loads(Path(args.rank0).read_text()) if args.rank0 else {}
+    red = json.loads(Path(args.reduced).read_text()) if args.reduced else {}
     any_size = meas["sizes"][min(meas["sizes"], key=int)]
     S = float(any_size["summary_bytes"]) if args.summary_bytes is None else float(args.summary_bytes)
     P, G, T2 = args.per_node, args.group, args.second_level_above
@@ -305,7 +316,8 @@ def model(args: argparse.Namespace) -> None:
         mem_an, est_m = _scaled(meas, n, "maxrss_mb")
         mem_gather = 2 * n * S / 2**20             # the merged rank map + the capture file (bundles freed as merged)
         tail = encode + write + analyse + rep
-        rows.append({"ranks": n, "leaders": leaders, "groups": groups, "rank0_messages": msgs0,
+        red_row = _reduced_row(red, n, P, S, per_byte, small, poll, stream) if red else {}
+        rows.append({**red_row, "ranks": n, "leaders": leaders, "groups": groups, "rank0_messages": msgs0,
                      "rank0_message_bytes": per_msg, "rank0_bytes": n * S, "t_close": args.close_s,
                      "t_level1": t1, "t_level2": t2, "t_rank0_receive": t3, "t_rank0_receive_today": today,
                      "t_encode": encode, "t_write": write, "t_analyse": analyse, "t_report": rep,
@@ -328,6 +340,25 @@ def model(args: argparse.Namespace) -> None:
               "leader_pack_us": pack * 1e6, "close_s": args.close_s}
     doc = {"params": params, "rows": rows, "checks": checks}
     print(json.dumps(doc, indent=1) if args.json else _markdown(params, rows, checks))
+
+
+def _reduced_row(red: dict[str, Any], n: int, P: int, S: float, per_byte: float, small: float, poll: float,
+                 stream: Any) -> dict[str, Any]:
+    """The way with leader-side reduction at ``n`` ranks: reduce_bench.py's measurements (scaled by
+    ranks from the largest size it ran where it did not run ``n``)."""
+    sizes = red["sizes"]
+    top = str(n) if str(n) in sizes else max(sizes, key=int)
+    m, f = sizes[top], n / int(top)
+    nodes = math.ceil(n / P)
+    block = m["capture2_bytes"] / m["nodes"]                 # blocks and their drill summaries, per node
+    t1 = (P - 1) * (small + S * per_byte) + m["leader_reduce_median_s"] + poll
+    t3 = stream(nodes - 1, block) + poll
+    t = {k: m[k] * (1 if str(n) in sizes else f) for k in ("encode_capture_s", "write_s", "analyse_s", "report_s")}
+    return {"red_rank0_bytes": block * nodes, "red_block_bytes": block, "red_t_level1": t1, "red_t_rank0_receive": t3,
+            "red_t_encode": t["encode_capture_s"], "red_t_write": t["write_s"], "red_t_analyse": t["analyse_s"],
+            "red_t_report": t["report_s"], "red_mem_analysis_mb": m["maxrss_mb"] * (1 if str(n) in sizes else f),
+            "red_scaled": str(n) not in sizes,
+            "red_total": sum(t.values()) + t1 + t3}
 
 
 def _markdown(params: dict[str, Any], rows: list[dict[str, Any]], checks: dict[str, Any]) -> str:
@@ -360,6 +391,17 @@ def _markdown(params: dict[str, Any], rows: list[dict[str, Any]], checks: dict[s
     row("rank 0 memory in the analysis (peak RSS of the analyst's work), MB",
         lambda r: f"{r['rank0_mem_analysis_mb']:,.0f}")
     row("rank-0 costs below the gather", lambda r: "scaled from 10k" if r["scaled"] else "measured")
+    reduced = (("bytes into rank 0 (blocks + drill-down summaries)", lambda r: f"{r['red_rank0_bytes'] / 1e6:,.1f} MB"),
+               ("a node leader takes 7 summaries, reduces them, ms", lambda r: ms(r["red_t_level1"])),
+               ("rank 0 receives the blocks, ms", lambda r: ms(r["red_t_rank0_receive"])),
+               ("capture/2 assembled + written, ms", lambda r: ms(r["red_t_encode"] + r["red_t_write"])),
+               ("analysis of the blocks, ms", lambda r: ms(r["red_t_analyse"])),
+               ("reports, ms", lambda r: ms(r["red_t_report"])),
+               ("**window close → printed diagnosis**, s", lambda r: f"**{r['t_close'] + r['red_total']:.2f}**"),
+               ("rank 0 memory in the analysis (peak RSS), MB", lambda r: f"{r['red_mem_analysis_mb']:,.0f}"),
+               ("rank-0 costs", lambda r: "scaled" if r["red_scaled"] else "measured"))
+    for name, fmt in reduced if rows and "red_total" in rows[0] else ():
+        row(f"with leader reduction: {name}", fmt)
     return "\n".join(lines) + "\n\nparams: " + json.dumps(params) + "\nchecks: " + json.dumps(checks)
 
 
@@ -384,6 +426,7 @@ def main() -> None:
     d.add_argument("--measured", required=True)
     d.add_argument("--mpi", default=None, help="the mpi subcommand's JSON (16 ranks)")
     d.add_argument("--rank0", default=None, help="the mpi-rank0 subcommand's JSON")
+    d.add_argument("--reduced", default=None, help="reduce_bench.py's JSON (leader-side reduction)")
     d.add_argument("--poll-ms", type=float, default=5.0,
                    help="per level: a waiting receiver sleeps up to this long between tests (sidechannel._poll)")
     d.add_argument("--summary-bytes", type=float, default=None)
