@@ -54,21 +54,42 @@ class Detector:
         self.lost_window: deque[float] = deque()   # the throughput rule's steps, kept across resets
         self.lost_sorted: list[float] = []         # the same, sorted (median and max per step in O(n))
         self.lost_sum = 0.0
-        self.reset()
-
-    def reset(self) -> None:
-        """Forget history: after a capture the new regime is the reference (no re-fire for it).
-
-        The throughput rule keeps its window and forgets only its reference: a capture that opened
-        on the first of a series of stalls (a spike) must not make the rule wait a whole new window
-        before the next stalls can count."""
-        self.recent: deque[float] = deque(maxlen=self.cfg.spike_history + self.cfg.spike_steps)
-        self.window: deque[float] = deque(maxlen=max(self.cfg.drift_window, 2))
-        self.best: float | None = None
+        # spike: steps accepted as the reference, and the newest spike_steps steps judged against them
+        self.history: deque[float] = deque(maxlen=cfg.spike_history)
+        self.recent: deque[float] = deque(maxlen=cfg.spike_steps)
+        self.raised = False                        # the spike rule fired on the last step
+        self.level = 0.0                           # the level it judged: all but one recent step above it
+        self.window: deque[float] = deque(maxlen=max(cfg.drift_window, 2))
+        self.best: float | None = None             # drift: the best window seen
         self.over = 0
         self.best_lost: float | None = None
         self.lost_over = 0
-        self.stops: deque[int] = deque(maxlen=max(self.cfg.lost_window, 4))
+        self.stops: deque[int] = deque(maxlen=max(cfg.lost_window, 4))
+        self.ack: float | None = None              # step level the last capture saw (spike)
+
+    def reset(self) -> None:
+        """A capture started: acknowledge what it caught, so the same slowness does not fire again.
+
+        The spike rule keeps its reference. Forgetting it made the steps right after a capture the
+        new reference, so a fault that began just after a capture of something else (a noise burst
+        that opened a window 7 steps before a real 3x slowdown, seen in CI) was learnt as normal
+        before the cooldown ended and never captured. Instead, if the rule is raised when the capture
+        starts, it remembers the level the capture saw (``ack``) and fires again only on a rise
+        beyond it, or on a new rise once the steps are back to normal; the acknowledged steps then
+        become the reference as usual.
+
+        The drift rule forgets its best window: the best of many noisy windows sinks with every
+        window seen, and keeping it across captures tripled the drift captures of simulated healthy
+        noisy jobs. The throughput rule keeps its window and forgets only its reference: a capture
+        that opened on the first of a series of stalls (a spike) must not make the rule wait a whole
+        new window before the next stalls can count."""
+        self.ack = self.level if self.raised else None
+        self.window = deque(maxlen=max(self.cfg.drift_window, 2))
+        self.best = None
+        self.over = 0
+        self.best_lost = None
+        self.lost_over = 0
+        self.stops = deque(maxlen=max(self.cfg.lost_window, 4))
 
     def observe_all(self, ms: float, stops: int = 0) -> tuple[bool, bool, bool]:
         """Add one step (and the SIGCONTs this rank received in it); return (spike, drift, throughput).
@@ -93,13 +114,18 @@ class Detector:
             old = self.lost_window.popleft()
             del self.lost_sorted[bisect.bisect_left(self.lost_sorted, old)]
             self.lost_sum -= old
-        if len(self.lost_window) < n:
+        if len(self.lost_window) < n or self.ack is not None:
+            # while a captured rise lasts, the window holds two levels: the slow steps of a step change
+            # crossing it would read as lost time and capture the same slowness again
+            self.lost_over = 0
             return False
         ordered = self.lost_sorted
         median = 0.5 * (ordered[(n - 1) // 2] + ordered[n // 2])
         # the longest step is left out: one stall (a checkpoint, a one-off collection) is no pattern
         total = self.lost_sum - ordered[-1]
-        lost = 1.0 - median * (n - 1) / total if total > 0 else 0.0
+        # not below 0: steps faster than the median (the last of a faster level still in the window)
+        # are no gain, and a negative best would make the next ordinary window look like a loss
+        lost = max(0.0, 1.0 - median * (n - 1) / total) if total > 0 else 0.0
         if self.best_lost is None or lost < self.best_lost:
             self.best_lost = lost
         self.lost_over = self.lost_over + 1 if lost - self.best_lost >= cfg.lost_pct / 100.0 else 0
@@ -107,39 +133,55 @@ class Detector:
 
     def observe(self, ms: float) -> tuple[bool, bool]:
         """Add one step to the spike and drift rules; return (spike, drift)."""
+        return self._spike(ms), self._drift(ms)
+
+    def _spike(self, ms: float) -> bool:
         cfg = self.cfg
+        if len(self.recent) == self.recent.maxlen and not self.raised:
+            # a rise nobody captured yet stays out of the reference: otherwise a rise the cooldown or
+            # the budget holds back would become "normal" before a capture may start
+            self.history.append(self.recent[0])
         self.recent.append(ms)
-        spike = False
-        n_hist = len(self.recent) - cfg.spike_steps
-        if n_hist >= max(10, cfg.spike_steps * 3):
-            values = list(self.recent)
-            history = sorted(values[:n_hist])
-            reference = history[len(history) // 2]
-            p90 = history[int(0.9 * (len(history) - 1))]
-            recent = sorted(values[n_hist:])
-            latest = recent[1] if len(recent) > 2 else recent[0]
-            # all but one of the recent steps well above the typical step AND above what this job's
-            # own noise reaches one step in ten: a burst of noise does not fire, one dip does not hide
-            spike = latest > cfg.spike_ratio * reference and latest > p90
-        drift = False
-        if cfg.drift_pct > 0:
-            self.window.append(ms)
-            if len(self.window) == self.window.maxlen:
-                ordered = sorted(self.window)
-                kept = ordered[: max(1, int(len(ordered) * 0.9))]
-                mean = sum(kept) / len(kept)
-                var = sum((x - mean) ** 2 for x in kept) / max(1, len(kept) - 1)
-                stderr = (var / len(kept)) ** 0.5
-                if self.best is None or mean < self.best:
-                    self.best = mean
-                # drift_pct above the best window, and beyond what the window's own noise explains
-                # (the best of many noisy windows is biased low by a few standard errors)
-                if mean - self.best > max(self.best * cfg.drift_pct / 100.0, 3.0 * stderr):
-                    self.over += 1
-                else:
-                    self.over = 0
-                drift = self.over >= max(1, cfg.drift_window // 2)
-        return spike, drift
+        self.raised = False
+        if len(self.history) < max(10, cfg.spike_steps * 3):
+            return False
+        history = sorted(self.history)
+        reference = history[len(history) // 2]
+        p90 = history[int(0.9 * (len(history) - 1))]
+        recent = sorted(self.recent)
+        latest = self.level = recent[1] if len(recent) > 2 else recent[0]
+        if self.ack is not None and (latest <= cfg.spike_ratio * reference or reference >= self.ack):
+            self.ack = None   # back to normal, or the reference has caught up: the capture's level is history
+        # all but one of the recent steps well above the typical step AND above what this job's own
+        # noise reaches one step in ten: a burst of noise does not fire, one dip does not hide; and
+        # above what the last capture already saw
+        self.raised = (latest > cfg.spike_ratio * reference and latest > p90
+                       and (self.ack is None or latest > cfg.spike_ratio * self.ack))
+        return self.raised
+
+    def _drift_mean(self) -> tuple[float, float]:
+        """The drift window's mean with its top 10% trimmed, and that mean's standard error."""
+        ordered = sorted(self.window)
+        kept = ordered[: max(1, int(len(ordered) * 0.9))]
+        mean = sum(kept) / len(kept)
+        var = sum((x - mean) ** 2 for x in kept) / max(1, len(kept) - 1)
+        return mean, (var / len(kept)) ** 0.5
+
+    def _drift(self, ms: float) -> bool:
+        cfg = self.cfg
+        if cfg.drift_pct <= 0:
+            return False
+        self.window.append(ms)
+        if len(self.window) < max(cfg.drift_window, 2):
+            return False
+        mean, stderr = self._drift_mean()
+        if self.best is None or mean < self.best:
+            self.best = mean
+        # drift_pct above the best window, and beyond what the window's own noise explains (the best
+        # of many noisy windows is biased low by a few standard errors)
+        margin = max(self.best * cfg.drift_pct / 100.0, 3.0 * stderr)
+        self.over = self.over + 1 if mean - self.best > margin else 0
+        return self.over >= max(1, cfg.drift_window // 2)
 
 
 class Trigger:

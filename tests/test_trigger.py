@@ -127,3 +127,43 @@ def test_a_rank_stopped_twice_votes_at_once_and_once_is_an_accident() -> None:
     assert not det.observe_all(285.0, stops=1)[2]                  # one SIGCONT: a person's Ctrl-Z
     assert not any(det.observe_all(ms)[2] for ms in _jitter(10, 35.0, 0.2, seed=3))
     assert det.observe_all(290.0, stops=1)[2]                      # the second within the window
+
+
+def _captures(steps: list[float], cfg: Config) -> list[tuple[int, str]]:
+    """Drive one rank's Trigger the way Runtime._boundary does (its own vote, ``vote_lag`` steps late;
+    no detector input while a window is open); return (first profiled step, trigger) per capture."""
+    trig, votes, started, window_end = Trigger(cfg), [], [], -1
+    for step, ms in enumerate(steps):
+        in_window = step <= window_end
+        votes.append(trig.local_flags(step, ms, in_window))
+        voted = votes.pop(0) if len(votes) > cfg.vote_lag else None
+        if in_window:
+            continue
+        d = trig.decide(step, voted)
+        if d is not None:
+            started.append((d.start_step + 1, d.trigger))
+            window_end = d.start_step + d.k
+    return started
+
+
+def test_a_fault_right_after_a_noise_capture_is_captured_once_the_cooldown_ends() -> None:
+    """CI saw this: a 4-step noise burst opened a capture 7 steps before a real 3x slowdown; the
+    detector then learnt the slow steps as its new normal during the 30-step cooldown and the job
+    ended without a capture of the fault."""
+    cfg = Config(drift_pct=0)
+    steps = _jitter(36, 55.0, 0.1) + [110.0] * 4 + _jitter(8, 55.0, 0.1, seed=1) + _jitter(60, 165.0, 0.1, seed=2)
+    caps = _captures(steps, cfg)
+    assert [t for _, t in caps] == ["baseline", "spike", "spike"], caps
+    noise, fault = caps[1][0], caps[2][0]
+    assert noise < 48 < fault <= noise + cfg.cooldown_steps + 2, caps   # as soon as the cooldown allows
+
+
+def test_a_captured_slowdown_is_not_captured_again_but_a_further_rise_is() -> None:
+    cfg = Config(drift_pct=0, cooldown_steps=10)
+    slow = _jitter(40, 55.0, 0.1) + _jitter(150, 110.0, 0.1, seed=3)
+    caps = _captures(slow, cfg)
+    assert [t for _, t in caps] == ["baseline", "spike"], caps
+    worse = slow + _jitter(40, 250.0, 0.1, seed=4)
+    caps = _captures(worse, cfg)
+    assert [t for _, t in caps] == ["baseline", "spike", "spike"] and caps[2][0] > len(slow), caps
+
