@@ -3,6 +3,7 @@
 Local rules (defaults in Config, all configurable):
 - spike: all but one of the last ``spike_steps`` steps exceed ``spike_ratio`` x the rolling median of
   the ``spike_history`` steps before them, and their p90 — a persistent rise; noise bursts don't fire;
+  a rise stays out of that history until a capture has seen it, and fires again only 1.5x above it;
 - drift (EROICA's rule): the mean of the last ``drift_window`` steps (top 10% trimmed, so stray
   spikes don't count) stays more than ``drift_pct`` % — and more than 3 standard errors of that
   mean — above the best window seen since the last capture, for ``drift_window // 2`` consecutive
