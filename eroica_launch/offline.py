@@ -85,6 +85,7 @@ def run_analysis(root: Path, *, topology: str | None = None) -> tuple[list[Diagn
     problems: list[str] = []
     pipeline = Pipeline(topology=topology)
     diagnoses: list[Diagnosis] = []
+    drill: dict[int, dict[str, Any]] = {}
     world = 0
     for path, data in _read_ahead(files):
         origin = f"{path.parent.name}/{path.name}"
@@ -99,6 +100,7 @@ def run_analysis(root: Path, *, topology: str | None = None) -> tuple[list[Diagn
         problems.extend(f"{origin}: {e}" for e in result.errors)
         world = max(world, int(result.meta["world_size"]))
         diagnoses.append(result.diagnosis)
+        drill[result.diagnosis.step] = report.drill_down(result.summaries)
     if not diagnoses:
         raise click.ClickException(f"{root}: no capture could be read ({len(problems)} rejected): "
                                    + (problems[0] if problems else ""))
@@ -106,8 +108,8 @@ def run_analysis(root: Path, *, topology: str | None = None) -> tuple[list[Diagn
     job = _old_report(root).get("job")
     job = job if isinstance(job, dict) else {}
     for d in diagnoses:
-        report.write_capture(root, d)
-    doc = report.write_job(root, diagnoses=diagnoses, world_size=world, steps=steps, job=job)
+        report.write_capture(root, d, drill.get(d.step))
+    doc = report.write_job(root, diagnoses=diagnoses, world_size=world, steps=steps, job=job, drill=drill)
     return diagnoses, doc, problems
 
 

@@ -30,6 +30,7 @@ class Analyst:
         self.world_size = world_size
         self.topology = topology or None
         self.diagnoses: list[engine.Diagnosis] = []
+        self.drill: dict[int, dict[str, Any]] = {}    # capture step -> report.drill_down
         self.captures: list[dict[str, Any]] = []   # step, trigger for every capture taken
         # decode -> validate -> baseline policy -> diagnose: the same as `eroica analyze` runs
         self.pipeline = Pipeline(world_size=world_size, topology=topology)
@@ -63,9 +64,11 @@ class Analyst:
         for err in result.errors:
             say(f"eroica: rejected {err}")
         diagnosis = result.diagnosis
+        drill = report.drill_down(result.summaries)
         with self._lock:
             self.diagnoses.append(diagnosis)
-        report.write_capture(self.report_dir, diagnosis)   # on disk before it is printed
+            self.drill[diagnosis.step] = drill
+        report.write_capture(self.report_dir, diagnosis, drill)   # on disk before it is printed
         self._write_partial()  # a job killed from now on still leaves a report.json
         say(report.format_capture(diagnosis))
 
@@ -93,12 +96,12 @@ class Analyst:
     def write_job(self, *, steps: int, job: dict[str, Any], history: list[float]) -> dict[str, Any]:
         """steps.msgpack, report.json, report.html — all before the caller prints anything."""
         with self._lock:
-            diagnoses = list(self.diagnoses)
+            diagnoses, drill = list(self.diagnoses), dict(self.drill)
             job = {**job, "captures_taken": list(self.captures)}
         with reportdir.job_files_lock():   # the analyst, the hang watchdog and the flusher all write here
             report.write_steps(self.report_dir, history)
             return report.write_job(self.report_dir, diagnoses=diagnoses, world_size=self.world_size,
-                                    steps=steps, job=job)
+                                    steps=steps, job=job, drill=drill)
 
     def _write_partial(self) -> None:
         """report.json/html with what is known so far (rank 0's own step history only)."""

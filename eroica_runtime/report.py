@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +24,63 @@ REPORT_SCHEMA = "eroica.report/1"
 STEPS_SCHEMA = "eroica.steps/1"
 
 
-def write_capture(report_dir: str | os.PathLike[str], diagnosis: Diagnosis) -> Path:
-    """``<report-dir>/diagnosis-<step>.json`` for one capture."""
-    doc = json.dumps(diagnosis.to_json(), indent=1, allow_nan=False)
-    return reportdir.atomic_write(reportdir.diagnosis_path(report_dir, diagnosis.step), doc)
+DRILL_RANKS = 8          # named ranks shown in detail per capture (a host finding names a node)
+DRILL_FUNCTIONS = 12     # of each, its functions with the most self time
+_STEP_KEYS = ("step", "ms", "cpu", "runq", "data", "gc", "comm", "stops")
+_FUNCTION_KEYS = ("name", "phase", "kind", "count", "ms", "self")
+
+
+def _plain(v: Any, depth: int = 0) -> Any:
+    """JSON-safe copy of summary data: validation checks the fields the engine reads, not every
+    nested value, and one NaN or byte string in a rank's device map must not cost the diagnosis
+    file (``allow_nan=False``)."""
+    if isinstance(v, dict) and depth < 4:
+        return {str(k): _plain(x, depth + 1) for k, x in v.items()}
+    if isinstance(v, (list, tuple)) and depth < 4:
+        return [_plain(x, depth + 1) for x in v]
+    if isinstance(v, float):
+        return round(v, 4) if math.isfinite(v) else None
+    if v is None or isinstance(v, (bool, int)):
+        return v
+    return _text(v) if isinstance(v, str) else None
+
+
+def _self_ms(f: Mapping[str, Any]) -> float:
+    v = f.get("self")
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return float(v) if ok else float(f.get("ms") or 0.0)
+
+
+def drill_down(summaries: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """The named ranks' own numbers, from their raw summaries (``pipeline.Analysed.summaries``).
+
+    A finding compares a rank with its peers phase by phase; what it leaves out is how the rank
+    looked step by step (steady or bursty; its thread on the CPU, queued, or in the data loader),
+    the steps before the window, and everything it ran, not only what grew. Ranks in the order the
+    findings name them; validated summaries, so every field read here exists with its type.
+    """
+    out: dict[str, Any] = {}
+    for rank, s in list(summaries.items())[:DRILL_RANKS]:
+        fns = sorted(s.get("functions") or [], key=lambda f: -_self_ms(f))
+        out[str(rank)] = _plain({
+            "host": s.get("host"), "pid": s.get("pid"), "local_rank": s.get("local_rank"),
+            "device": s.get("device"), "capture": s.get("capture"),
+            "steps": [{k: st[k] for k in _STEP_KEYS if k in st} for st in s.get("steps") or []],
+            "history": s.get("history"), "phases": s.get("phases"), "gc": s.get("gc"),
+            "functions": [{k: f[k] for k in _FUNCTION_KEYS if k in f} for f in fns[:DRILL_FUNCTIONS]],
+            "functions_listed": len(s.get("functions") or []),
+        })
+    return out
+
+
+def write_capture(report_dir: str | os.PathLike[str], diagnosis: Diagnosis,
+                  drill: Mapping[str, Any] | None = None) -> Path:
+    """``<report-dir>/diagnosis-<step>.json`` for one capture, with the named ranks' ``drill_down``."""
+    doc = diagnosis.to_json()
+    if drill:
+        doc["drill_down"] = dict(drill)
+    return reportdir.atomic_write(reportdir.diagnosis_path(report_dir, diagnosis.step),
+                                  json.dumps(doc, indent=1, allow_nan=False))
 
 
 def load_steps(report_dir: str | os.PathLike[str]) -> dict[str, list] | None:
@@ -74,19 +127,26 @@ def build_report(*, diagnoses: Sequence[Diagnosis], world_size: int, steps: int,
 
 
 def write_job(report_dir: str | os.PathLike[str], *, diagnoses: Sequence[Diagnosis], world_size: int,
-              steps: int, job: dict[str, Any] | None = None) -> dict[str, Any]:
+              steps: int, job: dict[str, Any] | None = None,
+              drill: Mapping[int, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """Write ``report.json`` and ``report.html`` (atomically) and return the report document.
 
-    Print ``format_job(report)`` only after this returns.
+    ``drill``: per capture step, its ``drill_down`` (shown in report.html; the JSON keeps it in
+    diagnosis-<step>.json). Print ``format_job(report)`` only after this returns.
     """
     from eroica_runtime.report_html import render_html
 
     report = build_report(diagnoses=diagnoses, world_size=world_size, steps=steps, job=job)
     root = Path(report_dir)
+    docs = []
+    for d in sorted(diagnoses, key=lambda x: x.step):
+        doc = d.to_json()
+        if drill and drill.get(d.step):
+            doc["drill_down"] = drill[d.step]
+        docs.append(doc)
     with reportdir.job_files_lock():
         reportdir.atomic_write(root / reportdir.REPORT_JSON, json.dumps(report, indent=1, allow_nan=False))
-        html = render_html(report, [d.to_json() for d in sorted(diagnoses, key=lambda x: x.step)],
-                           load_steps(root))
+        html = render_html(report, docs, load_steps(root))
         reportdir.atomic_write(root / reportdir.REPORT_HTML, html)
     return report
 

@@ -139,6 +139,42 @@ def _finding_rows(findings: list[dict[str, Any]]) -> str:
     return "".join(rows)
 
 
+def _drill(drill: dict[str, Any]) -> str:
+    """The named ranks in detail: each window step, and what the rank spent its time in."""
+    out = []
+    step_cols = ("step", "ms", "cpu", "runq", "data", "gc", "comm")
+    step_heads = ("step", "wall ms", "thread CPU ms", "run queue ms", "data loader ms", "GC ms",
+                  "in collectives ms")
+    for rank, r in drill.items():
+        if not isinstance(r, dict):
+            continue
+        dev = r.get("device") if isinstance(r.get("device"), dict) else {}
+        where = ", ".join(x for x in (f"host {r.get('host')}" if r.get("host") else "",
+                                      f"pid {r.get('pid')}" if r.get("pid") is not None else "",
+                                      str(dev.get("name") or "")) if x)
+        out.append(f"<h3>rank {_e(rank)} in detail ({_e(where)})</h3>")
+        steps = [s for s in r.get("steps") or [] if isinstance(s, dict)]
+        if steps:
+            out.append("<table><tr>" + "".join(f"<th>{h}</th>" for h in step_heads) + "</tr>" + "".join(
+                "<tr>" + "".join(f"<td>{_e(s['step']) if c == 'step' else _num(s.get(c))}</td>"
+                                 for c in step_cols) + "</tr>" for s in steps) + "</table>")
+        hist = r.get("history") if isinstance(r.get("history"), dict) else {}
+        ms = hist.get("ms") if isinstance(hist.get("ms"), list) else []
+        if ms:
+            out.append(f"<p class=muted>The {len(ms)} steps before the window (from step "
+                       f"{_e(hist.get('first'))}), wall ms: " + " ".join(_num(m, ".0f") for m in ms) + "</p>")
+        fns = [f for f in r.get("functions") or [] if isinstance(f, dict)]
+        if fns:
+            out.append(f"<p>Its {len(fns)} functions with the most self time (of "
+                       f"{_e(r.get('functions_listed', len(fns)))} listed), ms per step:</p>"
+                       "<table><tr><th>function</th><th>phase</th><th>kind</th><th>calls</th><th>total</th>"
+                       "<th>self</th></tr>" + "".join(
+                           f"<tr><td>{_e(f.get('name'))}</td><td>{_e(f.get('phase'))}</td><td>{_e(f.get('kind'))}"
+                           f"</td><td>{_num(f.get('count'))}</td><td>{_num(f.get('ms'), '.2f')}</td>"
+                           f"<td>{_num(f.get('self'), '.2f')}</td></tr>" for f in fns) + "</table>")
+    return "".join(out)
+
+
 def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
                 steps: dict[str, list] | None) -> str:
     """The whole page as a string."""
@@ -175,6 +211,8 @@ def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
             if fns:
                 who = f"rank {f['rank']}" if f.get("rank") is not None else f.get("category", "")
                 parts.append(f"<h3>{_e(who)}: functions vs peers</h3>{_bars(fns)}")
+        if isinstance(d.get("drill_down"), dict) and d["drill_down"]:
+            parts.append(_drill(d["drill_down"]))
         if d.get("missing"):
             parts.append(f"<p>Missing ranks: {_e(', '.join(map(str, d['missing'][:64])))}</p>")
         if d.get("errors"):

@@ -109,3 +109,47 @@ def test_job_text_from_report_json(tmp_path: Path) -> None:
     text = report.format_job(json.loads((tmp_path / "report.json").read_text()), tmp_path)
     assert text.splitlines()[0].startswith("eroica: job report: 1 finding")
     assert "report.html" in text and text == report.format_job(doc, tmp_path)
+
+
+def test_the_named_rank_is_shown_in_detail_in_the_diagnosis_file_and_the_page(tmp_path: Path) -> None:
+    """A real 4-rank capture whose rank 1 was starved of CPU: diagnosis-<step>.json and report.html
+    carry rank 1's own window steps (queued 106-200 ms a step) and its functions by self time; the
+    healthy baseline names nobody and shows nobody."""
+    from eroica_launch.offline import run_analysis
+    from eroica_runtime.engine import ingest
+
+    (tmp_path / "captures").mkdir()
+    for name in ("throttled-rank1-baseline.msgpack", "throttled-rank1.msgpack"):
+        (tmp_path / "captures" / name).write_bytes((DATA / name).read_bytes())
+    diagnoses, _, problems = run_analysis(tmp_path, topology=None)
+    assert not problems and [d.findings[0].rank for d in diagnoses if d.findings] == [1]
+    late = max(diagnoses, key=lambda d: d.step)
+    raw = ingest.read_capture((DATA / "throttled-rank1.msgpack").read_bytes(), origin="t").summaries([1])[1]
+
+    doc = json.loads((tmp_path / f"diagnosis-{late.step}.json").read_text())
+    shown = doc["drill_down"]["1"]
+    assert shown["host"] == raw["host"] and shown["pid"] == raw["pid"]
+    assert [s["runq"] for s in shown["steps"]] == [s["runq"] for s in raw["steps"]]
+    assert shown["history"]["runq"] == raw["history"]["runq"]
+    selfs = [f["self"] for f in shown["functions"]]
+    assert selfs == sorted(selfs, reverse=True) and len(selfs) == min(report.DRILL_FUNCTIONS, len(raw["functions"]))
+    assert shown["functions_listed"] == len(raw["functions"])
+    early = json.loads((tmp_path / f"diagnosis-{min(d.step for d in diagnoses)}.json").read_text())
+    assert "drill_down" not in early
+
+    page = (tmp_path / "report.html").read_text()
+    assert page.count("in detail (") == 1 and "rank 1 in detail (host vm" in page
+    assert shown["functions"][0]["name"] in page.split("rank 1 in detail", 1)[1]
+
+
+def test_odd_values_in_a_named_ranks_summary_do_not_cost_the_diagnosis_file(tmp_path: Path) -> None:
+    s = _job(1)[0]
+    s["device"] = {"name": b"\xff\x00", "uuid": float("nan"), "nested": {"a": [[[[[1]]]]]}}
+    s["functions"][0]["self"] = "fast"
+    s["host"] = "node\x1b[31m7"
+    drill = report.drill_down({0: s})
+    text = json.dumps(drill, allow_nan=False)
+    assert drill["0"]["device"]["name"] is None and drill["0"]["device"]["uuid"] is None
+    assert "\x1b" not in text and len(drill["0"]["functions"]) == min(report.DRILL_FUNCTIONS, len(s["functions"]))
+    d = diagnose(_job(), step=7, trigger="manual", world_size=8)
+    assert "drill_down" in json.loads(report.write_capture(tmp_path, d, drill).read_text())
