@@ -24,6 +24,7 @@ from eroica_runtime.engine.table import Table
 from eroica_runtime.summary import OWN_WORK_PHASES
 
 LUCK_SHARE = 0.25   # scheduler luck is judged only when it is at least this share of the excess
+LUCK_SWING = 2.0    # run-queue excess up to this x the rank's excess before the window is contention, not luck
 
 
 @dataclass
@@ -167,7 +168,7 @@ def scheduler_luck(table: Table, rows: np.ndarray, row: int) -> dict[str, Any] |
     return {"runq_ms": [float(runq[row]), float(np.nanmedian(runq[peers]))],
             "runq_before_ms": [float(hist[row]), float(np.nanmedian(hist[peers]))] if np.isfinite(hist[row])
             else [],
-            "luck_ms": max(0.0, d_runq - 2.0 * max(0.0, d_hist)),
+            "luck_ms": max(0.0, d_runq - LUCK_SWING * max(0.0, d_hist)),
             # starved: its run-queue wait grew far more than its CPU time. A rank that computes more
             # also queues more on a loaded host (its peers sleep in the collective and hardly
             # queue): that is a compute culprit, not contention

@@ -75,6 +75,12 @@ def _env_int(names: tuple[str, ...], default: int) -> int:
     return default
 
 
+def launcher_rank_world() -> tuple[int, int]:
+    """(rank, world size) from torchrun's/eroica-run's environment, else bare mpiexec's (MPICH, Open MPI)."""
+    return (_env_int(("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK"), 0),
+            _env_int(("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"), 1))
+
+
 def bench_parser(description: str, d_model: int = 128, heads: int = 4) -> argparse.ArgumentParser:
     """The flags every bench training job takes (this one, the Lightning and the HF Trainer jobs), so
     the bench drives them all alike."""
@@ -104,8 +110,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    rank = _env_int(("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK"), 0)
-    world = _env_int(("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"), 1)
+    rank, world = launcher_rank_world()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
     torch.set_num_threads(args.threads)

@@ -51,7 +51,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from faultlib.faults import FaultController  # noqa: E402
-from faultlib.train_bench import TokenDataset, _env_int, bench_parser, report  # noqa: E402
+from faultlib.train_bench import TokenDataset, bench_parser, launcher_rank_world, report  # noqa: E402
 
 try:
     import transformers
@@ -108,8 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         print("train_hf: the 'transformers' package is not installed (pip install 'eroica[frameworks]')",
               file=sys.stderr)
         return 2
-    rank = _env_int(("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK"), 0)
-    world = _env_int(("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"), 1)
+    rank, world = launcher_rank_world()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     transformers.logging.set_verbosity_error()  # one line per rank per tip is noise in a 4-rank log

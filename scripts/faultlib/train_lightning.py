@@ -44,7 +44,14 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from faultlib.faults import FaultController  # noqa: E402
-from faultlib.train_bench import TinyLM, TokenDataset, _env_int, bench_parser, report  # noqa: E402
+from faultlib.train_bench import (  # noqa: E402
+    TinyLM,
+    TokenDataset,
+    _env_int,
+    bench_parser,
+    launcher_rank_world,
+    report,
+)
 
 try:
     import lightning as L  # noqa: N812 (Lightning's own spelling)
@@ -135,8 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         print("train_lightning: the 'lightning' package is not installed (pip install 'eroica[frameworks]')",
               file=sys.stderr)
         return 2
-    rank = _env_int(("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK"), 0)
-    world = _env_int(("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"), 1)
+    rank, world = launcher_rank_world()
     local_world = _env_int(("LOCAL_WORLD_SIZE",), world)
     torch.set_num_threads(args.threads)
     # Lightning's tips ("consider num_workers", "static graph", "GPU available") are noise in every rank's log
