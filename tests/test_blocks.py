@@ -176,6 +176,17 @@ def _set(path: tuple[Any, ...], value: Any) -> Any:
     return change
 
 
+def _ints(field: int, change: Any) -> Any:
+    """Change one per-row integer field of a block's segment (blockcodec.INT_FIELDS)."""
+    def edit(body: dict[str, Any]) -> None:
+        seg = body["seg"]
+        m = seg["m"]
+        ints = blockcodec.unshuffle("t", "ints", seg["ints"], len(blockcodec.INT_FIELDS) * m).reshape(-1, m)
+        ints[field] = change(ints[field])
+        seg["ints"] = blockcodec.shuffle(ints)
+    return edit
+
+
 SPOILERS: dict[str, Any] = {
     "flipped byte": lambda b, o: _flip(b),
     "truncated": lambda b, o: b[:-7],
@@ -189,17 +200,23 @@ SPOILERS: dict[str, Any] = {
     "other job": lambda b, o: _reseal(b, _set(("world_size",), 97)),
     "misrouted": lambda b, o: o[8],
     "speaks for another node": lambda b, o: _reseal(b, _set(("ranks",), list(range(8, 24)))),
-    "rank float": lambda b, o: _reseal(b, lambda d: d["segments"][0]["rank"].update(dtype="<f8")),
-    "short array": lambda b, o: _reseal(b, lambda d: d["segments"][0]["phases"].update(data=b"\x00" * 8)),
-    "host out of range": lambda b, o: _reseal(b, lambda d: d["segments"][0].update(hosts=[])),
-    "rows not covered": lambda b, o: _reseal(b, lambda d: d["segments"][0].update(pats=[])),
-    "row of another node": lambda b, o: _reseal(b, lambda d: d["segments"][0]["rank"].update(
-        blockcodec.pack_array(np.arange(40, 40 + len(np.frombuffer(d["segments"][0]["rank"].get("data", b""),
-                                                                   dtype="<i8")), dtype=np.int64)))),
+    "ints short": lambda b, o: _reseal(b, lambda d: d["seg"].update(ints=d["seg"]["ints"][:-8])),
+    "short floats": lambda b, o: _reseal(b, lambda d: d["seg"].update(floats=b"\x00" * 8)),
+    "bad float kind": lambda b, o: _reseal(b, lambda d: d["seg"].update(fkinds=b"\x07" * len(d["seg"]["fkinds"]))),
+    "no host": lambda b, o: _reseal(b, lambda d: d["seg"].update(hosts=[])),
+    "host out of range": lambda b, o: _reseal(b, _ints(4, lambda v: v + 5)),
+    "rows not covered": lambda b, o: _reseal(b, lambda d: d["seg"].update(pats=[])),
+    "row of another node": lambda b, o: _reseal(b, _ints(0, lambda v: v + 24)),
+    "a rank twice": lambda b, o: _reseal(b, _ints(0, lambda v: np.full_like(v, v[0]))),
+    "rank out of range": lambda b, o: _reseal(b, _ints(0, lambda v: v - 1000)),
+    "order not a permutation": lambda b, o: _reseal(b, lambda d: d["seg"]["pats"][0].update(
+        order=b"\x00" * (len(d["seg"]["pats"][0]["names"]) * d["seg"]["m"]))),
+    "pattern rows outside": lambda b, o: _reseal(b, lambda d: d["seg"]["pats"][0].update(
+        rows=np.arange(50, 50 + d["seg"]["m"], dtype="<i4").tobytes())),
     "two-line error": lambda b, o: _reseal(b, _set(("errors",), [[17, "a\nb"]])),
     "leader failed": lambda b, o: blocks.encode_node_block(step=500, world_size=96, leader=16,
                                                            ranks=list(range(16, 24)), missing=[], errors=[],
-                                                           segments=[], drill={}, failure="MemoryError: boom"),
+                                                           segment=None, drill={}, failure="MemoryError: boom"),
 }
 
 
@@ -321,3 +338,41 @@ def test_reduction_is_off_by_default_and_auto_above_a_size() -> None:
     assert not auto.reduces(REDUCE_AUTO_RANKS - 1) and auto.reduces(REDUCE_AUTO_RANKS)
     assert Config.from_env({"EROICA_LEADER_REDUCE": "on"}).reduces(2)
     assert not Config.from_env({"EROICA_LEADER_REDUCE": "off"}).reduces(100_000)
+
+
+def test_ranks_listing_functions_in_orders_of_their_own_share_one_list_of_names(tmp_path: Path) -> None:
+    """Real summaries list functions by time, in an order of each rank's own: a leader lists them once,
+    in one canonical order, with each row's own order, and rank 0's Table is still the raw one (the
+    functions numbered by the first rank's order)."""
+    synth.generate(tmp_path, ranks=48, fault="compute", culprit=13, functions=40, seed=3)
+    data = (tmp_path / "captures" / "500.msgpack").read_bytes()
+    doc = _doc(data)
+    rng = np.random.default_rng(0)
+    shuffled = []
+    for b in doc["summaries"]:
+        s = summary.decode(b)
+        s["functions"] = [s["functions"][i] for i in rng.permutation(len(s["functions"]))]
+        shuffled.append(summary.encode(s))
+    raw = summary.encode_capture(step=doc["step"], trigger=doc["trigger"], world_size=48, ranks=doc["ranks"],
+                                 summaries=shuffled, missing=[])
+    red = reduced(raw, 8)
+    assert_same_as_raw(raw, red)
+    for b in _doc(red)["blocks"]:
+        pats = blockcodec.unseal("t", b)["seg"]["pats"]
+        assert len(pats) == 1 and pats[0]["order"] is not None
+        assert pats[0]["names"] == sorted(pats[0]["names"])
+    d_raw, d_red = Pipeline().analyse(raw, origin="x"), Pipeline().analyse(red, origin="x")
+    assert _jsonable(d_red.diagnosis) == _jsonable(d_raw.diagnosis)
+    assert d_red.diagnosis.findings[0].rank == 13
+
+
+def test_merging_segments_keeps_the_table_to_the_bit() -> None:
+    """table.merge_segments (a leader's one segment; rank 0's one segment of all blocks) changes
+    nothing finish computes."""
+    from eroica_runtime.engine.table import TableBuilder, merge_segments
+    for data in RECORDED.values():
+        ing = ingest.read_capture(data)
+        for canonical in (False, True):
+            b = TableBuilder()
+            b.add_segment(merge_segments(ing.builder.segments(), canonical=canonical))
+            assert_tables_equal(b.finish(), ing.table())

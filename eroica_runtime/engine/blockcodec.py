@@ -1,22 +1,24 @@
-"""A node's rows as bytes: TableBuilder segments <-> one versioned, validated msgpack column block.
+"""A node's rows as bytes: a TableBuilder segment <-> one versioned, validated msgpack column block.
 
 Why: a node leader decodes and validates its node's summaries into the engine's columns
-(engine/blocks.py) and forwards those columns instead of ~12 KB of msgpack per rank; rank 0 adds
-the decoded segments to its TableBuilder (``add_segment``). The format is msgpack only (never
-pickle): every numpy array is a map ``{"dtype", "shape", "data": bin}`` (or ``"fill": bin`` of one
-element when every element is the same bits: a CPU job's device columns are all NaN; or, for
-float64 numbers that are decimals of at most 4 places, as the summary builder rounds them,
-``"dec": places, "idtype", "data"``: the integers n with value = n / 10**places, which give the very
-same bits back and compress to a fraction of the floats), and the whole body is zlib-compressed
-with its CRC-32 in the envelope. Every field is checked on decode (names,
-types, dtypes, shapes, ranges, that the pattern rows partition the segment, that the ranks are the
-block's): a corrupt or foreign block raises ``BlockError`` with one line naming the leader and what
-is wrong, and spoils only that node. Pure: no MPI, no torch.
+(engine/blocks.py) and forwards those columns instead of ~12 KB of msgpack per rank; rank 0 merges
+every block's columns into one segment of its TableBuilder. Rank 0 receives one block per node
+(12,500 at 100,000 ranks), so what it does per block must be a handful of operations: a block's
+numbers travel as a few int64 matrices (per-row fields, window steps, each function pattern's
+values; float columns as 4-place decimals where they are, as summary.build rounds them, else as
+their bits, lossless either way), which rank 0 concatenates over all blocks and checks and decodes
+in one vectorised pass (``check_parts``, ``merge_parts``); only the structure (which fields, how
+many bytes, the strings) is checked block by block, and a function list already checked is not
+checked again. The format is msgpack only (never pickle); the whole body is zlib-compressed with
+its CRC-32 in the envelope. A corrupt or foreign block raises ``BlockError`` (or is flagged by
+``check_parts``) with one line naming the leader and what is wrong, and spoils only that node.
+Pure: no MPI, no torch.
 """
 
 from __future__ import annotations
 
 import zlib
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -27,6 +29,7 @@ from eroica_runtime.engine.table import (
     _HOST_COUNTERS,
     DEVICE_COLUMNS,
     SCHED_COLUMNS,
+    FnKey,
     FnPattern,
     GroupCodes,
     Segment,
@@ -34,7 +37,7 @@ from eroica_runtime.engine.table import (
 from eroica_runtime.summary import PHASES
 from eroica_runtime.summary.schema import MAX_NAME, MAX_STEPS_LISTED, MAX_WORLD
 
-BLOCK_SCHEMA = "eroica.block/1"
+BLOCK_SCHEMA = "eroica.block/2"     # /1 (a list of segments of self-described arrays): not read
 MAX_BLOCK_BYTES = 256 << 20       # one node's block, decompressed (a node of 64 ranks is ~1 MB)
 MAX_ROWS = 1 << 16                # ranks a node leader may speak for
 MAX_LIST = 1 << 16                # segments, patterns, functions, groups, hosts in one block
@@ -115,29 +118,6 @@ def unpack_array(who: str, what: str, doc: Any, dtype: str, shape: tuple[int | N
     raise BlockError(f"{who}: {what} holds the wrong number of bytes for shape {got_shape} of {dtype}")
 
 
-# ---- segments ----------------------------------------------------------------------------------------------
-
-def pack_segment(seg: Segment) -> dict[str, Any]:
-    """One TableBuilder segment as msgpack-ready fields (its ``index`` is not shipped: rank 0 orders
-    a block's rows by rank, which is where a capture in rank order puts them). Function names are
-    listed per pattern: zlib finds the repeats (a table of names by index measured no smaller)."""
-    pats = [{"names": p.names, "phases": p.phases, "kinds": p.kinds, "rows": pack_array(p.rows),
-             "ms": pack_array(np.stack(p.ms) if p.ms else np.zeros((0, len(p.rows)))),
-             "cnt": pack_array(np.stack(p.cnt) if p.cnt else np.zeros((0, len(p.rows))))} for p in seg.pats]
-    return {
-        "pats": pats, "rank": pack_array(seg.rank), "badp": pack_array(seg.badp), "phases": pack_array(seg.phases),
-        "steps": pack_array(seg.steps), "noise": pack_array(seg.noise), "sched": pack_array(seg.sched),
-        "comm": pack_array(seg.comm), "cap_step": pack_array(seg.cap_step), "cap_trigger": list(seg.cap_trigger),
-        "hosts": list(seg.hosts), "host_code": pack_array(seg.host_code), "stage": pack_array(seg.stage),
-        "groups": [{"alike": g.alike, "gpos": g.gpos, "names": [str(t[0]) for t in g.tuples],
-                    "ranks": [pack_array(np.asarray(t[1:], dtype=np.int64)) for t in g.tuples],
-                    "code": pack_array(g.code)} for g in seg.groups],
-        "tele": {k: pack_array(seg.tele[k]) for k in TELEMETRY},
-        "throttle": [[int(k), list(v)] for k, v in sorted(seg.throttle.items())],
-        "gc_count": pack_array(seg.gc_count), "device": pack_array(seg.device),
-    }
-
-
 def _strs(who: str, what: str, x: Any, n: int | None = None, limit: int = MAX_NAME) -> list[str]:
     if (not isinstance(x, list) or len(x) > MAX_LIST or (n is not None and len(x) != n)
             or not all(isinstance(s, str) and len(s) <= limit for s in x)):
@@ -152,42 +132,198 @@ def _ints_in(who: str, what: str, a: np.ndarray, lo: int, hi: int) -> np.ndarray
     return a
 
 
-def unpack_segment(who: str, doc: Any, world: int) -> Segment:
-    """A segment from ``pack_segment``'s fields, every field checked (BlockError naming ``who``)."""
+# ---- columns: a matrix of numbers as int64, byte-shuffled --------------------------------------------------
+#
+# A block's numbers travel as matrices (C columns of n values: one column per field, per window step or per
+# function), each column as int64: an integer field as it is; a float column either as the integers n with
+# value = n / 10**4 (every value a decimal of at most 4 places, as summary.build rounds them: these compress
+# to a fraction of the float bits) or as its float bits. The bytes of the int64s are grouped by byte
+# position (the "shuffle" of blosc: the high bytes of small integers are long runs of zeros for zlib).
+# Rank 0 concatenates every block's matrices and decodes and checks them in one pass (``decode_floats``).
+
+DEC = 4                           # places of summary.build's round(x, 4)
+KIND_DEC, KIND_BITS = 4, -1       # a float column's kind: decimals, or the float bits
+_KIND_BYTES = {KIND_DEC & 0xFF, KIND_BITS & 0xFF}
+
+
+def encode_floats(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(kinds (C,) int8, values (C, n) int64) of a float64 matrix (C, n), lossless to the bit."""
+    a = np.ascontiguousarray(a, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        n = np.round(a * 10.0 ** DEC)
+        ok = np.isfinite(n) & (np.abs(n) < 2.0 ** 53)
+        ints = np.where(ok, n, 0.0).astype(np.int64)
+        back = ints.astype(np.float64) / 10.0 ** DEC         # as decode_floats computes it
+    dec = (ok & (back.view(np.uint64) == a.view(np.uint64))).all(axis=1) if a.shape[1] else np.ones(len(a), bool)
+    out = np.where(dec[:, None], ints, a.view(np.int64))
+    return np.where(dec, KIND_DEC, KIND_BITS).astype(np.int8), out
+
+
+def decode_floats(kinds: np.ndarray, ints: np.ndarray) -> np.ndarray:
+    """The float64 matrix of ``encode_floats``' columns; ``kinds`` (C,) or one per value (C, n)."""
+    k = kinds if kinds.ndim == 2 else kinds[:, None]
+    return np.where(k == KIND_DEC, ints.astype(np.float64) / 10.0 ** DEC, ints.view(np.float64))
+
+
+def shuffle(ints: np.ndarray) -> bytes:
+    """int64 values as bytes grouped by byte position (little-endian)."""
+    u = np.ascontiguousarray(ints, dtype="<i8").reshape(-1).view(np.uint8)
+    return u.reshape(-1, 8).T.tobytes()
+
+
+def unshuffle(who: str, what: str, data: Any, count: int) -> np.ndarray:
+    """``count`` int64 values from ``shuffle``'s bytes; BlockError when there are not exactly that many."""
+    if not isinstance(data, bytes) or len(data) != 8 * count:
+        raise BlockError(f"{who}: {what} must hold {count} values of 8 bytes")
+    return np.frombuffer(data, dtype=np.uint8).reshape(8, count).T.copy().view("<i8").reshape(count)
+
+
+def _kinds(who: str, what: str, data: Any, count: int) -> np.ndarray:
+    if not isinstance(data, bytes) or len(data) != count:
+        raise BlockError(f"{who}: {what} kinds must be {count} bytes")
+    if not set(data) <= _KIND_BYTES:
+
+        raise BlockError(f"{who}: {what} kinds must be {KIND_DEC} (decimals) or {KIND_BITS} (float bits)")
+    return np.frombuffer(data, dtype=np.int8)
+
+
+# ---- a node's segment --------------------------------------------------------------------------------------
+
+INT_FIELDS = ("rank", "badp", "steps", "cap_step", "host_code", "stage")
+FLOAT_FIELDS = (tuple(f"phases.{p}" for p in PHASES) + ("noise",) + tuple(f"sched.{c}" for c in SCHED_COLUMNS)
+                + tuple(f"tele.{k}" for k in TELEMETRY) + ("gc_count",) + tuple(f"device.{c}" for c in DEVICE_COLUMNS))
+_PH = slice(0, len(PHASES))
+_NOISE = len(PHASES)
+_SCHED = slice(_NOISE + 1, _NOISE + 1 + len(SCHED_COLUMNS))
+_TELE0 = _SCHED.stop
+_GC = _TELE0 + len(TELEMETRY)
+_DEV = slice(_GC + 1, _GC + 1 + len(DEVICE_COLUMNS))
+
+
+def pack_segment(seg: Segment) -> dict[str, Any]:
+    """A node's rows (one segment, ``table.merge_segments(..., canonical=True)``) as msgpack-ready fields.
+
+    Its ``index`` is not shipped: rank 0 orders a block's rows by rank, which is where a capture in
+    rank order puts them. A pattern's ``rows`` are left out when it holds every row in order, its
+    ``order`` when every row listed its functions as the pattern does."""
+    m = seg.m
+    ints = np.stack([seg.rank, seg.badp, seg.steps, seg.cap_step, seg.host_code, seg.stage.astype(np.int64)])
+    floats = np.concatenate([seg.phases.T, seg.noise[None], seg.sched.T, np.stack([seg.tele[k] for k in TELEMETRY]),
+                             seg.gc_count[None], seg.device.T]) if m else np.zeros((len(FLOAT_FIELDS), 0))
+    fk, fv = encode_floats(floats)
+    ck, cv = encode_floats(seg.comm.T)
+    pats = []
+    for p in seg.pats:
+        nk, k = len(p.names), len(p.rows)
+        vk, vv = encode_floats(np.stack(p.ms + p.cnt) if nk else np.zeros((0, k)))
+        every = k == m and bool((p.rows == np.arange(m)).all())
+        order = None
+        if p.order is not None and not (p.order == np.arange(nk)[:, None]).all():
+            order = np.ascontiguousarray(p.order, dtype=np.uint8 if nk <= 256 else "<u2").tobytes()
+        pats.append({"names": p.names, "phases": p.phases, "kinds": p.kinds,
+                     "rows": None if every else p.rows.astype("<i4").tobytes(),
+                     "vkinds": vk.tobytes(), "vals": shuffle(vv), "order": order})
+    return {
+        "m": m, "ints": shuffle(ints), "fkinds": fk.tobytes(), "floats": shuffle(fv),
+        "K": int(seg.comm.shape[1]), "ckinds": ck.tobytes(), "comm": shuffle(cv),
+        "cap_trigger": list(seg.cap_trigger), "hosts": list(seg.hosts), "pats": pats,
+        "groups": [{"alike": g.alike, "gpos": g.gpos, "names": [str(t[0]) for t in g.tuples],
+                    "ranks": [pack_array(np.asarray(t[1:], dtype=np.int64)) for t in g.tuples],
+                    "code": pack_array(g.code)} for g in seg.groups],
+        "throttle": [[int(k), list(v)] for k, v in sorted(seg.throttle.items())],
+    }
+
+
+@dataclass
+class Part:
+    """One block's segment with its structure checked and its numbers still encoded: rank 0 checks
+    and decodes the numbers of every block at once (``merge_parts``)."""
+
+    who: str
+    allowed: list[int]            # ranks the block may have rows of (received, not rejected)
+    m: int
+    ints: np.ndarray              # (len(INT_FIELDS), m) int64
+    fkinds: np.ndarray            # (len(FLOAT_FIELDS),) int8
+    floats: np.ndarray            # (len(FLOAT_FIELDS), m) int64, encoded
+    ckinds: np.ndarray            # (K,)
+    comm: np.ndarray              # (K, m) encoded
+    cap_trigger: list[str]
+    hosts: list[str]
+    pats: list[tuple[tuple[FnKey, ...], bool, np.ndarray | None, np.ndarray, np.ndarray, np.ndarray | None]]
+    groups: list[GroupCodes]
+    throttle: dict[int, list[str]]
+
+
+
+def parse_segment(who: str, doc: Any, world: int, allowed: list[int],
+                  known: dict[tuple[Any, ...], tuple[tuple[FnKey, ...], bool]] | None = None) -> Part:
+    """A block's segment fields, their structure checked (BlockError naming ``who``); the numbers'
+    values are checked by ``merge_parts``. ``known`` caches function lists already checked (a job's
+    nodes share them)."""
     if not isinstance(doc, dict):
         raise BlockError(f"{who}: a segment must be a map")
-    need = ("rank", "badp", "phases", "steps", "noise", "sched", "comm", "cap_step", "cap_trigger", "hosts",
-            "host_code", "pats", "stage", "groups", "tele", "throttle", "gc_count", "device")
+    need = ("m", "ints", "fkinds", "floats", "K", "ckinds", "comm", "cap_trigger", "hosts", "pats", "groups",
+            "throttle")
     absent = [k for k in need if k not in doc]
     if absent:
         raise BlockError(f"{who}: a segment lacks {', '.join(absent)}")
-
-    def arr(key: str, dtype: str, *shape: int | None) -> np.ndarray:
-        return unpack_array(who, key, doc[key], dtype, shape)
-
-    rank = arr("rank", "<i8", None)
-    m = len(rank)
-    if m > MAX_ROWS:
-        raise BlockError(f"{who}: a segment of {m} rows (at most {MAX_ROWS})")
-    _ints_in(who, "rank", rank, 0, world - 1)
-    badp = _ints_in(who, "badp", arr("badp", "<i8", m), -1, len(PHASES) - 1)
-    steps = _ints_in(who, "steps", arr("steps", "<i8", m), 0, MAX_STEPS_LISTED)
-    comm = arr("comm", "<f8", m, None)
-    if comm.shape[1] > MAX_STEPS_LISTED:
-        raise BlockError(f"{who}: comm has {comm.shape[1]} steps (at most {MAX_STEPS_LISTED})")
+    m, big_k = doc["m"], doc["K"]
+    if not isinstance(m, int) or isinstance(m, bool) or not 0 <= m <= min(MAX_ROWS, len(allowed)):
+        raise BlockError(f"{who}: a segment of {m!r} rows (at most one per rank it received)")
+    if not isinstance(big_k, int) or isinstance(big_k, bool) or not 0 <= big_k <= MAX_STEPS_LISTED:
+        raise BlockError(f"{who}: comm has {big_k!r} steps (at most {MAX_STEPS_LISTED})")
+    ints = unshuffle(who, "ints", doc["ints"], len(INT_FIELDS) * m).reshape(len(INT_FIELDS), m)
+    fkinds = _kinds(who, "floats", doc["fkinds"], len(FLOAT_FIELDS))
+    floats = unshuffle(who, "floats", doc["floats"], len(FLOAT_FIELDS) * m).reshape(len(FLOAT_FIELDS), m)
+    ckinds = _kinds(who, "comm", doc["ckinds"], big_k)
+    comm = unshuffle(who, "comm", doc["comm"], big_k * m).reshape(big_k, m)
     cap_trigger = _strs(who, "cap_trigger", doc["cap_trigger"], limit=64)
     if len(cap_trigger) not in (1, m):
         raise BlockError(f"{who}: cap_trigger must hold one string or one per row")
     hosts = _strs(who, "hosts", doc["hosts"], limit=255)
     if not hosts and m:
         raise BlockError(f"{who}: a segment with rows names no host")
-    host_code = _ints_in(who, "host_code", arr("host_code", "<i8", m), 0, len(hosts) - 1)
-    pats = _patterns(who, doc["pats"], m)
+    raw_p = doc["pats"]
+    if not isinstance(raw_p, list) or len(raw_p) > max(m, 1):
+        raise BlockError(f"{who}: pats must be a list of at most one pattern per row")
+    known = {} if known is None else known
+    pats = []
+    for j, p in enumerate(raw_p):
+        what = f"pats[{j}]"
+        if not isinstance(p, dict) or not {"names", "phases", "kinds", "rows", "vkinds", "vals", "order"} <= set(p):
+            raise BlockError(f"{who}: {what} must be a map of names, phases, kinds, rows, vkinds, vals, order")
+        names, phases, kinds = p["names"], p["phases"], p["kinds"]
+        try:
+            cached = known.get((tuple(names), tuple(phases), tuple(kinds)))
+        except TypeError:
+            cached = None
+        if cached is None:
+            names = _strs(who, f"{what}.names", names)
+            phases = _strs(who, f"{what}.phases", phases, len(names), 64)
+            kinds = _strs(who, f"{what}.kinds", kinds, len(names), 64)
+            keys = tuple(zip(names, phases, kinds, strict=True))
+            cached = known[(tuple(names), tuple(phases), tuple(kinds))] = (keys, len(set(keys)) != len(keys))
+        keys, repeats = cached
+        nk = len(keys)
+        rows_b = p["rows"]
+        if rows_b is None:
+            rows, k = None, m
+        elif isinstance(rows_b, bytes) and len(rows_b) % 4 == 0 and len(rows_b) <= 4 * m:
+            rows = np.frombuffer(rows_b, dtype="<i4").astype(np.int64)
+            k = len(rows)
+        else:
+            raise BlockError(f"{who}: {what}.rows must be nil or at most {m} int32 rows")
+        vkinds = _kinds(who, f"{what}.vals", p["vkinds"], 2 * nk)
+        vals = unshuffle(who, f"{what}.vals", p["vals"], 2 * nk * k).reshape(2 * nk, k)
+        order_b = p["order"]
+        order = None
+        if order_b is not None:
+            dt = np.dtype(np.uint8 if nk <= 256 else "<u2")
+            if not isinstance(order_b, bytes) or len(order_b) != nk * k * dt.itemsize:
+                raise BlockError(f"{who}: {what}.order must be nil or {nk} x {k} positions")
+            order = np.frombuffer(order_b, dtype=dt).reshape(nk, k).astype(np.int32)
+        pats.append((keys, repeats, rows, vkinds, vals, order))
     groups = _groups(who, doc["groups"], m, world)
-    tele_doc = doc["tele"]
-    if not isinstance(tele_doc, dict) or sorted(tele_doc) != sorted(TELEMETRY):
-        raise BlockError(f"{who}: tele must hold exactly {', '.join(TELEMETRY)}")
-    tele = {k: unpack_array(who, f"tele.{k}", tele_doc[k], "<f8", (m,)) for k in TELEMETRY}
     throttle: dict[int, list[str]] = {}
     raw_t = doc["throttle"]
     if not isinstance(raw_t, list) or len(raw_t) > m:
@@ -197,37 +333,136 @@ def unpack_segment(who: str, doc: Any, world: int) -> Segment:
                 or isinstance(item[0], bool) or not 0 <= item[0] < m or item[0] in throttle):
             raise BlockError(f"{who}: throttle must be a list of [row, reasons] with distinct rows of the segment")
         throttle[item[0]] = _strs(who, "throttle reasons", item[1])
+    return Part(who, allowed, m, ints, fkinds, floats, ckinds, comm, cap_trigger, hosts, pats, groups, throttle)
+
+
+def _by_part(parts: list[Part], offs: np.ndarray, bad_rows: np.ndarray) -> list[int]:
+    """The parts that hold any of the rows ``bad_rows`` (a boolean mask over all rows)."""
+    if not bad_rows.any():
+        return []
+    return sorted(set((np.searchsorted(offs, np.flatnonzero(bad_rows), side="right") - 1).tolist()))
+
+
+def check_parts(parts: list[Part], world: int) -> dict[int, str]:
+    """Every value check of the blocks' numbers at once: {part: one line naming its leader} for each
+    block with a value out of range, a row of a rank it may not speak for, a rank twice, function
+    patterns that do not cover its rows exactly once, or a row order that is not a permutation."""
+    bad: dict[int, str] = {}
+
+    def flag(rows: np.ndarray, what: str) -> None:
+        for i in _by_part(parts, offs, rows):
+            bad.setdefault(i, f"{parts[i].who}: {what}")
+
+    offs = np.cumsum([0] + [p.m for p in parts])
+    n = int(offs[-1])
+    if not n:
+        return bad
+    part_of = np.repeat(np.arange(len(parts)), [p.m for p in parts])
+    ints = np.concatenate([p.ints for p in parts], axis=1)
+    rank, badp, steps, cap_step, host_code, stage = ints
+    nhost = np.asarray([len(p.hosts) for p in parts], dtype=np.int64)[part_of]
+    for name, v, lo, hi in (("rank", rank, 0, world - 1), ("badp", badp, -1, len(PHASES) - 1),
+                            ("steps", steps, 0, MAX_STEPS_LISTED), ("cap_step", cap_step, -1, 2 ** 53),
+                            ("stage", stage, -1, MAX_WORLD)):
+        flag((v < lo) | (v > hi), f"{name} has values outside [{lo}, {hi}]")
+    flag((host_code < 0) | (host_code >= nhost), "host_code names a host it does not list")
+    owner = np.full(world, -1, dtype=np.int64)
+    for i, p in enumerate(parts):
+        owner[p.allowed] = i
+    ok_rank = (rank >= 0) & (rank < world)
+    mine = ok_rank & (owner[np.where(ok_rank, rank, 0)] == part_of)
+    flag(ok_rank & ~mine, "rows of ranks it does not list as received and accepted")
+    # blocks speak for disjoint ranks (the caller's check): a rank twice among rows a block may
+    # have is twice in that block, never one block's row blamed on another
+    srt = np.flatnonzero(mine)[np.argsort(rank[mine], kind="stable")]
+    dup = np.zeros(n, dtype=bool)
+    dup[srt[1:][rank[srt][1:] == rank[srt][:-1]]] = True
+    flag(dup, "a rank has two rows")
+    seen = np.zeros(n, dtype=np.int64)
+    for i, p in enumerate(parts):
+        o = int(offs[i])
+        for _, _, rows, _, _, order in p.pats:
+            if rows is None:
+                seen[o:o + p.m] += 1
+            elif len(rows):
+                if int(rows.min()) < 0 or int(rows.max()) >= p.m:
+                    bad.setdefault(i, f"{p.who}: a pattern's rows are not rows of the segment")
+                    continue
+                np.add.at(seen, rows + o, 1)
+            if order is not None and len(order) and not (
+                    np.sort(order, axis=0) == np.arange(len(order), dtype=np.int32)[:, None]).all():
+                bad.setdefault(i, f"{p.who}: a pattern's order is not a permutation of its functions")
+    flag(seen != 1, "the function patterns do not cover every row exactly once")
+    return bad
+
+
+def merge_parts(parts: list[Part]) -> Segment:
+    """One Segment of every row of ``parts`` (checked by ``check_parts``), the rows' index their rank:
+    the numbers decoded with one pass per matrix, the function patterns concatenated per function
+    list (``table.merge_segments``' result, from encoded columns)."""
+    offs = np.cumsum([0] + [p.m for p in parts])
+    n = int(offs[-1])
+    counts = [p.m for p in parts]
+    ints = np.concatenate([p.ints for p in parts], axis=1) if parts else np.zeros((len(INT_FIELDS), 0), np.int64)
+    fk = np.stack([p.fkinds for p in parts]) if parts else np.zeros((0, len(FLOAT_FIELDS)), np.int8)
+    same_fk = bool((fk == fk[:1]).all()) if len(fk) else True
+    kinds = fk[0] if same_fk and len(fk) else np.repeat(fk, counts, axis=0).T
+    floats = decode_floats(kinds, np.concatenate([p.floats for p in parts], axis=1)) if parts else \
+        np.zeros((len(FLOAT_FIELDS), 0))
+    width = max((len(p.ckinds) for p in parts), default=0)
+    comm = np.full((n, width), np.nan)
+    by_k: dict[int, list[int]] = {}
+    for i, p in enumerate(parts):
+        by_k.setdefault(len(p.ckinds), []).append(i)
+    for big_k, idx in by_k.items():
+        if not big_k:
+            continue
+        ck = np.stack([parts[i].ckinds for i in idx])
+        sub = decode_floats(np.repeat(ck, [counts[i] for i in idx], axis=0).T,
+                            np.concatenate([parts[i].comm for i in idx], axis=1))
+        rows = np.concatenate([np.arange(offs[i], offs[i + 1]) for i in idx])
+        comm[rows, :big_k] = sub.T
+    trig = {t for p in parts for t in p.cap_trigger}
+    cap_trigger = list(trig) if len(trig) == 1 and all(len(p.cap_trigger) == 1 for p in parts) else \
+        [t for p in parts for t in (p.cap_trigger if len(p.cap_trigger) == p.m else p.cap_trigger * p.m)]
+    hosts = [h for p in parts for h in p.hosts]
+    hbase = np.repeat(np.cumsum([0] + [len(p.hosts) for p in parts])[:-1], counts)
+    by_keys: dict[tuple[FnKey, ...], list[tuple[int, Any]]] = {}
+    for i, p in enumerate(parts):
+        for pat in p.pats:
+            by_keys.setdefault(pat[0], []).append((i, pat))
+    pats = []
+    for keys, members in by_keys.items():
+        nk = len(keys)
+        rows = np.concatenate([(np.arange(parts[i].m) if pat[2] is None else pat[2]) + offs[i] for i, pat in members])
+        sizes = [pat[4].shape[1] for _, pat in members]
+        vk = np.stack([pat[3] for _, pat in members])
+        vals = decode_floats(vk[0] if (vk == vk[:1]).all() else np.repeat(vk, sizes, axis=0).T,
+                             np.concatenate([pat[4] for _, pat in members], axis=1))
+        order = None
+        if any(pat[5] is not None for _, pat in members):
+            order = np.concatenate([pat[5] if pat[5] is not None else np.repeat(
+                np.arange(nk, dtype=np.int32)[:, None], s, axis=1) for (_, pat), s in zip(members, sizes, strict=True)],
+                axis=1)
+        pats.append(FnPattern([k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys], rows,
+                              list(vals[:nk]), list(vals[nk:]), members[0][1][1], order))
+    groups_by: dict[tuple[int, bool], tuple[dict[tuple[Any, ...], int], np.ndarray]] = {}
+    for i, p in enumerate(parts):
+        o = int(offs[i])
+        for g in p.groups:
+            known, code = groups_by.setdefault((g.gpos, g.alike), ({}, np.full(n, -1, dtype=np.int64)))
+            remap = np.asarray([known.setdefault(t, len(known)) for t in g.tuples] + [-1], dtype=np.int64)
+            code[o:o + p.m] = remap[g.code]
+    rank = ints[0].copy()
     return Segment(
-        index=rank.copy(), rank=rank, badp=badp, phases=arr("phases", "<f8", m, len(PHASES)), steps=steps,
-        noise=arr("noise", "<f8", m), sched=arr("sched", "<f8", m, len(SCHED_COLUMNS)), comm=comm,
-        cap_step=_ints_in(who, "cap_step", arr("cap_step", "<i8", m), -1, 2**53), cap_trigger=cap_trigger,
-        hosts=hosts, host_code=host_code, pats=pats,
-        stage=_ints_in(who, "stage", arr("stage", "<i4", m), -1, MAX_WORLD), groups=groups, tele=tele,
-        throttle=throttle, gc_count=arr("gc_count", "<f8", m), device=arr("device", "<f8", m, len(DEVICE_COLUMNS)))
-
-
-def _patterns(who: str, docs: Any, m: int) -> list[FnPattern]:
-    """The function patterns of a segment: every row in exactly one."""
-    if not isinstance(docs, list) or len(docs) > max(m, 1):
-        raise BlockError(f"{who}: pats must be a list of at most one pattern per row")
-    out: list[FnPattern] = []
-    seen = np.zeros(m, dtype=np.int64)
-    for j, p in enumerate(docs):
-        what = f"pats[{j}]"
-        if not isinstance(p, dict) or not {"names", "phases", "kinds", "rows", "ms", "cnt"} <= set(p):
-            raise BlockError(f"{who}: {what} must be a map of names, phases, kinds, rows, ms, cnt")
-        names = _strs(who, f"{what}.names", p["names"])
-        phases = _strs(who, f"{what}.phases", p["phases"], len(names), 64)
-        kinds = _strs(who, f"{what}.kinds", p["kinds"], len(names), 64)
-        rows = _ints_in(who, f"{what}.rows", unpack_array(who, f"{what}.rows", p["rows"], "<i8", (None,)), 0, m - 1)
-        ms = unpack_array(who, f"{what}.ms", p["ms"], "<f8", (len(names), len(rows)))
-        cnt = unpack_array(who, f"{what}.cnt", p["cnt"], "<f8", (len(names), len(rows)))
-        np.add.at(seen, rows, 1)
-        keys = list(zip(names, phases, kinds, strict=True))
-        out.append(FnPattern(names, phases, kinds, rows, list(ms), list(cnt), len(set(keys)) != len(keys)))
-    if m and not (seen == 1).all():
-        raise BlockError(f"{who}: the function patterns do not cover every row exactly once")
-    return out
+        index=rank.copy(), rank=rank, badp=ints[1].copy(), phases=np.ascontiguousarray(floats[_PH].T),
+        steps=ints[2].copy(), noise=floats[_NOISE].copy(), sched=np.ascontiguousarray(floats[_SCHED].T), comm=comm,
+        cap_step=ints[3].copy(), cap_trigger=cap_trigger, hosts=hosts, host_code=ints[4] + hbase, pats=pats,
+        stage=ints[5].astype(np.int32),
+        groups=[GroupCodes(alike, gpos, list(known), code) for (gpos, alike), (known, code) in groups_by.items()],
+        tele={k: floats[_TELE0 + j].copy() for j, k in enumerate(TELEMETRY)},
+        throttle={int(loc + offs[i]): v for i, p in enumerate(parts) for loc, v in p.throttle.items()},
+        gc_count=floats[_GC].copy(), device=np.ascontiguousarray(floats[_DEV].T))
 
 
 def _groups(who: str, docs: Any, m: int, world: int) -> list[GroupCodes]:

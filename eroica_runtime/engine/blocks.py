@@ -1,7 +1,7 @@
 """Node blocks and the capture file that holds them (``eroica.capture/2``).
 
 A node block is what a node leader forwards instead of its node's raw summaries (engine/leader.py
-builds it): the node's rows as TableBuilder segments (engine/blockcodec.py), the node's ranks it
+builds it): the node's rows as one TableBuilder segment (engine/blockcodec.py), the node's ranks it
 speaks for (those it received, and those it waited for in vain), the one-line errors of the
 summaries it rejected (the very lines rank 0 would have printed, with the rank each belongs to, so
 rank 0 keeps its capture order), and the raw bytes of a few of the node's ranks for the report's
@@ -18,8 +18,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from eroica_runtime.engine.blockcodec import BlockError, pack_segment, seal, unpack_segment, unseal
-from eroica_runtime.engine.table import OWN_IDX, PHASE_INDEX, Segment
+from eroica_runtime.engine.blockcodec import BlockError, Part, pack_segment, parse_segment, seal, unseal
+from eroica_runtime.engine.table import OWN_IDX, PHASE_INDEX, FnKey, Segment
 from eroica_runtime.summary.schema import MAX_SUMMARY_BYTES
 
 CAPTURE_SCHEMA_V2 = "eroica.capture/2"
@@ -32,24 +32,27 @@ DRILL_MIN_MS = 1.0          # ... and at least this many ms per step from it
 
 @dataclass
 class NodeBlock:
-    """One node's block, decoded and checked."""
+    """One node's block, its structure checked (its numbers are checked with every other block's,
+    blockcodec.check_parts)."""
 
     leader: int
     ranks: list[int]                       # every rank the block speaks for (received + missing), sorted
     missing: list[int]                     # node ranks the leader never heard from
     errors: list[tuple[int, str]]          # (rank, one-line error) of each summary the leader rejected
-    segments: list[Segment]
+    part: Part | None                      # the node's rows (None: no rows)
     drill: dict[int, bytes] = field(default_factory=dict)
     failure: str = ""                      # the leader could not build its block: why (ranks then missing)
 
 
 def encode_node_block(*, step: int, world_size: int, leader: int, ranks: list[int], missing: list[int],
-                      errors: list[tuple[int, str]], segments: list[Segment], drill: dict[int, bytes],
+                      errors: list[tuple[int, str]], segment: Segment | None, drill: dict[int, bytes],
                       failure: str = "") -> bytes:
-    """A node leader's block as bytes (see the module docstring)."""
+    """A node leader's block as bytes (see the module docstring); ``segment``: the node's rows as
+    one segment (``table.merge_segments(..., canonical=True)``), None when it has none."""
     body = {"step": int(step), "world_size": int(world_size), "leader": int(leader),
             "ranks": sorted(int(r) for r in ranks), "missing": sorted(int(r) for r in missing),
-            "errors": [[int(r), str(e)] for r, e in errors], "segments": [pack_segment(s) for s in segments],
+            "errors": [[int(r), str(e)] for r, e in errors],
+            "seg": pack_segment(segment) if segment is not None and segment.m else None,
             "drill": {int(r): bytes(b) for r, b in drill.items()}, "failure": str(failure)}
     return seal(body)
 
@@ -63,10 +66,13 @@ def _int_list(who: str, what: str, x: Any, world: int) -> list[int]:
     return [int(r) for r in x]
 
 
-def decode_node_block(data: Any, *, leader: int, step: int, world_size: int) -> NodeBlock:
+def decode_node_block(data: Any, *, leader: int, step: int, world_size: int,
+                      known: dict[tuple[Any, ...], tuple[tuple[FnKey, ...], bool]] | None = None) -> NodeBlock:
     """A node block from the bytes leader ``leader`` sent for capture ``step``; BlockError (one line
     naming the leader) when it is damaged, of another version, of another capture or job (foreign),
-    or speaks for ranks it does not list. The caller checks that no two blocks speak for one rank."""
+    or its structure is wrong. The caller checks that no two blocks speak for one rank, and the
+    rows' values with every block's at once (blockcodec.check_parts: rows only of ranks the block
+    received and accepted, each once). ``known``: function lists already checked."""
     who = f"block from node leader rank {leader}"
     doc = unseal(who, data)
     if doc.get("leader") != leader:
@@ -92,24 +98,18 @@ def decode_node_block(data: Any, *, leader: int, step: int, world_size: int) -> 
                 or not isinstance(item[1], str) or len(item[1]) > 4000 or "\n" in item[1]):
             raise BlockError(f"{who}: errors must be [rank, one line] of ranks it received")
         errors.append((item[0], item[1]))
-    segs_doc = doc.get("segments")
-    if not isinstance(segs_doc, list) or len(segs_doc) > len(ranks):
-        raise BlockError(f"{who}: segments must be a list of at most one segment per rank")
-    segments = [unpack_segment(f"{who} segment {i}", s, world_size) for i, s in enumerate(segs_doc)]
-    rows = np.concatenate([s.rank for s in segments]) if segments else np.zeros(0, dtype=np.int64)
-    if len(np.unique(rows)) != len(rows):
-        raise BlockError(f"{who}: a rank has two rows")
     rejected = {r for r, _ in errors}
-    if not set(rows.tolist()) <= have - rejected:
-        raise BlockError(f"{who}: rows of ranks it does not list as received and accepted")
+    part = None
+    if doc.get("seg") is not None:
+        part = parse_segment(who, doc["seg"], world_size, sorted(have - rejected), known)
     drill_doc = doc.get("drill")
     if not isinstance(drill_doc, dict) or not all(
             isinstance(r, int) and r in have and isinstance(b, bytes) and len(b) <= MAX_SUMMARY_BYTES
             for r, b in drill_doc.items()):
         raise BlockError(f"{who}: drill must map ranks it received to summary bytes")
-    if failure and (segments or errors):
+    if failure and (part is not None or errors):
         raise BlockError(f"{who}: a failed block carries no rows")
-    return NodeBlock(leader, sorted(ranks), sorted(missing), errors, segments, dict(drill_doc), failure)
+    return NodeBlock(leader, sorted(ranks), sorted(missing), errors, part, dict(drill_doc), failure)
 
 
 def pick_drill(segments: list[Segment], limit: int = DRILL_PER_NODE) -> list[int]:

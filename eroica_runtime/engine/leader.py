@@ -4,7 +4,9 @@ Why: at 100,000 ranks rank 0 would receive 1.1 GB of raw summaries and spend sec
 them; a node leader can do its node's share (8 summaries) in milliseconds, in parallel with every
 other leader, and forward the columns the engine reads. The leader reads its node's summaries
 exactly as rank 0 reads a capture file (``ingest.read_capture``: the same checks, the same one-line
-errors naming the rank, the same TableBuilder rows), so there is one decoding path, not a copy.
+errors naming the rank, the same TableBuilder rows), so there is one decoding path, not a copy; its
+rows go out as one segment with each function list in one canonical order (``merge_segments``), so
+that ranks listing the same functions in orders of their own share one list of names.
 Never raises: anything unexpected becomes a "failed" block naming the node's ranks, which rank 0
 then counts as missing with the reason (the training is never hurt by eroica). Pure: no MPI.
 """
@@ -17,6 +19,7 @@ import numpy as np
 
 from eroica_runtime.engine import ingest
 from eroica_runtime.engine.blocks import DRILL_PER_NODE, encode_node_block, pick_drill
+from eroica_runtime.engine.table import merge_segments
 from eroica_runtime.summary import schema
 
 
@@ -36,9 +39,10 @@ def reduce_node(*, step: int, trigger: str, world_size: int, leader: int, blobs:
         errors = [(ranks[i], line) for i, line in zip(ing.error_index, ing.errors, strict=True)]
         kept = pick_drill(segments, DRILL_PER_NODE if drill is None else drill)
         ing.release()
+        seg = merge_segments(segments, canonical=True) if segments else None
         return encode_node_block(step=step, world_size=world_size, leader=leader, ranks=node, missing=missing,
-                                 errors=errors, segments=segments, drill={r: blobs[r] for r in kept})
+                                 errors=errors, segment=seg, drill={r: blobs[r] for r in kept})
     except Exception as exc:    # a bug here must cost this node's diagnosis, never the job
         why = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:500]
         return encode_node_block(step=step, world_size=world_size, leader=leader, ranks=node, missing=missing,
-                                 errors=[], segments=[], drill={}, failure=why)
+                                 errors=[], segment=None, drill={}, failure=why)
