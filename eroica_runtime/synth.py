@@ -41,6 +41,14 @@ _NAMED = [
 DATALOADER_FN = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
 
 
+# Decimal places of a float as a real summary has it: summary.build rounds every time, count and
+# phase to 4 places (``_num``); telemetry is as read: CPU seconds in clock ticks (0.01 s), context
+# switches and TCP retransmits as integers, wall-clock seconds (time.time()) at full precision (None).
+# Why: the numbers' precision decides how small a node leader's block is (engine/blockcodec.py), so
+# synthetic jobs must not carry 16 digits real ones do not have.
+_PLACES: dict[str, int | None] = {"wall_s": None, "cpu_s": 2, "ctx_invol": 0, "tcp_retrans": 0}
+
+
 class _Slot:
     """Placeholder for a per-rank value in a msgpack template."""
 
@@ -88,12 +96,16 @@ class _Template:
             self.buf += p.pack(o)
 
     def fill(self, values: dict[str, np.ndarray], n: int) -> np.ndarray:
-        """(n, len) uint8 array: the template repeated with every slot written from ``values``."""
+        """(n, len) uint8 array: the template repeated with every slot written from ``values``, each
+        float with the precision a real summary gives it (``_PLACES``)."""
         tpl = np.frombuffer(bytes(self.buf), dtype=np.uint8)
         out = np.tile(tpl, (n, 1))
         for key, off, kind in self.slots:
             v = values[key]
             if kind == "f8":
+                places = _PLACES.get(key, 4)
+                if places is not None:
+                    v = np.rint(np.asarray(v, dtype=np.float64) * 10.0 ** places) / 10.0 ** places
                 out[:, off:off + 8] = np.asarray(v, dtype=">f8").reshape(n, 1).view(np.uint8)
             elif kind == "u4":
                 out[:, off:off + 4] = np.asarray(v, dtype=">u4").reshape(n, 1).view(np.uint8)
