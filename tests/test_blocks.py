@@ -210,7 +210,7 @@ SPOILERS: dict[str, Any] = {
     "a rank twice": lambda b, o: _reseal(b, _ints(0, lambda v: np.full_like(v, v[0]))),
     "rank out of range": lambda b, o: _reseal(b, _ints(0, lambda v: v - 1000)),
     "order not a permutation": lambda b, o: _reseal(b, lambda d: d["seg"]["pats"][0].update(
-        order=b"\x00" * (len(d["seg"]["pats"][0]["names"]) * d["seg"]["m"]))),
+        order=b"\x01" * (len(d["seg"]["pats"][0]["names"]) * d["seg"]["m"]))),   # every function at place 0
     "pattern rows outside": lambda b, o: _reseal(b, lambda d: d["seg"]["pats"][0].update(
         rows=np.arange(50, 50 + d["seg"]["m"], dtype="<i4").tobytes())),
     "two-line error": lambda b, o: _reseal(b, _set(("errors",), [[17, "a\nb"]])),
@@ -340,26 +340,33 @@ def test_reduction_is_off_by_default_and_auto_above_a_size() -> None:
     assert not Config.from_env({"EROICA_LEADER_REDUCE": "off"}).reduces(100_000)
 
 
-def test_ranks_listing_functions_in_orders_of_their_own_share_one_list_of_names(tmp_path: Path) -> None:
-    """Real summaries list functions by time, in an order of each rank's own: a leader lists them once,
-    in one canonical order, with each row's own order, and rank 0's Table is still the raw one (the
-    functions numbered by the first rank's order)."""
+@pytest.mark.parametrize("drop", [False, True])
+def test_ranks_listing_functions_in_orders_of_their_own_share_one_list_of_names(tmp_path: Path, drop: bool) -> None:
+    """Real summaries list functions by time, in an order (and a top-N set) of each rank's own: a
+    leader lists a node's functions once, in one canonical order, with each row's own list, and rank
+    0's Table is still the raw one (functions numbered by first appearance)."""
     synth.generate(tmp_path, ranks=48, fault="compute", culprit=13, functions=40, seed=3)
     data = (tmp_path / "captures" / "500.msgpack").read_bytes()
     doc = _doc(data)
     rng = np.random.default_rng(0)
+    plan_fn = "autograd::engine::evaluate_function: MmBackward0"
     shuffled = []
     for b in doc["summaries"]:
         s = summary.decode(b)
-        s["functions"] = [s["functions"][i] for i in rng.permutation(len(s["functions"]))]
+        keep = rng.permutation(len(s["functions"]))
+        if drop:                     # another top-N set on most ranks (never the planted function)
+            keep = [i for i in keep if s["functions"][i]["name"] != plan_fn][:len(keep) - int(rng.integers(0, 4))]
+            keep += [i for i, f in enumerate(s["functions"]) if f["name"] == plan_fn]
+        s["functions"] = [s["functions"][i] for i in keep]
         shuffled.append(summary.encode(s))
     raw = summary.encode_capture(step=doc["step"], trigger=doc["trigger"], world_size=48, ranks=doc["ranks"],
                                  summaries=shuffled, missing=[])
+    assert_same_as_raw(raw, reduced(raw, 2))   # 24 nodes, lists of their own: rank 0 joins them (UNION_ABOVE)
     red = reduced(raw, 8)
     assert_same_as_raw(raw, red)
     for b in _doc(red)["blocks"]:
         pats = blockcodec.unseal("t", b)["seg"]["pats"]
-        assert len(pats) == 1 and pats[0]["order"] is not None
+        assert len(pats) == 1 and pats[0]["order"] is not None   # one list of names a node
         assert pats[0]["names"] == sorted(pats[0]["names"])
     d_raw, d_red = Pipeline().analyse(raw, origin="x"), Pipeline().analyse(red, origin="x")
     assert _jsonable(d_red.diagnosis) == _jsonable(d_raw.diagnosis)

@@ -33,6 +33,7 @@ from eroica_runtime.engine.table import (
     FnPattern,
     GroupCodes,
     Segment,
+    union_patterns,
 )
 from eroica_runtime.summary import PHASES
 from eroica_runtime.summary.schema import MAX_NAME, MAX_STEPS_LISTED, MAX_WORLD
@@ -41,6 +42,7 @@ BLOCK_SCHEMA = "eroica.block/2"     # /1 (a list of segments of self-described a
 MAX_BLOCK_BYTES = 256 << 20       # one node's block, decompressed (a node of 64 ranks is ~1 MB)
 MAX_ROWS = 1 << 16                # ranks a node leader may speak for
 MAX_LIST = 1 << 16                # segments, patterns, functions, groups, hosts in one block
+UNION_ABOVE = 16                  # rank 0 joins its blocks' function lists into one above this many
 ZLIB_LEVEL = 1                    # measured: level 1 is ~as small as 6 on these columns, 3x faster
 DECIMALS = (0, 4)                 # places tried: counts, and summary.build's round(x, 4) (fewer are included)
 TELEMETRY = _HOST_COUNTERS + _GPU_GAUGES
@@ -219,7 +221,7 @@ def pack_segment(seg: Segment) -> dict[str, Any]:
         every = k == m and bool((p.rows == np.arange(m)).all())
         order = None
         if p.order is not None and not (p.order == np.arange(nk)[:, None]).all():
-            order = np.ascontiguousarray(p.order, dtype=np.uint8 if nk <= 256 else "<u2").tobytes()
+            order = np.ascontiguousarray(p.order + 1, dtype=np.uint8 if nk < 256 else "<u2").tobytes()   # 0: not listed
         pats.append({"names": p.names, "phases": p.phases, "kinds": p.kinds,
                      "rows": None if every else p.rows.astype("<i4").tobytes(),
                      "vkinds": vk.tobytes(), "vals": shuffle(vv), "order": order})
@@ -318,10 +320,10 @@ def parse_segment(who: str, doc: Any, world: int, allowed: list[int],
         order_b = p["order"]
         order = None
         if order_b is not None:
-            dt = np.dtype(np.uint8 if nk <= 256 else "<u2")
+            dt = np.dtype(np.uint8 if nk < 256 else "<u2")
             if not isinstance(order_b, bytes) or len(order_b) != nk * k * dt.itemsize:
                 raise BlockError(f"{who}: {what}.order must be nil or {nk} x {k} positions")
-            order = np.frombuffer(order_b, dtype=dt).reshape(nk, k).astype(np.int32)
+            order = np.frombuffer(order_b, dtype=dt).reshape(nk, k).astype(np.int32) - 1
         pats.append((keys, repeats, rows, vkinds, vals, order))
     groups = _groups(who, doc["groups"], m, world)
     throttle: dict[int, list[str]] = {}
@@ -389,9 +391,11 @@ def check_parts(parts: list[Part], world: int) -> dict[int, str]:
                     bad.setdefault(i, f"{p.who}: a pattern's rows are not rows of the segment")
                     continue
                 np.add.at(seen, rows + o, 1)
-            if order is not None and len(order) and not (
-                    np.sort(order, axis=0) == np.arange(len(order), dtype=np.int32)[:, None]).all():
-                bad.setdefault(i, f"{p.who}: a pattern's order is not a permutation of its functions")
+            if order is not None and len(order):       # each row: its listed functions at places 0..c-1
+                absent = (order < 0).sum(axis=0)
+                want = np.arange(len(order), dtype=np.int64)[:, None] - absent[None, :]
+                if not (np.sort(order, axis=0) == np.maximum(want, -1)).all():
+                    bad.setdefault(i, f"{p.who}: a pattern's order is not each row's list of its functions")
     flag(seen != 1, "the function patterns do not cover every row exactly once")
     return bad
 
@@ -446,6 +450,9 @@ def merge_parts(parts: list[Part]) -> Segment:
                 axis=1)
         pats.append(FnPattern([k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys], rows,
                               list(vals[:nk]), list(vals[nk:]), members[0][1][1], order))
+    plain = [p for p in pats if not p.repeats]
+    if len(plain) > UNION_ABOVE:          # nodes with lists of their own: finish costs per pattern
+        pats = [union_patterns(plain)] + [p for p in pats if p.repeats]
     groups_by: dict[tuple[int, bool], tuple[dict[tuple[Any, ...], int], np.ndarray]] = {}
     for i, p in enumerate(parts):
         o = int(offs[i])

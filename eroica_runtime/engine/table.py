@@ -148,10 +148,9 @@ FnKey = tuple[str, str, str]    # a function column: (name, phase, kind), as sum
 
 @dataclass
 class FnPattern:
-    """Rows of one segment that list the same functions ((name, phase, kind)): in the same order,
-    or, with ``order``, in an order of each row's own (a node leader lists a pattern's functions in
-    one canonical order, ``canonical``, so that its ranks share one pattern whatever order each
-    listed them in; ``finish`` needs only the first row's order to number functions as before)."""
+    """Rows of one segment that list the same functions ((name, phase, kind)) in the same order; or,
+    with ``order``, rows that each list some of ``names`` in an order of their own (a node leader's
+    rows: ``union_patterns``), which ``finish`` reads as the rows' own lists."""
 
     names: list[str]
     phases: list[str]
@@ -160,7 +159,9 @@ class FnPattern:
     ms: list[np.ndarray]        # per listed name, (k,) ms per step
     cnt: list[np.ndarray]       # per listed name, (k,) calls per step
     repeats: bool               # a function listed twice: its entries are summed, in list order
-    order: np.ndarray | None = None   # (len(names), k): where each row listed each name; None: as listed
+    # (len(names), k): where each row listed each name, -1 where it did not (its ms and count are 0);
+    # None: every row listed them as ``names`` does
+    order: np.ndarray | None = None
 
     @property
     def keys(self) -> list[FnKey]:
@@ -207,17 +208,44 @@ class Segment:
         return int(self.index.shape[0])
 
 
+def union_patterns(pats: list[FnPattern]) -> FnPattern:
+    """One pattern of the rows of ``pats`` (none listing a function twice) over the union of their
+    functions, sorted by (name, phase, kind), each row's own order in ``order`` (-1 and values 0 where
+    a row does not list a function: what ``finish`` gives a rank that did not list it).
+
+    Why: real summaries list their top functions by time, so a node's ranks list mostly the same
+    functions in orders (and sets) of their own; as one pattern, the node's names travel once."""
+    keys = sorted({k for p in pats for k in p.keys})
+    at = {k: j for j, k in enumerate(keys)}
+    nk, total = len(keys), sum(len(p.rows) for p in pats)
+    ms, cnt = np.zeros((nk, total)), np.zeros((nk, total))
+    order = np.full((nk, total), -1, dtype=np.int32)
+    o = 0
+    for p in pats:
+        k = len(p.rows)
+        idx = np.asarray([at[x] for x in p.keys], dtype=np.int64)
+        if len(idx) and k:
+            ms[idx, o:o + k] = np.stack(p.ms)
+            cnt[idx, o:o + k] = np.stack(p.cnt)
+            order[idx, o:o + k] = p.order if p.order is not None else np.arange(len(idx), dtype=np.int32)[:, None]
+        o += k
+    same = bool((order == np.arange(nk, dtype=np.int32)[:, None]).all())
+    return FnPattern([k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys],
+                     np.concatenate([p.rows for p in pats]), list(ms), list(cnt), False, None if same else order)
+
+
 def merge_segments(segs: list[Segment], *, canonical: bool = False) -> Segment:
     """One segment holding every row of ``segs`` (their ``index`` kept), with one function pattern
     per distinct (name, phase, kind) list and one host and group list.
 
     Why: ``finish`` costs a few numpy calls per segment and per pattern, so rank 0 merging 12,500
     node blocks wants one segment, not 25,000 (engine/ingest.py does the same in columns). With
-    ``canonical`` (a node leader) each pattern's functions are listed sorted by (name, phase, kind)
-    and each row's own order is kept in ``FnPattern.order``: real summaries list functions by time,
-    in an order of each rank's own, so without it every rank is a pattern of its own and its names
-    travel once per rank. A pattern listing a function twice keeps its order (its entries are summed
-    in list order). ``finish`` gives the same Table from the merged segment as from the parts."""
+    ``canonical`` (a node leader) the patterns become one over the union of their functions, sorted
+    by (name, phase, kind), each row's own list kept in ``FnPattern.order`` (``union_patterns``):
+    real summaries list functions by time, in an order of each rank's own, so without it every rank
+    is a pattern of its own and its names travel once per rank. A pattern listing a function twice
+    keeps its list (its entries are summed in list order). ``finish`` gives the same Table from the
+    merged segment as from the parts."""
     if len(segs) == 1 and not canonical:
         return segs[0]
     offs = np.cumsum([0] + [s.m for s in segs])
@@ -235,32 +263,28 @@ def merge_segments(segs: list[Segment], *, canonical: bool = False) -> Segment:
     trig = {t for s in segs for t in s.cap_trigger}
     cap_trigger = list(trig) if len(trig) == 1 and all(len(s.cap_trigger) == 1 for s in segs) else \
         [t for s in segs for t in (s.cap_trigger if len(s.cap_trigger) == s.m else s.cap_trigger * s.m)]
-    # function patterns: one per distinct key list
-    by_keys: dict[tuple[FnKey, ...], list[tuple[np.ndarray, list[np.ndarray], list[np.ndarray], np.ndarray | None]]] = {}
-    for s, o in zip(segs, offs.tolist(), strict=False):
-        for pat in s.pats:
-            keys, ms, cnt, order = pat.keys, pat.ms, pat.cnt, pat.order
-            if canonical and not pat.repeats:
-                perm = sorted(range(len(keys)), key=keys.__getitem__)
-                if perm != list(range(len(keys))):
-                    keys = [keys[j] for j in perm]
-                    ms, cnt = [ms[j] for j in perm], [cnt[j] for j in perm]
-                    order = order[perm] if order is not None else np.repeat(
-                        np.asarray(perm, dtype=np.int32)[:, None], len(pat.rows), axis=1)
-            by_keys.setdefault(tuple(keys), []).append((pat.rows + o, ms, cnt, order))
+    # function patterns: one per distinct key list; a leader's (canonical) as one union pattern
+    moved = [(o, pat) for s, o in zip(segs, offs.tolist(), strict=False) for pat in s.pats]
+    shifted = [FnPattern(p.names, p.phases, p.kinds, p.rows + o, p.ms, p.cnt, p.repeats, p.order) for o, p in moved]
     pats = []
-    for keys, parts in by_keys.items():
+    if canonical:
+        plain = [p for p in shifted if not p.repeats]
+        if plain:
+            pats.append(union_patterns(plain))
+        shifted = [p for p in shifted if p.repeats]    # a function listed twice: its list as it is
+    by_keys: dict[tuple[FnKey, ...], list[FnPattern]] = {}
+    for p in shifted:
+        by_keys.setdefault(tuple(p.keys), []).append(p)
+    for keys, group in by_keys.items():
         nk = len(keys)
-        rows = cat([p[0] for p in parts])
-        if any(p[3] is not None for p in parts):
-            order: np.ndarray | None = cat([p[3] if p[3] is not None else np.repeat(
-                np.arange(nk, dtype=np.int32)[:, None], len(p[0]), axis=1) for p in parts], axis=1).astype(np.int32)
+        if any(p.order is not None for p in group):
+            order: np.ndarray | None = cat([p.order if p.order is not None else np.repeat(
+                np.arange(nk, dtype=np.int32)[:, None], len(p.rows), axis=1) for p in group], axis=1)
         else:
             order = None
-        pats.append(FnPattern([k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys], rows,
-                              [cat([p[1][j] for p in parts]) for j in range(nk)],
-                              [cat([p[2][j] for p in parts]) for j in range(nk)],
-                              len(set(keys)) != nk, order))
+        pats.append(FnPattern([k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys],
+                              cat([p.rows for p in group]), [cat([p.ms[j] for p in group]) for j in range(nk)],
+                              [cat([p.cnt[j] for p in group]) for j in range(nk)], group[0].repeats, order))
     groups_by: dict[tuple[int, bool], tuple[dict[tuple[int, ...], int], np.ndarray]] = {}
     for s, o in zip(segs, offs.tolist(), strict=False):
         for g in s.groups:
@@ -625,7 +649,11 @@ class TableBuilder:
         host_idx = gather(lambda s: np.asarray([host_id.get(h, -1) for h in s.hosts], dtype=np.int64)[s.host_code],
                           dtype=np.int32, fill=-1)
 
-        units = []     # (first table row, segment, pattern, that row's keys in its own order)
+        # functions are numbered by first appearance: by the first accepted row listing each, then by
+        # its place in that row's own list (a pattern's rows share one list, or carry their own order)
+        units = []     # (segment, pattern)
+        key_ids: dict[FnKey, int] = {}
+        cand: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []      # (row, place, key) of each first
         for i, s in enumerate(segs):
             g = gpos[i]
             for pat in s.pats:
@@ -633,25 +661,34 @@ class TableBuilder:
                 okp = pg >= 0
                 if not okp.any():
                     continue
-                j = int(np.argmin(np.where(okp, pg, n)))
-                keys = pat.keys
-                if pat.order is not None:       # listed in the first row's own order
-                    keys = [keys[c] for c in np.argsort(pat.order[:, j], kind="stable").tolist()]
-                units.append((int(pg[j]), i, pat, keys))
-        units.sort(key=lambda u: u[0])
-        fn_ids: dict[FnKey, int] = {}
-        for _, _, _, keys in units:
-            for key in keys:
-                fn_ids.setdefault(key, len(fn_ids))
+                kid = np.asarray([key_ids.setdefault(k, len(key_ids)) for k in pat.keys], dtype=np.int64)
+                if pat.order is None:
+                    j = int(np.argmin(np.where(okp, pg, n)))
+                    cand.append((np.full(len(kid), pg[j]), np.arange(len(kid)), kid))
+                else:                            # -1: the row does not list it
+                    masked = np.where((pat.order >= 0) & okp[None, :], pg[None, :], n)
+                    jmin = np.argmin(masked, axis=1) if masked.size else np.zeros(0, dtype=np.int64)
+                    first = masked[np.arange(len(kid)), jmin]
+                    has = first < n
+                    cand.append((first[has], pat.order[np.arange(len(kid)), jmin][has], kid[has]))
+                units.append((i, pat))
+        if cand:
+            c_row, c_pos, c_key = (np.concatenate([c[x] for c in cand]) for x in range(3))
+            ks = c_key[np.lexsort((c_pos, c_row))]
+            _, at = np.unique(ks, return_index=True)
+            all_keys = list(key_ids)
+            fn_ids: dict[FnKey, int] = {all_keys[k]: j for j, k in enumerate(ks[np.sort(at)].tolist())}
+        else:
+            fn_ids = {}
         nf = len(fn_ids)
         fn_ms = np.zeros((n, nf))
         fn_count = np.zeros((n, nf), dtype=np.float32)
-        for _, i, pat, _ in units:
+        for i, pat in units:
             pg = gpos[i][pat.rows]
             ok = pg >= 0
             every = bool(ok.all())
             rows_t = pg if every else pg[ok]
-            cols = [fn_ids[x] for x in pat.keys]
+            cols = [fn_ids.get(x, -1) for x in pat.keys]     # -1: listed by no accepted row (values 0)
             ms = pat.ms if every else [c[ok] for c in pat.ms]
             cnt = pat.cnt if every else [c[ok] for c in pat.cnt]
             if pat.repeats:                  # sum the entries of a name, in list order
@@ -663,6 +700,8 @@ class TableBuilder:
                 cols = list(acc_ms)
                 ms, cnt = [acc_ms[c] for c in cols], [acc_cnt[c] for c in cols]
             for c, v_ms, v_cnt in zip(cols, ms, cnt, strict=True):   # a column at a time: no copies
+                if c < 0:
+                    continue
                 fn_ms[rows_t, c] = v_ms
                 fn_count[rows_t, c] = v_cnt
         for mat in (fn_ms, fn_count):      # a broken function entry must not poison its column's medians
