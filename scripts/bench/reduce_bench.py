@@ -5,12 +5,15 @@ For each size a synthetic job (the same as gather_model.py measure: 200 function
 nodes of 8) is made in a child process; every node of its faulty capture is reduced the way a live
 leader does (engine/leader.reduce_node, timed one node at a time), the blocks go into the capture/2
 file rank 0 would write, and a fresh process times what rank 0's analyst does with it (peak RSS is
-that process's) and checks the diagnosis equals the raw capture's. Byte variants (other codecs,
-lossy float32 function times) are measured on 64 of the blocks' bodies.
+that process's) and checks the diagnosis equals the raw capture's. Other general-purpose codecs
+(zlib 6, lzma) are measured on 64 of the blocks' bodies; real summaries' blocks on the recorded
+captures (``realistic_bytes``).
 
   flock /tmp/eroica-multirank.lock .venv/bin/python scripts/bench/reduce_bench.py --out /tmp/gm-red.json [--full]
 
---full adds 100,000 ranks (12,500 nodes reduced one after another here: ~2 min; ~3 GB).
+--full adds 100,000 ranks (12,500 nodes reduced one after another here: ~2 min; ~3 GB). Each size's
+analysis runs --repeat times (fresh processes); each run times rank 0's work on the blocks and then
+the same work on the raw capture in the same process (interleaved: a ratio per run).
 """
 
 from __future__ import annotations
@@ -32,79 +35,43 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import msgpack  # noqa: E402
-import numpy as np  # noqa: E402
 from gather_model import timed_analysis  # noqa: E402
 
 from eroica_runtime import reportdir, summary, synth  # noqa: E402
 from eroica_runtime.engine import blockcodec, blocks, leader  # noqa: E402
 from eroica_runtime.pipeline import Pipeline  # noqa: E402
-from eroica_runtime.summary.build import _num as rounded_as_built  # noqa: E402
 
 PER_NODE = 8
 
 
 def _variants(bodies: list[dict[str, Any]]) -> dict[str, int]:
-    """Bytes of the same block bodies under other encodings (for what would reach the goal)."""
-    def shuffled(o: Any) -> Any:
-        """Every array's bytes grouped by byte position (lossless; blosc's trick for floats)."""
-        if isinstance(o, dict):
-            if "dtype" in o and "data" in o:
-                size = np.dtype(o.get("idtype", o["dtype"])).itemsize
-                u = np.frombuffer(o["data"], dtype=np.uint8)
-                return {**o, "data": u.reshape(-1, size).T.tobytes() if size > 1 and len(u) else u.tobytes()}
-            return {k: shuffled(v) for k, v in o.items()}
-        if isinstance(o, list):
-            return [shuffled(x) for x in o]
-        return o
+    """Bytes of the same block bodies (the drill-down left out) under other general-purpose codecs."""
+    raw = [msgpack.packb({**b, "drill": {}}, use_bin_type=True) for b in bodies]
+    return {"none": sum(map(len, raw)), "zlib1": sum(len(zlib.compress(r, 1)) for r in raw),
+            "zlib6": sum(len(zlib.compress(r, 6)) for r in raw), "lzma": sum(len(lzma.compress(r)) for r in raw),
+            "nodes": len(bodies)}
 
-    def f32_only(o: Any, inside: bool = False) -> Any:
-        if isinstance(o, dict):
-            if inside and o.get("dtype") == "<f8" and "data" in o and "dec" not in o:
-                return {**o, "dtype": "<f4", "data": np.frombuffer(o["data"], "<f8").astype("<f4").tobytes()}
-            return {k: f32_only(v, k in ("ms", "cnt")) for k, v in o.items()}
-        if isinstance(o, list):
-            return [f32_only(x) for x in o]
-        return o
 
-    out: dict[str, int] = {}
-    nodrill = [{**b, "drill": {}} for b in bodies]
-    raw = [msgpack.packb(b, use_bin_type=True) for b in nodrill]
-    out["none"] = sum(map(len, raw))
-    out["zlib1"] = sum(len(zlib.compress(r, 1)) for r in raw)
-    out["zlib6"] = sum(len(zlib.compress(r, 6)) for r in raw)
-    out["lzma"] = sum(len(lzma.compress(r)) for r in raw)
-    sh = [msgpack.packb(shuffled(b), use_bin_type=True) for b in nodrill]
-    out["shuffle_zlib1"] = sum(len(zlib.compress(r, 1)) for r in sh)
-    f32 = [msgpack.packb(f32_only(b), use_bin_type=True) for b in nodrill]
-    out["f32fn_zlib1"] = sum(len(zlib.compress(r, 1)) for r in f32)
-    f32s = [msgpack.packb(shuffled(f32_only(b)), use_bin_type=True) for b in nodrill]
-    out["f32fn_shuffle_zlib1"] = sum(len(zlib.compress(r, 1)) for r in f32s)
-    out["f32fn_shuffle_lzma"] = sum(len(lzma.compress(r)) for r in f32s)
-    out["nodes"] = len(bodies)
+def _node_of(caps: list[dict[str, Any]]) -> dict[int, bytes]:
+    """One node of the recorded summaries of several captures of one job (ranks renumbered after one
+    another, world size their sum): real summaries, each rank's functions in its own order and set."""
+    out: dict[int, bytes] = {}
+    world = sum(c["world_size"] for c in caps)
+    for cap in caps:
+        base = len(out)
+        for r, b in zip(cap["ranks"], cap["summaries"], strict=True):
+            s = summary.decode(b)
+            s["rank"], s["world_size"], s["groups"] = base + r, world, []
+            out[base + r] = summary.encode(s)
     return out
 
 
-def _rounded(o: Any) -> Any:
-    """A decoded summary with every float rounded as summary.build rounds them (4 places)."""
-    if isinstance(o, dict):
-        return {k: _rounded(v) for k, v in o.items()}
-    if isinstance(o, list):
-        return [_rounded(x) for x in o]
-    return rounded_as_built(o) if isinstance(o, float) else o
-
-
-def realistic_bytes(workdir: str, ranks: int = 1000) -> dict[str, Any]:
-    """Block bytes where the numbers are what real summaries hold: synthetic summaries (which carry
-    every float's full precision) rounded to 4 places as summary.build rounds, and the recorded real
-    CPU captures (tests/data/engine, 4 ranks: one node each)."""
-    out = Path(workdir) / "realistic"
-    synth.generate(out, ranks=ranks, fault="compute", culprit=ranks // 3 + 1, functions=200, seed=1)
-    doc = msgpack.unpackb((out / "captures" / f"{synth.FAULT_STEP}.msgpack").read_bytes(), raw=False)
-    got = {r: summary.encode(_rounded(summary.decode(b))) for r, b in zip(doc["ranks"], doc["summaries"], strict=True)}
-    sizes = [len(leader.reduce_node(step=synth.FAULT_STEP, trigger="slow_step", world_size=ranks, leader=first,
-                                    blobs={r: got[r] for r in range(first, first + PER_NODE)}, missing=[], drill=0))
-             for first in range(0, ranks, PER_NODE)]
-    real_raw, real_block = [], []
+def realistic_bytes(workdir: str) -> dict[str, Any]:
+    """Block bytes of the recorded real CPU summaries (tests/data/engine: 4-rank jobs): each capture
+    as a node of 4, and two captures of one job as a node of 8 (the model's node; ranks renumbered)."""
+    del workdir
+    real_raw, real_block, eight = [], [], []
+    caps_by_job: dict[Path, list[dict[str, Any]]] = {}
     for p in sorted((ROOT / "tests" / "data" / "engine").rglob("*.msgpack")):
         cap = msgpack.unpackb(p.read_bytes(), raw=False, strict_map_key=False)
         if not isinstance(cap, dict) or cap.get("ranks") != sorted(set(cap.get("ranks") or [None])):
@@ -114,12 +81,19 @@ def realistic_bytes(workdir: str, ranks: int = 1000) -> dict[str, Any]:
                                    leader=min(blobs), blobs=blobs, missing=[], drill=0)
         real_raw.append(sum(map(len, blobs.values())) / len(blobs))
         real_block.append(len(block) / len(blobs))
-    return {"rounded_synth": {"raw_summary_bytes_median": statistics.median(map(len, got.values())),
-                              "block_bytes_median_per_node": statistics.median(sizes), "nodes": len(sizes),
-                              "per_node": PER_NODE},
-            "real_recorded": {"captures": len(real_raw), "raw_bytes_per_rank_median": statistics.median(real_raw),
+        if cap["ranks"] == list(range(cap["world_size"])):
+            caps_by_job.setdefault(p.parent, []).append(cap)
+    for caps in caps_by_job.values():
+        for a, b in zip(caps[0::2], caps[1::2], strict=False):
+            blobs = _node_of([a, b])
+            block = leader.reduce_node(step=a["step"], trigger=a["trigger"], world_size=len(blobs), leader=0,
+                                       blobs=blobs, missing=[], drill=0)
+            eight.append(len(block) / len(blobs))
+    return {"real_recorded": {"captures": len(real_raw), "raw_bytes_per_rank_median": statistics.median(real_raw),
                               "block_bytes_per_rank_median": statistics.median(real_block),
-                              "block_bytes_per_rank_max": max(real_block), "ranks_per_node": 4}}
+                              "block_bytes_per_rank_max": max(real_block), "ranks_per_node": 4},
+            "real_nodes_of_8": {"nodes": len(eight), "block_bytes_per_rank_median": statistics.median(eight),
+                                "block_bytes_per_rank_max": max(eight)}}
 
 
 def reduce_child(ranks: int, workdir: str) -> dict[str, Any]:
@@ -181,11 +155,13 @@ def analyse_child(folder: str, ranks: int) -> dict[str, Any]:
     del result, data
     pipe2 = Pipeline()
     pipe2.analyse(base, origin="baseline")
-    raw_doc = pipe2.analyse((out / "captures" / f"{synth.FAULT_STEP}.msgpack").read_bytes(), origin="capture") \
-        .diagnosis.to_json()
+    raw = (out / "captures" / f"{synth.FAULT_STEP}.msgpack").read_bytes()
+    raw_result, raw_s, _, _ = timed_analysis(pipe2, raw, out / "raw-reports", ranks)   # the same work, raw
+    raw_doc = raw_result.diagnosis.to_json()
     red_doc.pop("engine_s"), raw_doc.pop("engine_s")
     return {"analyse_s": analyse_s, "report_s": report_s, "maxrss_mb": rss, "culprit_right": ok,
-            "same_diagnosis_as_raw": red_doc == raw_doc, "drill_ranks_named": drill, "culprit": culprit}
+            "raw_analyse_s": raw_s, "same_diagnosis_as_raw": red_doc == raw_doc, "drill_ranks_named": drill,
+            "culprit": culprit}
 
 
 def main() -> None:
@@ -193,6 +169,7 @@ def main() -> None:
     ap.add_argument("--out")
     ap.add_argument("--full", action="store_true")
     ap.add_argument("--sizes", default="1000,10000")
+    ap.add_argument("--repeat", type=int, default=3, help="analyses per size (fresh processes)")
     ap.add_argument("--child", nargs=2)
     ap.add_argument("--analyse", nargs=2)
     args = ap.parse_args()
@@ -211,9 +188,17 @@ def main() -> None:
             proc = subprocess.run([sys.executable, __file__, "--child", str(n), work], capture_output=True,
                                   text=True, check=True)
             row = json.loads(proc.stdout.strip().splitlines()[-1])
-            proc = subprocess.run([sys.executable, __file__, "--analyse", row["dir"], str(n)], capture_output=True,
-                                  text=True, check=True)
-            row.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+            runs = []
+            for _ in range(args.repeat):        # fresh processes; each times the blocks, then the raw capture
+                proc = subprocess.run([sys.executable, __file__, "--analyse", row["dir"], str(n)],
+                                      capture_output=True, text=True, check=True)
+                runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            row.update(runs[len(runs) // 2])
+            for k in ("analyse_s", "raw_analyse_s", "maxrss_mb"):
+                row[k + "_runs"] = [r[k] for r in runs]
+            row["analyse_s"] = statistics.median(row["analyse_s_runs"])
+            row["raw_analyse_s"] = statistics.median(row["raw_analyse_s_runs"])
+            row["same_diagnosis_as_raw"] = all(r["same_diagnosis_as_raw"] for r in runs)
             res["sizes"][str(n)] = row
             print(f"{n} ranks: {json.dumps(row)}", file=sys.stderr)
             if args.out:
