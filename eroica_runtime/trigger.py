@@ -79,14 +79,18 @@ class Detector:
         beyond it, or on a new rise once the steps are back to normal; the acknowledged steps then
         become the reference as usual.
 
-        The drift rule forgets its best window: the best of many noisy windows sinks with every
-        window seen, and keeping it across captures tripled the drift captures of simulated healthy
-        noisy jobs. The throughput rule keeps its window and forgets only its reference: a capture
+        The drift rule forgets its best window when the capture caught a rise in progress (spike or
+        drift raised): the new level is then its reference. Otherwise (the burst that fired was over
+        by the time the window opened, a person's capture, stalls) it keeps it, so a slowdown that
+        starts just after such a capture is judged against the steps before it. Keeping it always
+        tripled the drift captures of simulated healthy noisy jobs: the best of many noisy windows
+        sinks with every window seen. The throughput rule keeps its window and forgets only its reference: a capture
         that opened on the first of a series of stalls (a spike) must not make the rule wait a whole
         new window before the next stalls can count."""
         self.ack = self.level if self.raised else None
-        self.window = deque(maxlen=max(self.cfg.drift_window, 2))
-        self.best = None
+        if self.ack is not None or self.over:
+            self.window = deque(maxlen=max(self.cfg.drift_window, 2))
+            self.best = None
         self.over = 0
         self.best_lost = None
         self.lost_over = 0
@@ -151,8 +155,10 @@ class Detector:
         p90 = history[int(0.9 * (len(history) - 1))]
         recent = sorted(self.recent)
         latest = self.level = recent[1] if len(recent) > 2 else recent[0]
-        if self.ack is not None and (latest <= cfg.spike_ratio * reference or reference >= self.ack):
-            self.ack = None   # back to normal, or the reference has caught up: the capture's level is history
+        if self.ack is not None and (recent[-2] <= 0.5 * (reference + self.ack) or reference >= self.ack):
+            # back to normal (all but one recent step nearer the reference than the captured level),
+            # or the reference has caught up: the captured level is history
+            self.ack = None
         # all but one of the recent steps well above the typical step AND above what this job's own
         # noise reaches one step in ten: a burst of noise does not fire, one dip does not hide; and
         # above what the last capture already saw

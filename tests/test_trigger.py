@@ -167,3 +167,16 @@ def test_a_captured_slowdown_is_not_captured_again_but_a_further_rise_is() -> No
     caps = _captures(worse, cfg)
     assert [t for _, t in caps] == ["baseline", "spike", "spike"] and caps[2][0] > len(slow), caps
 
+
+
+def test_a_moderate_slowdown_right_after_a_noise_capture_is_caught_by_drift() -> None:
+    """The fault bench's contend case (run 9): a noise capture 2 steps before a 1.4x slowdown, under
+    the spike ratio (1.3x here). The drift rule used to forget its best window at every capture and learn the
+    slow steps as its new best."""
+    steps = _jitter(40, 50.0, 0.1) + [100.0] * 4 + _jitter(6, 50.0, 0.1, seed=1) + _jitter(150, 65.0, 0.1, seed=2)
+    caps = _captures(steps, Config())
+    assert [t for _, t in caps] == ["baseline", "spike", "drift"] and caps[1][0] < 50 < caps[2][0], caps
+    # a rise still in progress when its capture starts is the new normal for drift as well
+    steps = _jitter(40, 50.0, 0.1) + _jitter(250, 70.0, 0.1, seed=2)
+    caps = _captures(steps, Config(spike_ratio=1.3))
+    assert [t for _, t in caps] == ["baseline", "spike"], caps

@@ -1,0 +1,108 @@
+"""Replay recorded step times through the capture trigger: a git revision against the working tree.
+
+    python scripts/bench/trigger_replay.py --base 70e029b /tmp/fb*/
+
+Each argument is a fault-bench output directory (``scripts/fault-bench --out``); every case in it
+with per-rank step times (``<case>/steps/steps-rank*.json``) is replayed through one ``Trigger``
+per rank the way ``Runtime._boundary`` drives them: each rank's flags, their MAX as the vote,
+``vote_lag`` steps late, no detector input while a window is open. The recorded steps include the
+slowdown of the windows the live run took, so this judges the trigger's schedule, not the engine;
+SIGCONT marks are not recorded, so the freeze cases rely on lost time alone.
+
+Prints, per revision: fault cases with a detector capture at or after the onset (step 50), detector
+captures in healthy cases, and every case where the two schedules differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from eroica_runtime import trigger
+from eroica_runtime.config import Config
+
+ROOT = Path(__file__).resolve().parents[2]
+ONSET = 50
+
+
+def _load_base(rev: str, tmp: Path) -> ModuleType:
+    path = tmp / "trigger_base.py"
+    path.write_text(subprocess.check_output(["git", "-C", str(ROOT), "show", f"{rev}:eroica_runtime/trigger.py"],
+                                            text=True))
+    spec = importlib.util.spec_from_file_location("trigger_base", path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["trigger_base"] = mod          # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def replay(series: list[list[float]], trigger_cls: Any, cfg: Config) -> list[tuple[int, str]]:
+    """(first profiled step, trigger) of every capture the ranks agree on."""
+    trigs = [trigger_cls(cfg) for _ in series]
+    votes: list[np.ndarray] = []
+    started: list[tuple[int, str]] = []
+    window_end = -1
+    for step in range(min(len(s) for s in series)):
+        in_window = step <= window_end
+        votes.append(np.max([t.local_flags(step, s[step], in_window) for t, s in zip(trigs, series, strict=True)],
+                            axis=0))
+        voted = votes.pop(0) if len(votes) > cfg.vote_lag else None
+        if in_window:
+            continue
+        decisions = [t.decide(step, voted) for t in trigs]
+        d = decisions[0]
+        if d is not None:
+            started.append((d.start_step + 1, d.trigger))
+            window_end = d.start_step + d.k
+    return started
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base", required=True, help="git revision whose trigger.py to compare with")
+    ap.add_argument("runs", nargs="+", type=Path, help="fault-bench output directories")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        revisions = {args.base: _load_base(args.base, Path(tmp)).Trigger, "working tree": trigger.Trigger}
+        totals = {name: {"fault cases": 0, "caught after onset": 0, "healthy cases": 0, "healthy captures": 0}
+                  for name in revisions}
+        differ = []
+        for run in args.runs:
+            for steps_dir in sorted(run.glob("*/steps")):
+                case = steps_dir.parent.name
+                series = [json.loads(p.read_text())["step_ms"] for p in sorted(steps_dir.glob("steps-rank*.json"))]
+                if case == "hang" or len(series) < 2 or min(map(len, series)) < 2 * ONSET:
+                    continue
+                healthy = case.startswith("healthy") or case == "overhead"
+                seen = {}
+                for name, cls in revisions.items():
+                    caps = [c for c in replay(series, cls, Config()) if c[1] != "baseline"]
+                    seen[name] = caps
+                    t = totals[name]
+                    if healthy:
+                        t["healthy cases"] += 1
+                        t["healthy captures"] += len(caps)
+                    else:
+                        t["fault cases"] += 1
+                        t["caught after onset"] += any(s >= ONSET for s, _ in caps)
+                if len({str(v) for v in seen.values()}) > 1:
+                    differ.append(f"{run.name}/{case}: " + "; ".join(f"{n} {v}" for n, v in seen.items()))
+    for name, t in totals.items():
+        print(f"{name}: " + ", ".join(f"{k} {v}" for k, v in t.items()))
+    print(f"{len(differ)} case(s) where the schedules differ:")
+    for line in differ:
+        print("  " + line)
+
+
+if __name__ == "__main__":
+    main()
