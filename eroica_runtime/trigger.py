@@ -3,11 +3,12 @@
 Local rules (defaults in Config, all configurable):
 - spike: all but one of the last ``spike_steps`` steps exceed ``spike_ratio`` x the rolling median of
   the ``spike_history`` steps before them, and their p90 — a persistent rise; noise bursts don't fire;
-  a rise stays out of that history until a capture has seen it, and fires again only 1.5x above it;
+  a rise stays out of that history until a capture has seen it, and fires again only
+  ``spike_ratio`` x above the level that capture saw (or once steps are back to normal);
 - drift (EROICA's rule): the mean of the last ``drift_window`` steps (top 10% trimmed, so stray
   spikes don't count) stays more than ``drift_pct`` % — and more than 3 standard errors of that
-  mean — above the best window seen since the last capture, for ``drift_window // 2`` consecutive
-  steps;
+  mean — above the best window seen since the last capture that caught a rise in progress, for
+  ``drift_window // 2`` consecutive steps;
 - throughput: the share of time lost to steps slower than the median over the last ``lost_window``
   steps, the longest one left out (1 - median x (n-1) / (sum - max)), stays ``lost_pct`` % points above the best such window since the last
   capture for ``lost_window // 8`` steps: rare long stalls (a process stopped 250 ms once a second,
