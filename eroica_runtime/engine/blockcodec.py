@@ -180,6 +180,36 @@ def unshuffle(who: str, what: str, data: Any, count: int) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8).reshape(8, count).T.copy().view("<i8").reshape(count)
 
 
+def _shuffled(who: str, what: str, data: Any, count: int) -> bytes:
+    """``shuffle``'s bytes of ``count`` values, their length checked (decoded with every block's)."""
+    if not isinstance(data, bytes) or len(data) != 8 * count:
+        raise BlockError(f"{who}: {what} must hold {count} values of 8 bytes")
+    return data
+
+
+def unshuffle_many(bufs: list[bytes], c: int, ns: list[int]) -> np.ndarray:
+    """(c, sum(ns)) int64: the (c, n_i) matrices ``shuffle`` made of ``bufs``, side by side; one numpy
+    pass for all blocks of one size (a job's nodes mostly are), not a few calls per block."""
+    total = sum(ns)
+    out = np.empty((c, total), dtype=np.int64)
+    if not total or not c:
+        return out
+    offs = np.cumsum([0, *ns])
+    by_n: dict[int, list[int]] = {}
+    for i, n in enumerate(ns):
+        if n:
+            by_n.setdefault(n, []).append(i)
+    for n, idx in by_n.items():
+        raw = np.frombuffer(b"".join([bufs[i] for i in idx]), dtype=np.uint8).reshape(len(idx), 8, c * n)
+        vals = np.ascontiguousarray(raw.transpose(0, 2, 1)).view("<i8").reshape(len(idx), c, n)
+        flat = vals.transpose(1, 0, 2).reshape(c, len(idx) * n)
+        if len(idx) == len(ns):
+            out[:] = flat
+        else:
+            out[:, np.concatenate([np.arange(offs[i], offs[i + 1]) for i in idx])] = flat
+    return out
+
+
 def _kinds(who: str, what: str, data: Any, count: int) -> np.ndarray:
     if not isinstance(data, bytes) or len(data) != count:
         raise BlockError(f"{who}: {what} kinds must be {count} bytes")
@@ -244,14 +274,15 @@ class Part:
     who: str
     allowed: list[int]            # ranks the block may have rows of (received, not rejected)
     m: int
-    ints: np.ndarray              # (len(INT_FIELDS), m) int64
+    ints: bytes                   # (len(INT_FIELDS), m) int64, shuffled
     fkinds: np.ndarray            # (len(FLOAT_FIELDS),) int8
-    floats: np.ndarray            # (len(FLOAT_FIELDS), m) int64, encoded
+    floats: bytes                 # (len(FLOAT_FIELDS), m) encoded, shuffled
     ckinds: np.ndarray            # (K,)
-    comm: np.ndarray              # (K, m) encoded
+    comm: bytes                   # (K, m) encoded, shuffled
     cap_trigger: list[str]
     hosts: list[str]
-    pats: list[tuple[tuple[FnKey, ...], bool, np.ndarray | None, np.ndarray, np.ndarray, np.ndarray | None]]
+    # (keys, repeats, rows or None (all), value kinds, values (2 * len(keys), k) shuffled, order, k)
+    pats: list[tuple[tuple[FnKey, ...], bool, np.ndarray | None, np.ndarray, bytes, np.ndarray | None, int]]
     groups: list[GroupCodes]
     throttle: dict[int, list[str]]
 
@@ -274,11 +305,11 @@ def parse_segment(who: str, doc: Any, world: int, allowed: list[int],
         raise BlockError(f"{who}: a segment of {m!r} rows (at most one per rank it received)")
     if not isinstance(big_k, int) or isinstance(big_k, bool) or not 0 <= big_k <= MAX_STEPS_LISTED:
         raise BlockError(f"{who}: comm has {big_k!r} steps (at most {MAX_STEPS_LISTED})")
-    ints = unshuffle(who, "ints", doc["ints"], len(INT_FIELDS) * m).reshape(len(INT_FIELDS), m)
+    ints = _shuffled(who, "ints", doc["ints"], len(INT_FIELDS) * m)
     fkinds = _kinds(who, "floats", doc["fkinds"], len(FLOAT_FIELDS))
-    floats = unshuffle(who, "floats", doc["floats"], len(FLOAT_FIELDS) * m).reshape(len(FLOAT_FIELDS), m)
+    floats = _shuffled(who, "floats", doc["floats"], len(FLOAT_FIELDS) * m)
     ckinds = _kinds(who, "comm", doc["ckinds"], big_k)
-    comm = unshuffle(who, "comm", doc["comm"], big_k * m).reshape(big_k, m)
+    comm = _shuffled(who, "comm", doc["comm"], big_k * m)
     cap_trigger = _strs(who, "cap_trigger", doc["cap_trigger"], limit=64)
     if len(cap_trigger) not in (1, m):
         raise BlockError(f"{who}: cap_trigger must hold one string or one per row")
@@ -316,7 +347,7 @@ def parse_segment(who: str, doc: Any, world: int, allowed: list[int],
         else:
             raise BlockError(f"{who}: {what}.rows must be nil or at most {m} int32 rows")
         vkinds = _kinds(who, f"{what}.vals", p["vkinds"], 2 * nk)
-        vals = unshuffle(who, f"{what}.vals", p["vals"], 2 * nk * k).reshape(2 * nk, k)
+        vals = _shuffled(who, f"{what}.vals", p["vals"], 2 * nk * k)
         order_b = p["order"]
         order = None
         if order_b is not None:
@@ -324,7 +355,7 @@ def parse_segment(who: str, doc: Any, world: int, allowed: list[int],
             if not isinstance(order_b, bytes) or len(order_b) != nk * k * dt.itemsize:
                 raise BlockError(f"{who}: {what}.order must be nil or {nk} x {k} positions")
             order = np.frombuffer(order_b, dtype=dt).reshape(nk, k).astype(np.int32) - 1
-        pats.append((keys, repeats, rows, vkinds, vals, order))
+        pats.append((keys, repeats, rows, vkinds, vals, order, k))
     groups = _groups(who, doc["groups"], m, world)
     throttle: dict[int, list[str]] = {}
     raw_t = doc["throttle"]
@@ -360,7 +391,7 @@ def check_parts(parts: list[Part], world: int) -> dict[int, str]:
     if not n:
         return bad
     part_of = np.repeat(np.arange(len(parts)), [p.m for p in parts])
-    ints = np.concatenate([p.ints for p in parts], axis=1)
+    ints = unshuffle_many([p.ints for p in parts], len(INT_FIELDS), [p.m for p in parts])
     rank, badp, steps, cap_step, host_code, stage = ints
     nhost = np.asarray([len(p.hosts) for p in parts], dtype=np.int64)[part_of]
     for name, v, lo, hi in (("rank", rank, 0, world - 1), ("badp", badp, -1, len(PHASES) - 1),
@@ -383,7 +414,7 @@ def check_parts(parts: list[Part], world: int) -> dict[int, str]:
     seen = np.zeros(n, dtype=np.int64)
     for i, p in enumerate(parts):
         o = int(offs[i])
-        for _, _, rows, _, _, order in p.pats:
+        for _, _, rows, _, _, order, _ in p.pats:
             if rows is None:
                 seen[o:o + p.m] += 1
             elif len(rows):
@@ -407,12 +438,11 @@ def merge_parts(parts: list[Part]) -> Segment:
     offs = np.cumsum([0] + [p.m for p in parts])
     n = int(offs[-1])
     counts = [p.m for p in parts]
-    ints = np.concatenate([p.ints for p in parts], axis=1) if parts else np.zeros((len(INT_FIELDS), 0), np.int64)
+    ints = unshuffle_many([p.ints for p in parts], len(INT_FIELDS), counts)
     fk = np.stack([p.fkinds for p in parts]) if parts else np.zeros((0, len(FLOAT_FIELDS)), np.int8)
     same_fk = bool((fk == fk[:1]).all()) if len(fk) else True
     kinds = fk[0] if same_fk and len(fk) else np.repeat(fk, counts, axis=0).T
-    floats = decode_floats(kinds, np.concatenate([p.floats for p in parts], axis=1)) if parts else \
-        np.zeros((len(FLOAT_FIELDS), 0))
+    floats = decode_floats(kinds, unshuffle_many([p.floats for p in parts], len(FLOAT_FIELDS), counts))
     width = max((len(p.ckinds) for p in parts), default=0)
     comm = np.full((n, width), np.nan)
     by_k: dict[int, list[int]] = {}
@@ -423,7 +453,7 @@ def merge_parts(parts: list[Part]) -> Segment:
             continue
         ck = np.stack([parts[i].ckinds for i in idx])
         sub = decode_floats(np.repeat(ck, [counts[i] for i in idx], axis=0).T,
-                            np.concatenate([parts[i].comm for i in idx], axis=1))
+                            unshuffle_many([parts[i].comm for i in idx], big_k, [counts[i] for i in idx]))
         rows = np.concatenate([np.arange(offs[i], offs[i + 1]) for i in idx])
         comm[rows, :big_k] = sub.T
     trig = {t for p in parts for t in p.cap_trigger}
@@ -439,10 +469,10 @@ def merge_parts(parts: list[Part]) -> Segment:
     for keys, members in by_keys.items():
         nk = len(keys)
         rows = np.concatenate([(np.arange(parts[i].m) if pat[2] is None else pat[2]) + offs[i] for i, pat in members])
-        sizes = [pat[4].shape[1] for _, pat in members]
+        sizes = [pat[6] for _, pat in members]
         vk = np.stack([pat[3] for _, pat in members])
         vals = decode_floats(vk[0] if (vk == vk[:1]).all() else np.repeat(vk, sizes, axis=0).T,
-                             np.concatenate([pat[4] for _, pat in members], axis=1))
+                             unshuffle_many([pat[4] for _, pat in members], 2 * nk, sizes))
         order = None
         if any(pat[5] is not None for _, pat in members):
             order = np.concatenate([pat[5] if pat[5] is not None else np.repeat(
