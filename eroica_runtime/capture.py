@@ -17,6 +17,20 @@ def _always_record(action: Any) -> Any:
     return schedule
 
 
+class RawEvents:
+    """The window's raw kineto events, made into Python objects only when first iterated.
+
+    Each event becomes a pybind object (~0.5-3 µs apiece, 10^4-10^5 events a window): that is left to
+    the summary's builder, which runs in slices after the closing step, not in it. Iterate once.
+    """
+
+    def __init__(self, results: Any) -> None:
+        self._results = results
+
+    def __iter__(self) -> Any:
+        return iter(self._results.events())
+
+
 class Capture:
     def __init__(self) -> None:
         self._prof: Any = None
@@ -69,11 +83,13 @@ class Capture:
             self._prof.step()
 
     def stop(self) -> Any:
-        """Stop (closing the last ProfilerStep) and return the window's events.
+        """Stop (closing the last ProfilerStep) and return the window's events, lead-in step included.
 
         The raw kineto events are handed over, not ``prof.events()``: torch's post-processing into
         FunctionEvents costs 2-3x the whole summary (docs/benchmarks.md), on every rank, in the step
-        that closes the window. The summary builder reads either form.
+        that closes the window. Nothing here touches the events (even listing them costs a pybind
+        object each): this runs on the training thread in the closing step; the summary builder reads
+        them later, in slices, and leaves out what started before ``ProfilerStep#<step>`` (the lead-in).
         """
         prof, self._prof = self._prof, None
         if prof is None:
@@ -81,16 +97,8 @@ class Capture:
         prof.stop()
         results = getattr(getattr(prof, "profiler", None), "kineto_results", None)
         if results is not None:
-            return self._after_lead_in(results.events())
+            return RawEvents(results)
         return prof.events()
-
-    def _after_lead_in(self, events: Any) -> Any:
-        """Drop what started before the first window step (the lead-in step and its tail)."""
-        first = f"ProfilerStep#{self.step}"
-        t0 = next((e.start_ns() for e in events if e.name() == first), None)
-        if t0 is None:
-            return events
-        return [e for e in events if e.start_ns() >= t0]
 
     def abandon(self) -> None:
         """Stop without processing (eroica is switching off on this rank)."""

@@ -3,11 +3,18 @@
 Everything here runs inside the step boundary on the training thread, so the steady state is a few
 microseconds (clock, detector, one nonblocking vote). Any exception is caught, logged once, and
 switches eroica off on this rank; the training carries on.
+
+A window's close is spread over the steps after it: the closing boundary only stops the profiler;
+the summary is built a slice at a time (at most ``_slice_s()`` per boundary) on this same thread,
+which holds the data and needs no lock and no GIL hand-over; each rank says in its vote whether its
+summary is still being built, and the gather runs at the first boundary whose vote says every rank
+is done, the same boundary on every rank (the gather is collective over the side channel).
 """
 
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
 import signal
 import socket
@@ -16,10 +23,12 @@ import sys
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgpack
+import numpy as np
 
 from eroica_runtime import __version__, errorfile, reportdir, telemetry
 from eroica_runtime import summary as summary_mod
@@ -33,6 +42,23 @@ from eroica_runtime.trigger import Trigger
 
 TRIGGER_FILE_EVERY_S = 1.0
 HISTORY_STEPS = 32   # steps before a window shipped in its summary (~0.9 KB)
+# Deferred work (a summary being built) per step boundary: half the job's median step, so no step
+# gets more than 1.5x longer, within [2, 20] ms: the 50 ms a closing step may add is the ceiling for
+# any step, and 2 ms keeps a very fast job from taking thousands of steps to finish a summary. The
+# closing boundary counts the profiler's stop against the same budget.
+SLICE_SHARE = 0.5
+SLICE_MIN_S = 0.002
+SLICE_MAX_S = 0.020
+
+
+@dataclass
+class _Pending:
+    """A closed window whose summary is being built, a slice per step boundary, until the gather."""
+
+    first: int                  # the window's first step (names the capture)
+    trigger: str
+    close_step: int             # the step whose boundary closed the window
+    build: summary_mod.Resumable[dict[str, Any]]
 
 
 class Runtime:
@@ -43,7 +69,10 @@ class Runtime:
         self.report_dir = cfg.report_dir or os.path.abspath("eroica-report")
         self.side: SideChannel | None = None
         self.gc = telemetry.GcMonitor()
-        self.clock = StepClock(self._on_boundary, gc_ms=lambda: self.gc.snapshot()[1])
+        # GC pauses inside eroica's own boundary work (collections its summary building set off) are
+        # not the training's: the step clock's per-step GC ms leaves them out, as it does the time
+        self._own_gc_ms = 0.0
+        self.clock = StepClock(self._on_boundary, gc_ms=lambda: self.gc.snapshot()[1] - self._own_gc_ms)
         self.trigger = Trigger(cfg)
         self.capture = Capture()
         self.pg_keeper = GroupKeeper()
@@ -51,6 +80,7 @@ class Runtime:
         self.analyst: Any = None
         self.groups: list[dict[str, Any]] = []
         self._window: dict[str, Any] = {}
+        self._pending: _Pending | None = None
         self._next_file_check = 0.0
         self._own_s = 0.0
         self._job_end_done = False
@@ -133,6 +163,7 @@ class Runtime:
             return
         self.enabled = False
         self._warn(f"off on this rank: {why}; training continues")
+        self._pending = None
         self.capture.abandon()
         self.clock.uninstall()
         if self.watchdog is not None:
@@ -155,18 +186,21 @@ class Runtime:
         if self.watchdog is not None:
             self.watchdog.progress(step)
         t0 = time.perf_counter()
+        gc0 = self.gc.snapshot()[1]
         try:
-            self._boundary(step, ms)
+            self._boundary(step, ms, t0)
         except DeadlineMissed as exc:
             self._world_broken = True
             self._disable(str(exc))
         except Exception as exc:
             self._disable(f"internal error at step {step}: {type(exc).__name__}: {exc}")
+        self._own_gc_ms += self.gc.snapshot()[1] - gc0
         self._own_s += time.perf_counter() - t0
 
-    def _boundary(self, step: int, ms: float) -> None:
+    def _boundary(self, step: int, ms: float, t0: float) -> None:
         assert self.side is not None
         cfg = self.cfg
+        pending = self._pending
         if step % REFRESH_EVERY == 0:
             self.pg_keeper.refresh()
         in_window = self.capture.active
@@ -175,20 +209,36 @@ class Runtime:
             self._check_trigger_file()
         last = self.clock.thread[-1] if self.clock.thread else None
         flags = self.trigger.local_flags(step, ms, in_window, last[3] if last is not None and last[0] == step else 0)
-        self.votes.append((step, self.side.post_vote(flags)))
+        # the trigger's flags, then "my summary is still being built"
+        vote = np.zeros(len(flags) + 1, dtype=np.int64)
+        vote[:-1] = flags
+        vote[-1] = pending is not None and not pending.build.done
+        self.votes.append((step, self.side.post_vote(vote)))
         voted = None
         if len(self.votes) > cfg.vote_lag:
-            _, handle = self.votes.popleft()
+            voted_step, handle = self.votes.popleft()
             voted = self.side.wait_vote(handle, cfg.deadline_s)
+            # a vote cast after the close saying nobody is still building: every rank gets this same
+            # answer at this same boundary, so all of them gather here
+            if pending is not None and voted_step > pending.close_step and not voted[-1]:
+                self._gather_pending()
+            voted = voted[:-1]
         if self.capture.active:
             last = self.capture.step + self.capture.k - 1  # type: ignore[operator]
             if step >= last:
                 self._close_window(step)
+                self._advance_pending(t0)
             else:
                 self.capture.mark()
             return
         decision = self.trigger.decide(step, voted)
-        if decision is not None:
+        if decision is None:
+            self._advance_pending(t0)
+        else:
+            if self._pending is not None:
+                # a new window may not open with a summary still unsent (its building would be
+                # profiled): every rank has this decision at this boundary, so all finish and gather
+                self._gather_pending()
             self.side.barrier(cfg.deadline_s, f"capture start barrier (step {decision.start_step})")
             self._window = {"tele_start": telemetry.sample(), "gc_start": self.gc.snapshot(),
                             "own_start": self._own_s}
@@ -207,7 +257,48 @@ class Runtime:
             self._warn(f"manual capture requested ({Path(self.report_dir) / reportdir.TRIGGER})")
 
     # ---- the window ------------------------------------------------------------------------------------
+    def _slice_s(self) -> float:
+        """Seconds of deferred work allowed per step boundary (see SLICE_SHARE)."""
+        recent = [m for _, m in itertools.islice(reversed(self.clock.durations), 16)]
+        typical = statistics.median(recent) / 1e3 if recent else SLICE_MAX_S
+        return min(SLICE_MAX_S, max(SLICE_MIN_S, SLICE_SHARE * typical))
+
+    def _advance_pending(self, t0: float) -> None:
+        """Build the pending summary for what is left of this boundary's slice (begun at ``t0``)."""
+        pending = self._pending
+        if pending is None or pending.build.done:
+            return
+        left = t0 + self._slice_s() - time.perf_counter()
+        if left > 0:
+            pending.build.run(left)
+
+    def _gather_pending(self) -> None:
+        """Encode the pending summary and gather it (collective: every rank calls this at the same
+        boundary). The build is normally done already; a capture about to start or the job's end
+        finishes it here."""
+        assert self.side is not None
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        pending.build.run(None)
+        blob = summary_mod.encode(pending.build.result)  # type: ignore[arg-type]
+        first, trigger = pending.first, pending.trigger
+        # per-host link latency/bandwidth between node leaders (a no-op on one node): the only way to
+        # name the host of a slow link, since a slow link slows every rank's collectives alike
+        probe = self.side.probe_links(self.cfg.deadline_s)
+        gathered = gather_capture(self.side, blob, step=first, trigger=trigger,
+                                  deadline_s=self.cfg.deadline_s, report_dir=self.report_dir,
+                                  extra={"link_probe": probe} if probe else None,
+                                  reduce=self.cfg.reduces(self.side.size))
+        if gathered is not None and self.analyst is not None:
+            if gathered.missing:
+                what = "no block from node leaders" if gathered.reduced else "no summary from ranks"
+                self._warn(f"capture at step {first}: {what} {gathered.missing} "
+                           f"within {self.cfg.deadline_s:.0f}s; analysing the others")
+            self.analyst.submit(gathered)
+
     def _close_window(self, step: int) -> None:
+        """Stop the profiler and set the summary's build going (it runs in later slices)."""
         assert self.side is not None
         cap = self.capture
         first, trigger, k = cap.step, cap.trigger, cap.k
@@ -221,24 +312,11 @@ class Runtime:
                  "world_size": self.side.size, "pid": os.getpid(), "host": socket.gethostname(),
                  "device": telemetry.gpu_identity(), "groups": self.groups,
                  "versions": {"eroica": __version__, "torch": _torch_version()}}
-        doc = summary_mod.build(events, identity=ident, capture={"step": first, "trigger": trigger, "k": k},
-                                steps=steps, history=history,
-                                gc={"count": (gc_count1 - gc_count0) / n, "ms": (gc_ms1 - gc_ms0) / n},
-                                telemetry={"start": self._window["tele_start"], "end": telemetry.sample()})
-        blob = summary_mod.encode(doc)
-        # per-host link latency/bandwidth between node leaders (a no-op on one node): the only way to
-        # name the host of a slow link, since a slow link slows every rank's collectives alike
-        probe = self.side.probe_links(self.cfg.deadline_s)
-        gathered = gather_capture(self.side, blob, step=first, trigger=trigger,  # type: ignore[arg-type]
-                                  deadline_s=self.cfg.deadline_s, report_dir=self.report_dir,
-                                  extra={"link_probe": probe} if probe else None,
-                                  reduce=self.cfg.reduces(self.side.size))
-        if gathered is not None and self.analyst is not None:
-            if gathered.missing:
-                what = "no block from node leaders" if gathered.reduced else "no summary from ranks"
-                self._warn(f"capture at step {first}: {what} {gathered.missing} "
-                           f"within {self.cfg.deadline_s:.0f}s; analysing the others")
-            self.analyst.submit(gathered)
+        build = summary_mod.build_steps(
+            events, identity=ident, capture={"step": first, "trigger": trigger, "k": k}, steps=steps,
+            history=history, gc={"count": (gc_count1 - gc_count0) / n, "ms": (gc_ms1 - gc_ms0) / n},
+            telemetry={"start": self._window["tele_start"], "end": telemetry.sample()})
+        self._pending = _Pending(first, trigger, step, summary_mod.Resumable(build))  # type: ignore[arg-type]
 
     def _step_records(self, first: int, last: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         """The window's steps (wall, and the training thread's CPU and run-queue ms) and the same
@@ -409,6 +487,10 @@ class Runtime:
             if self.capture.active:
                 self.capture.abandon()
             if self.enabled and not failing:
+                if self._pending is not None:
+                    # the job ended before the last summary was sent: every rank is at the same point
+                    # (the same boundaries decided it), so all finish and gather it before the job's end
+                    self._gather_pending()
                 stats = self._gather_job_end(side)
                 if stats is not None:
                     self._write_job_end(stats)   # before MPI_Finalize: a killed job keeps its report

@@ -1,12 +1,13 @@
 """Behaviour summaries: one rank's profiled window boiled down to a small msgpack document.
 
 One job per module: ``schema`` (the format, validation, encoding of summaries and capture files),
-``events`` (reading and classifying profiler events), ``chrome`` (chrome-trace events read into the
+``events`` (reading and classifying profiler events), ``resumable`` (work run in time-budgeted slices), ``chrome`` (chrome-trace events read into the
 same records, for ``eroica analyze --traces``), ``intervals`` (interval arithmetic) and ``build``
 (events -> summary). Everything callers use is re-exported here.
 """
 
-from eroica_runtime.summary.build import MAX_FUNCTIONS, NAME_LIMIT, OTHER, SIZE_BUDGET, build
+from eroica_runtime.summary.build import MAX_FUNCTIONS, NAME_LIMIT, OTHER, SIZE_BUDGET, build, build_steps
+from eroica_runtime.summary.resumable import Resumable
 from eroica_runtime.summary.schema import (
     CAPTURE_SCHEMA,
     FUNCTION_PHASES,
@@ -25,5 +26,5 @@ from eroica_runtime.summary.schema import (
 )
 
 __all__ = ["CAPTURE_SCHEMA", "FUNCTION_PHASES", "KINDS", "MAX_FUNCTIONS", "MAX_SUMMARY_BYTES", "NAME_LIMIT",
-           "OTHER", "OWN_WORK_PHASES", "PHASES", "SCHEMA", "SIZE_BUDGET", "SummaryError", "build", "decode",
-           "decode_capture", "encode", "encode_capture", "own_work_ms", "validate"]
+           "OTHER", "OWN_WORK_PHASES", "PHASES", "SCHEMA", "SIZE_BUDGET", "Resumable", "SummaryError", "build",
+           "build_steps", "decode", "decode_capture", "encode", "encode_capture", "own_work_ms", "validate"]

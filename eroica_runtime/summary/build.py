@@ -8,11 +8,12 @@ from typing import Any
 
 import msgpack
 
-from eroica_runtime.summary.events import STEP_PREFIX, SYNC_NAMES, Ev, classify, normalize
+from eroica_runtime.summary.events import STEP_PREFIX, SYNC_NAMES, Ev, classify, normalize_steps
 from eroica_runtime.summary.intervals import intersect as _intersect
 from eroica_runtime.summary.intervals import length as _length
 from eroica_runtime.summary.intervals import subtract as _subtract
 from eroica_runtime.summary.intervals import union as _union
+from eroica_runtime.summary.resumable import CHUNK, Steps, drain
 from eroica_runtime.summary.schema import FUNCTION_PHASES, PHASES, SCHEMA, validate
 
 MAX_FUNCTIONS = 64
@@ -40,6 +41,11 @@ def _nest(thread_events: list[Ev]) -> list[tuple[float, float, Ev]]:
     A child inherits its parent's phase unless it carries a marker of its own (a collective
     launched from a backward hook is comm, an op under the optimizer annotation is optimizer).
     """
+    return drain(_nest_steps(thread_events))
+
+
+def _nest_steps(thread_events: list[Ev]) -> Steps[list[tuple[float, float, Ev]]]:
+    """``_nest`` as a stepwise computation (yields every CHUNK events)."""
     segments: list[tuple[float, float, Ev]] = []
     stack: list[list[Any]] = []  # [end, cursor, event]
 
@@ -50,7 +56,11 @@ def _nest(thread_events: list[Ev]) -> list[tuple[float, float, Ev]]:
         if stack:
             stack[-1][1] = max(stack[-1][1], end)
 
-    for ev in sorted(thread_events, key=lambda e: (e.start, -e.end)):
+    ordered = sorted(thread_events, key=lambda e: (e.start, -e.end))
+    yield
+    for i, ev in enumerate(ordered):
+        if not i % CHUNK:
+            yield
         while stack and stack[-1][0] <= ev.start:
             pop()
         end = ev.end
@@ -242,10 +252,24 @@ def _trim_steps(step_evs: list[Ev], main_starts: list[float]) -> list[Ev]:
 def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], steps: list[dict[str, Any]],
           gc: dict[str, Any], telemetry: dict[str, Any], main_tid: int | None = None,
           history: dict[str, Any] | None = None, max_functions: int = MAX_FUNCTIONS, size_budget: int = SIZE_BUDGET) -> dict[str, Any]:
-    """Boil one rank's profiled window down to an ``eroica.summary/1`` dict.
+    """Boil one rank's profiled window down to an ``eroica.summary/1`` dict (in one go; see build_steps)."""
+    return drain(build_steps(events, identity=identity, capture=capture, steps=steps, gc=gc, telemetry=telemetry,
+                             main_tid=main_tid, history=history, max_functions=max_functions,
+                             size_budget=size_budget))
+
+
+def build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], steps: list[dict[str, Any]],
+                gc: dict[str, Any], telemetry: dict[str, Any], main_tid: int | None = None,
+                history: dict[str, Any] | None = None, max_functions: int = MAX_FUNCTIONS,
+                size_budget: int = SIZE_BUDGET) -> Steps[dict[str, Any]]:
+    """Boil one rank's profiled window down to an ``eroica.summary/1`` dict, as a stepwise
+    computation: it yields every CHUNK events or so (resumable.py), so the runtime can spread it over
+    the steps after a window's close instead of stalling the closing step (``build`` drains it).
 
     ``events`` is either ``prof.events()`` (FunctionEvents) or, much cheaper, the raw
-    ``prof.profiler.kineto_results.events()`` (recognised by their ``start_ns()`` method).
+    ``prof.profiler.kineto_results.events()`` (recognised by their ``start_ns()`` method). Raw
+    events that started before ``ProfilerStep#<capture step>`` (the capture's lead-in step, when the
+    profiler ran one) are left out, here rather than on the training thread at the close.
 
     Reads only the events it is given (never calls the profiler). Steps are the
     ``ProfilerStep#N`` annotations when present (a profiler schedule makes them), else the
@@ -257,12 +281,55 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
     engine can tell an excess present in every step from one carried by a single step.
     ``history`` (the step clock's steps before the window) is passed through.
     """
-    t0 = time.perf_counter()
-    evs = normalize(events)
-    for ev in evs:
+    clock = _Clock()
+    return (yield from _paused(_build_steps(events, identity=identity, capture=capture, steps=steps, gc=gc,
+                                            telemetry=telemetry, main_tid=main_tid, history=history,
+                                            max_functions=max_functions, size_budget=size_budget, clock=clock),
+                               clock))
+
+
+class _Clock:
+    """Time spent running a stepwise build, not counting the time it sat suspended (build_ms)."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.since = time.perf_counter()
+
+    def pause(self) -> None:
+        self.total += time.perf_counter() - self.since
+
+    def resume(self) -> None:
+        self.since = time.perf_counter()
+
+    def ms(self) -> float:
+        return (self.total + time.perf_counter() - self.since) * 1000.0
+
+
+def _paused(gen: Steps[dict[str, Any]], clock: _Clock) -> Steps[dict[str, Any]]:
+    """Pass ``gen``'s yields on, pausing ``clock`` while suspended."""
+    while True:
+        try:
+            next(gen)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        clock.pause()
+        yield
+        clock.resume()
+
+
+def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], steps: list[dict[str, Any]],
+                 gc: dict[str, Any], telemetry: dict[str, Any], main_tid: int | None, history: dict[str, Any] | None,
+                 max_functions: int, size_budget: int, clock: _Clock) -> Steps[dict[str, Any]]:
+    window_start = f"{STEP_PREFIX}#{int(capture['step'])}" if capture.get("step") is not None else None
+    evs = yield from normalize_steps(events, window_start)
+    for i, ev in enumerate(evs):
+        if not i % CHUNK:
+            yield
         classify(ev)
+    yield
     step_evs = [ev for ev in evs if not ev.gpu and ev.name.startswith(STEP_PREFIX)]
     main = _pick_main_thread(evs, step_evs, main_tid)
+    yield
     main_starts = sorted(ev.start for ev in evs if ev.thread == main and not ev.gpu
                          and not ev.name.startswith(STEP_PREFIX))
     step_evs = _trim_steps(sorted((ev for ev in step_evs if ev.thread == main), key=lambda e: e.start),
@@ -270,14 +337,19 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
     k_expected = int(capture.get("k", 0) or 0)
     if 0 < k_expected < len(step_evs):  # a lead-in step the capture did not drop: the window is the last k
         step_evs = step_evs[-k_expected:]
+    yield
     evs = [ev for ev in evs if not (not ev.gpu and ev.name.startswith(STEP_PREFIX))]
+    yield
 
     by_thread: dict[Any, list[Ev]] = {}
     for ev in evs:
         if not ev.gpu:
             by_thread.setdefault(ev.thread, []).append(ev)
-    segments_by_thread = {t: _nest(tevs) for t, tevs in by_thread.items()}
+    segments_by_thread = {}
+    for t, tevs in by_thread.items():
+        segments_by_thread[t] = yield from _nest_steps(tevs)
     main_evs = by_thread.get(main, [])
+    yield
 
     # Step spans.
     if step_evs:
@@ -290,12 +362,15 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
         step_source = "window"
 
     # Collectives in flight: gloo/nccl records on any thread, NCCL kernels on the device.
+    yield
     inflight = _union([(ev.start, ev.end) for ev in evs if ev.kind == "collective"])
     inflight_in = _intersect(inflight, spans)
     # Backward running on a thread other than main (the autograd engine's device threads).
     side_bwd = _union([(ev.start, ev.end) for t, tevs in by_thread.items() if t != main
                        for ev in tevs if ev.marker == "backward"])
+    yield
     gpu_compute = _union([(ev.start, ev.end) for ev in evs if ev.gpu and ev.kind == "kernel"])
+    yield
 
     # Positional phases for main-thread work outside any marker: before the step's first
     # backward op -> forward, after its last -> optimizer (loss, grad clipping, user code).
@@ -318,13 +393,17 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
             return "forward"
         return "optimizer" if t > bwd[1] else "backward"
 
+    yield
     closures = _closure_ranges(main_evs, bwd_marks)
+    yield
 
     busy_by_phase: dict[str, list[tuple[float, float]]] = {}
     blocking: dict[str, list[tuple[float, float]]] = {}  # phase-owned blocking (sync calls)
     comm_ivs: list[tuple[float, float]] = []              # main thread blocked on a collective
     gap_like: list[tuple[float, float]] = []
-    for s, e, ev in segments_by_thread.get(main, []):
+    for i, (s, e, ev) in enumerate(segments_by_thread.get(main, [])):
+        if not i % CHUNK:
+            yield
         if ev.phase is None:
             ev.phase = positional(ev.start)
         if (ev.kind == "annotation" and ev.marker is None) or id(ev) in closures:
@@ -338,8 +417,10 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
     for ev in main_evs:
         if ev.phase is None:
             ev.phase = positional(ev.start)
+    yield
     main_union = _union([(ev.start, ev.end) for ev in main_evs])
     gaps = _union(_subtract(spans, main_union) + gap_like)
+    yield
 
     phases = dict.fromkeys(PHASES, 0.0)
     for ph, ivs in busy_by_phase.items():
@@ -365,6 +446,7 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
     phases["host_gap"] += max(0.0, gap_ms - gc_ms * n_steps)
     compute = _union([iv for ph in ("forward", "backward", "optimizer") for iv in busy_by_phase.get(ph, [])]
                      + side_bwd + gpu_compute)
+    yield
     phases["comm_total"] = _length(inflight_in)
     phases["overlap"] = _length(_intersect(inflight_in, compute))
     for key in phases:
@@ -382,6 +464,7 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
     # A kernel's linked_correlation_id is the id of the op that launched it; runtime calls
     # (cudaLaunchKernel) carry CUPTI ids from another number space and a non-zero link, so only
     # frontend events (link 0) are indexed.
+    yield
     by_corr = {ev.corr: ev for ev in main_evs if ev.corr and not ev.linked}
     for tevs in (v for t, v in by_thread.items() if t != main):
         for ev in tevs:
@@ -389,7 +472,9 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
                 ev.phase = "other"
             if ev.corr and not ev.linked:
                 by_corr.setdefault(ev.corr, ev)
-    for ev in evs:
+    for i, ev in enumerate(evs):
+        if not i % CHUNK:
+            yield
         if ev.gpu:
             ev.self_ms = ev.end - ev.start
             if ev.marker == "comm":
@@ -400,7 +485,9 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
         if ev.phase not in FUNCTION_PHASES:
             ev.phase = "other"
 
+    yield
     device = _device_phases([ev for ev in evs if ev.gpu], spans, n_steps)
+    yield
 
     # the function table covers the window only (not a lead-in step before it); device work
     # launched inside the window may finish after it
@@ -409,7 +496,9 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
     groups: dict[tuple[str, str, str], tuple[list[float], list[float]]] = {}
     launchers: dict[tuple[str, str, str], dict[str, int]] = {}
     device_keys: set[tuple[str, str, str]] = set()
-    for ev in evs:
+    for i, ev in enumerate(evs):
+        if not i % CHUNK:
+            yield
         if ev.start < lo_w or (ev.start > hi_w and not ev.gpu):
             continue
         if ev.gpu and ev.kind == "annotation":
@@ -436,8 +525,10 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
     def by_time(items: list[Any]) -> list[Any]:
         return sorted(items, key=lambda kv: (-round(sum(kv[1][0]), 6), kv[0]))
 
+    yield
     host_ranked = by_time([kv for kv in groups.items() if kv[0] not in device_keys])
     dev_ranked = by_time([kv for kv in groups.items() if kv[0] in device_keys])
+    yield
 
     step_rows = [{"step": int(s.get("step", 0)), "ms": _num(s.get("ms", 0.0)),
                   **{k: _num(s[k]) for k in ("cpu", "runq", "stops", "data", "gc") if k in s}} for s in steps]
@@ -474,6 +565,7 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
         doc["history"] = history
     limit = max(0, int(max_functions))
     while True:
+        yield
         # device work gets its own share (a quarter) of the budget: thousands of short kernels
         # would otherwise all fold into <other> behind the host ops; an unused share goes back
         dev_n = min(len(dev_ranked), max(limit // 4, limit - len(host_ranked)))
@@ -492,7 +584,7 @@ def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], ste
             selfs = sum(x for _, (_, sf) in rest_items for x in sf)
             fns.append(_fn_stats(OTHER, "other", "other", durs, selfs, n_steps))
         doc["functions"] = fns
-        doc["profile"]["build_ms"] = _num((time.perf_counter() - t0) * 1000.0)
+        doc["profile"]["build_ms"] = _num(clock.ms())
         if limit == 0 or len(msgpack.packb(doc, use_bin_type=True)) <= size_budget:
             break
         limit = limit * 3 // 4

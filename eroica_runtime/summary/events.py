@@ -11,6 +11,8 @@ import re
 import sys
 from typing import Any
 
+from eroica_runtime.summary.resumable import CHUNK, Steps, drain
+
 STEP_PREFIX = "ProfilerStep"
 _GPU_DEVICE_TYPES = ("CUDA", "HIP", "XPU", "PrivateUse1", "MTIA")
 # (DDP's own reducer ops, "torch.distributed.ddp.reducer::copy_bucket_to_grad" and friends, are
@@ -103,26 +105,35 @@ def _demangle(name: str) -> str:
     return hit
 
 
-def normalize_raw(events: Any) -> list[Ev]:
+def normalize_raw(events: Any, window_start: str | None = None) -> list[Ev]:
     """Read raw kineto events (``prof.profiler.kineto_results.events()``, methods not fields).
 
     About 100x cheaper than ``prof.events()``, which builds FunctionEvents and an op tree the
     builder does not need. Mirrors torch's post-processing: drops the same utility records and
     moves device-runtime calls (cudaLaunchKernel...) onto the thread of the op that made them.
+    With ``window_start`` (``ProfilerStep#<first window step>``), everything that started before
+    that annotation (the capture's lead-in step) is left out.
     """
-    raw = list(events)
+    return drain(normalize_raw_steps(events, window_start))
+
+
+def normalize_raw_steps(events: Any, window_start: str | None = None) -> Steps[list[Ev]]:
+    """``normalize_raw`` as a stepwise computation (yields every CHUNK events; see resumable.py)."""
+    raw = events if isinstance(events, list) else list(events)
     if not raw:
         return []
     out: list[Ev] = []
-    op_thread: dict[int, Any] = {}
     has_activity = callable(getattr(raw[0], "activity_type", None))
     has_meta = callable(getattr(raw[0], "metadata_json", None))
     has_hidden = callable(getattr(raw[0], "is_hidden_event", None))
     cpu_type: Any = None          # the (one) host device type value, compared without naming it
     starts: list[int] = []
+    t0: int | None = None         # start of the window's first ProfilerStep (ns), when asked for
     # one pass of method calls (each is a pybind call: the cost of this function), times made
     # relative afterwards
-    for ke in raw:
+    for i, ke in enumerate(raw):
+        if not i % CHUNK:
+            yield
         name = ke.name()
         if name in _FILTERED_NAMES or (has_hidden and ke.is_hidden_event()):
             continue
@@ -134,6 +145,8 @@ def normalize_raw(events: Any) -> list[Ev]:
             if not gpu and _device_type_name(dtype) == "CPU":
                 cpu_type = dtype
         start = ke.start_ns()
+        if t0 is None and name == window_start:
+            t0 = start
         starts.append(start)
         if gpu:
             activity = str(ke.activity_type()) if has_activity else ""
@@ -146,18 +159,40 @@ def normalize_raw(events: Any) -> list[Ev]:
         else:
             ev = Ev(name, start, ke.end_ns(), ke.start_thread_id(), False, bool(ke.is_user_annotation()),
                     int(ke.scope() or 0), int(ke.correlation_id() or 0), int(ke.linked_correlation_id() or 0))
-            if not ev.linked and ev.corr:
-                op_thread[ev.corr] = ev.thread
         out.append(ev)
+    if t0 is not None:
+        out = [ev for ev in out if ev.start >= t0]
+        starts = [ev.start for ev in out]
+    yield
     base = min(starts) if starts else 0
-    for ev in out:
+    op_thread: dict[int, Any] = {}
+    for i, ev in enumerate(out):
+        if not i % (4 * CHUNK):
+            yield
         ev.start = (ev.start - base) / 1e6
         ev.end = max((ev.end - base) / 1e6, ev.start)
         ev.self_ms = ev.end - ev.start
+        if not ev.gpu and not ev.linked and ev.corr:
+            op_thread[ev.corr] = ev.thread
     for ev in out:
         if not ev.gpu and ev.linked and ev.linked in op_thread:
             ev.thread = op_thread[ev.linked]
     return out
+
+
+def normalize_steps(events: Any, window_start: str | None = None) -> Steps[list[Ev]]:
+    """``normalize`` as a stepwise computation: raw kineto events are read in pieces, FunctionEvents
+    in one go (offline and tests only); both are cut at ``window_start`` (the profiler's forms of the
+    same window tell the same story). Ev records (a chrome trace, already selected) pass through."""
+    if not isinstance(events, list | tuple):
+        events = list(events)
+    if events and callable(getattr(events[0], "start_ns", None)):
+        return (yield from normalize_raw_steps(events, window_start))
+    if (events and isinstance(events[0], Ev)) or window_start is None:
+        return normalize(events)
+    evs = normalize(events)
+    t0 = next((ev.start for ev in evs if not ev.gpu and ev.name == window_start), None)
+    return evs if t0 is None else [ev for ev in evs if ev.start >= t0]
 
 
 def normalize(events: Any) -> list[Ev]:

@@ -1,18 +1,29 @@
-"""Where a capture's close spends its time on the CPU, and whether a background build would help.
+"""Where a capture's close spends its time on the CPU, and what the closing step costs a real job.
 
-A 3-step window of a 12-layer transformer (d 64, 1 thread) profiled the way capture.py does; then
-``prof.stop()``, reading the raw events, and ``summary.build`` timed (--reps times, median/min), and
-the same build run in a background thread while the training loop keeps stepping (default and 0.5 ms
-GIL switch intervals): how much the overlapped steps slow down against the inline build.
+Pieces: a 3-step window of a 12-layer transformer (d 64, 1 thread) profiled the way capture.py does;
+then ``prof.stop()``, reading the raw events, and ``summary.build`` timed (--reps times, median/min),
+and the same build run in a background thread while the training loop keeps stepping (default and
+0.5 ms GIL switch intervals): how much the overlapped steps slow down against the inline build.
+
+Job (``--job``): real N-rank CPU DDP jobs (scripts/faultlib/train_bench.py under eroica-run, the fault
+bench's job) with captures at fixed steps; each rank's own wall time per step (eroica's boundary work
+included, which the step clock leaves out) gives, per capture, the closing step's extra time over the
+same rank's median step before the window, and the extra summed over the steps after it (where any
+deferred work lands). Run it under the bench lock: ``flock /tmp/eroica-multirank.lock ...``.
 
 Usage: .venv/bin/python scripts/bench/close_cost.py [--reps 5]   (benchmarks.md §6)
+       .venv/bin/python scripts/bench/close_cost.py --job --rounds 3 [--layers 12]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -24,13 +35,83 @@ import torch  # noqa: E402
 
 from eroica_runtime import summary  # noqa: E402
 from eroica_runtime.capture import Capture  # noqa: E402
+from eroica_runtime.runtime import SLICE_MAX_S, SLICE_MIN_S, SLICE_SHARE  # noqa: E402
 from eroica_runtime.summary.events import normalize_raw  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+AFTER = 40   # steps after the closing one whose extra time is summed
+
+
+def job_round(args: argparse.Namespace, out: Path) -> list[dict[str, float]]:
+    """One eroica-run job; per capture: the closing step's extra ms (slowest rank), the next step's, and
+    the extra summed over the AFTER steps after the closing one (each rank's, then the slowest)."""
+    steps = sorted(int(s) for s in args.captures.split(","))
+    env = {**os.environ, "MPIR_CVAR_ENABLE_HEAVY_YIELD": "1", "MPIR_CVAR_POLLS_BEFORE_YIELD": "10",
+           "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [str(Path(sys.executable).parent / "eroica-run"), "--nproc-per-node", str(args.ranks), "--report-dir",
+           str(out / "report"), "--capture-at-steps", args.captures, "--no-baseline",
+           str(ROOT / "scripts/faultlib/train_bench.py"), "--steps", str(max(steps) + AFTER + 20), "--out",
+           str(out / "steps"), "--layers", str(args.layers)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"job failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
+    ranks = [json.loads(p.read_text())["step_ms"] for p in sorted((out / "steps").glob("steps-rank*.json"))]
+    from eroica_runtime import summary as summary_mod
+
+    rows = []
+    for path in sorted((out / "report" / "captures").glob("*.msgpack"), key=lambda p: int(p.stem)):
+        meta, sums, _ = summary_mod.decode_capture(path.read_bytes())
+        first = int(meta["step"])
+        k = int(sums[0]["capture"]["k"]) if sums else 3
+        close = first + k - 1            # its boundary closes the window (step_ms[s] is eroica's step s)
+        extra_close, extra_next, extra_after = [], [], []
+        for ms in ranks:
+            ref = statistics.median(ms[first - 14:first - 2])   # before the lead-in step
+            extra_close.append(ms[close] - ref)
+            extra_next.append(ms[close + 1] - ref)
+            extra_after.append(sum(m - ref for m in ms[close + 1:close + 1 + AFTER]))
+        rows.append({"step": first, "ref": statistics.median(statistics.median(ms[first - 14:first - 2]) for ms in ranks),
+                     "close": max(extra_close), "next": max(extra_next), "after": max(extra_after),
+                     "events": statistics.median(s["profile"]["events"] for s in sums) if sums else 0,
+                     "build_ms": statistics.median(s["profile"]["build_ms"] for s in sums) if sums else 0})
+    return rows
+
+
+def job(args: argparse.Namespace) -> None:
+    every: list[dict[str, float]] = []
+    for r in range(args.rounds):
+        with tempfile.TemporaryDirectory(prefix="close-cost-") as tmp:
+            rows = job_round(args, Path(tmp))
+        for row in rows:
+            print(f"round {r} capture {row['step']:4d}: step {row['ref']:.1f} ms, {row['events']:.0f} events, "
+                  f"build {row['build_ms']:.0f} ms; closing step +{row['close']:.0f} ms, next +{row['next']:.0f} ms, "
+                  f"next {AFTER} steps +{row['after']:.0f} ms (slowest rank)", flush=True)
+        every += rows
+    for key in ("close", "next", "after"):
+        vals = sorted(row[key] for row in every)
+        print(f"{key}: median {statistics.median(vals):.0f} ms, min {vals[0]:.0f}, max {vals[-1]:.0f} "
+              f"({len(vals)} captures)")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--job", action="store_true", help="measure the closing step of real eroica-run jobs")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=2, help="train_bench's transformer layers (more: more events)")
+    ap.add_argument("--captures", default="30,90,150", help="window first steps, comma-separated")
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--threaded", action="store_true", help="also time the build in a background thread (§6, 2026-11-30)")
     args = ap.parse_args()
+    if args.job:
+        job(args)
+        return
+    pieces(args)
+
+
+def pieces(args: argparse.Namespace) -> None:
+    """One process: the close's pieces, and the closing and following steps as the runtime runs them."""
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     layer = torch.nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, batch_first=True)
@@ -43,28 +124,6 @@ def main() -> None:
         model(x).sum().backward()
         opt.step()
 
-    for _ in range(5):
-        step()
-    cap = Capture()
-    cap.start(10, "bench", 3)
-    for i in range(3):
-        step()
-        if i < 2:
-            cap.mark()
-    t0 = time.perf_counter()
-    events = cap.stop()
-    stop_ms = (time.perf_counter() - t0) * 1e3
-    kw = dict(identity={"rank": 0, "world_size": 1, "host": "h"}, capture={"step": 10, "trigger": "bench", "k": 3},
-              steps=[{"step": 10 + i, "ms": 10.0} for i in range(3)], gc={"count": 0, "ms": 0.0}, telemetry={})
-    read, build = [], []
-    for _ in range(args.reps):
-        t0 = time.perf_counter()
-        normalize_raw(events)
-        read.append((time.perf_counter() - t0) * 1e3)
-        t0 = time.perf_counter()
-        summary.build(events, **kw)
-        build.append((time.perf_counter() - t0) * 1e3)
-
     def timed(n: int) -> list[float]:
         out = []
         for _ in range(n):
@@ -73,10 +132,74 @@ def main() -> None:
             out.append((time.perf_counter() - t0) * 1e3)
         return out
 
+    k = 3
+    kw = dict(identity={"rank": 0, "world_size": 1, "host": "h"}, capture={"step": 10, "trigger": "bench", "k": k},
+              steps=[{"step": 10 + i, "ms": 10.0} for i in range(k)], gc={"count": 0, "ms": 0.0}, telemetry={})
+    cap = Capture()
+    cap.warm_up()
+    for _ in range(5):
+        step()
+
+    def window() -> tuple[float, summary.Resumable]:
+        """A window as the runtime drives it (lead-in step, k steps, a mark at each boundary); returns
+        the closing step's ms (its training work, then stop() and the builder set going) and the build."""
+        cap.start(10, "bench", k)
+        for _ in range(k):
+            step()
+            cap.mark()
+        t0 = time.perf_counter()
+        step()
+        job = summary.Resumable(summary.build_steps(cap.stop(), **kw))
+        return (time.perf_counter() - t0) * 1e3, job
+
     normal = statistics.median(timed(30))
-    print(f"events {len(events)}; prof.stop() {stop_ms:.0f} ms; reading raw events {statistics.median(read):.0f} ms "
-          f"(min {min(read):.0f}); summary.build {statistics.median(build):.0f} ms (min {min(build):.0f}); "
-          f"normal step {normal:.1f} ms")
+    budget = min(SLICE_MAX_S, max(SLICE_MIN_S, SLICE_SHARE * normal / 1e3))
+    stop, listing, read, build, closing, after, n_after, extra_after = [], [], [], [], [], [], [], []
+    for _ in range(args.reps):
+        # the pieces, one at a time
+        cap.start(10, "bench", k)
+        for i in range(k + 1):
+            step()
+            if i < k:
+                cap.mark()
+        t0 = time.perf_counter()
+        raw = cap.stop()
+        stop.append((time.perf_counter() - t0) * 1e3)
+        t0 = time.perf_counter()
+        listed = list(raw)
+        listing.append((time.perf_counter() - t0) * 1e3)
+        n_events = len(listed)
+        t0 = time.perf_counter()
+        normalize_raw(listed, "ProfilerStep#10")
+        read.append((time.perf_counter() - t0) * 1e3)
+        t0 = time.perf_counter()
+        summary.build(listed, **kw)
+        build.append((time.perf_counter() - t0) * 1e3)
+        del raw
+        # the runtime's way: the closing step, then a slice of the build after each following step
+        ms, job = window()
+        closing.append(ms - normal)
+        steps_after = []
+        while not job.done:
+            t0 = time.perf_counter()
+            step()
+            job.run(budget)
+            steps_after.append((time.perf_counter() - t0) * 1e3)
+        after.append(max(steps_after) - normal)
+        n_after.append(len(steps_after))
+        extra_after.append(sum(steps_after) - normal * len(steps_after))
+
+    def med(vals: list[float]) -> str:
+        return f"{statistics.median(vals):.0f} ms (min {min(vals):.0f}, max {max(vals):.0f})"
+
+    print(f"events {n_events} (lead-in step included); normal step {normal:.1f} ms; over {args.reps} windows:")
+    print(f"  prof.stop() {med(stop)}; listing the raw events {med(listing)}; reading them {med(read)}; "
+          f"summary.build {med(build)}")
+    print(f"  closing step +{med(closing)} over a normal step; then {statistics.median(n_after):.0f} steps with a "
+          f"{budget * 1e3:.0f} ms slice each: the longest +{med(after)}, all of them +{med(extra_after)}")
+    if not args.threaded:
+        return
+    events = listed
     for interval in (0.005, 0.0005):
         sys.setswitchinterval(interval)
         done = threading.Event()

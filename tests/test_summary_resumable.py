@@ -1,0 +1,93 @@
+"""The summary built in slices (as the runtime does after a window closes) is the summary built in one go.
+
+Real torch.profiler events from capture.py's window (lead-in step included, as Capture.stop() now hands
+them over); the builder leaves the lead-in out itself, and slicing changes nothing but build_ms.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+
+from eroica_runtime import summary
+from eroica_runtime.capture import Capture
+from eroica_runtime.summary.resumable import CHUNK, Resumable, drain
+
+K = 3
+FIRST = 20
+
+
+@pytest.fixture(scope="module")
+def window() -> tuple[Any, dict[str, Any]]:
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(4, 16, 32)
+
+    def step() -> None:
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+
+    step()
+    cap = Capture()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cap.start(FIRST, "test", K)   # the lead-in step FIRST-1, then the window
+        for i in range(K + 1):
+            step()
+            if i < K:
+                cap.mark()
+        events = cap.stop()
+    kw = {"identity": {"rank": 0, "world_size": 1, "host": "h"},
+          "capture": {"step": FIRST, "trigger": "test", "k": K},
+          "steps": [{"step": FIRST + i, "ms": 10.0} for i in range(K)], "gc": {"count": 0, "ms": 0.0},
+          "telemetry": {}}
+    return events, kw
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
+    a, b = dict(a), dict(b)
+    a["profile"] = {**a["profile"], "build_ms": 0}
+    b["profile"] = {**b["profile"], "build_ms": 0}
+    assert a == b
+
+
+def test_sliced_build_is_the_one_go_build(window: tuple[Any, dict[str, Any]]) -> None:
+    events, kw = window
+    whole = summary.build(events, **kw)
+    sliced = Resumable(summary.build_steps(events, **kw))
+    while not sliced.run(0.0):      # the smallest slices: one piece per call
+        pass
+    assert sliced.slices > len(list(events)) // CHUNK   # the work really is cut into pieces
+    _same(whole, sliced.result)  # type: ignore[arg-type]
+    summary.validate(sliced.result)  # type: ignore[arg-type]
+
+
+def test_lead_in_step_is_left_out_by_the_builder(window: tuple[Any, dict[str, Any]]) -> None:
+    """What Capture.stop() used to cut on the training thread, the builder now cuts: the same summary."""
+    events, kw = window
+    t0 = next(e.start_ns() for e in events if e.name() == f"ProfilerStep#{FIRST}")
+    assert any(e.start_ns() < t0 for e in events)   # the lead-in step is in what stop() returned
+    cut = [e for e in events if e.start_ns() >= t0]
+    doc = summary.build(events, **kw)
+    _same(doc, summary.build(cut, **kw))
+    assert doc["profile"]["steps"] == K
+    assert [s["step"] for s in doc["steps"]] == [FIRST + i for i in range(K)]
+
+
+def test_an_error_inside_a_slice_reaches_the_caller() -> None:
+    """The runtime catches it there (and switches itself off on that rank), like any internal error."""
+    def broken() -> Any:
+        yield
+        raise ValueError("spoiled event")
+
+    job = Resumable(broken())
+    assert job.run(0.0) is False
+    with pytest.raises(ValueError, match="spoiled event"):
+        job.run(None)
+    assert drain(iter(())) is None   # an empty computation returns None at once
