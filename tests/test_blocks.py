@@ -210,7 +210,11 @@ SPOILERS: dict[str, Any] = {
     "a rank twice": lambda b, o: _reseal(b, _ints(0, lambda v: np.full_like(v, v[0]))),
     "rank out of range": lambda b, o: _reseal(b, _ints(0, lambda v: v - 1000)),
     "order not a permutation": lambda b, o: _reseal(b, lambda d: d["seg"]["pats"][0].update(
-        order=b"\x01" * (len(d["seg"]["pats"][0]["names"]) * d["seg"]["m"]))),   # every function at place 0
+        order=b"\x01" * (len(_doc(d["seg"]["pats"][0]["keys"])[0]) * d["seg"]["m"]))),   # all at place 0
+    "function list not msgpack": lambda b, o: _reseal(b, lambda d: d["seg"]["pats"][0].update(keys=b"\xc1")),
+    "function list of numbers": lambda b, o: _reseal(b, lambda d: d["seg"]["pats"][0].update(
+        keys=msgpack.packb([[1, 2], ["a", "b"], ["c", "d"]]))),
+    "plane count 9": lambda b, o: _reseal(b, lambda d: d["seg"].update(ints=b"\x09" + d["seg"]["ints"][1:])),
     "pattern rows outside": lambda b, o: _reseal(b, lambda d: d["seg"]["pats"][0].update(
         rows=np.arange(50, 50 + d["seg"]["m"], dtype="<i4").tobytes())),
     "two-line error": lambda b, o: _reseal(b, _set(("errors",), [[17, "a\nb"]])),
@@ -367,7 +371,8 @@ def test_ranks_listing_functions_in_orders_of_their_own_share_one_list_of_names(
     for b in _doc(red)["blocks"]:
         pats = blockcodec.unseal("t", b)["seg"]["pats"]
         assert len(pats) == 1 and pats[0]["order"] is not None   # one list of names a node
-        assert pats[0]["names"] == sorted(pats[0]["names"])
+        names = _doc(pats[0]["keys"])[0]
+        assert names == sorted(names)
     d_raw, d_red = Pipeline().analyse(raw, origin="x"), Pipeline().analyse(red, origin="x")
     assert _jsonable(d_red.diagnosis) == _jsonable(d_raw.diagnosis)
     assert d_red.diagnosis.findings[0].rank == 13
@@ -383,3 +388,14 @@ def test_merging_segments_keeps_the_table_to_the_bit() -> None:
             b = TableBuilder()
             b.add_segment(merge_segments(ing.builder.segments(), canonical=canonical))
             assert_tables_equal(b.finish(), ing.table())
+
+
+@pytest.mark.parametrize("values", [[0], [-1, 0, 1], [127, -128], [128], [-129, 5], [2**40, -3], [-2**63, 2**63 - 1],
+                                    list(range(-300, 300, 7))])
+def test_shuffled_integers_round_trip_with_their_high_planes_left_out(values: list[int]) -> None:
+    a = np.asarray(values, dtype=np.int64).reshape(1, -1)
+    data = blockcodec.shuffle(a)
+    assert len(data) == 1 + data[0] * a.size and data[0] <= (1 if max(map(abs, values)) < 128 else 8)
+    assert np.array_equal(blockcodec.unshuffle("w", "x", data, a.size), a.reshape(-1))
+    many = blockcodec.unshuffle_many([data, blockcodec.shuffle(a * 0 + 1), data], 1, [a.size] * 3)
+    assert np.array_equal(many, np.concatenate([a, a * 0 + 1, a], axis=1))

@@ -168,40 +168,65 @@ def decode_floats(kinds: np.ndarray, ints: np.ndarray) -> np.ndarray:
 
 
 def shuffle(ints: np.ndarray) -> bytes:
-    """int64 values as bytes grouped by byte position (little-endian)."""
-    u = np.ascontiguousarray(ints, dtype="<i8").reshape(-1).view(np.uint8)
-    return u.reshape(-1, 8).T.tobytes()
+    """int64 values as bytes grouped by byte position (little-endian), after one byte saying how
+    many low byte planes follow: the high planes that are only the sign's extension are left out
+    (4-place decimals fit in 3-4 bytes; rank 0 then inflates and copies half the bytes)."""
+    flat = np.ascontiguousarray(ints, dtype="<i8").reshape(-1)
+    planes = 8
+    if flat.size:
+        lo, hi = int(flat.min()), int(flat.max())
+        planes = next(p for p in range(1, 9) if p == 8 or (-(1 << (8 * p - 1)) <= lo and hi < 1 << (8 * p - 1)))
+    u = flat.view(np.uint8).reshape(-1, 8).T[:planes]
+    return bytes([planes]) + u.tobytes()
+
+
+def _planes(who: str, what: str, data: Any, count: int) -> int:
+    """The byte planes of ``shuffle``'s bytes of ``count`` values; BlockError unless exactly so many."""
+    planes = data[0] if isinstance(data, bytes) and data else 0
+    if not 1 <= planes <= 8 or len(data) != 1 + planes * count:
+        raise BlockError(f"{who}: {what} must hold {count} values (a plane count of 1-8, then the planes)")
+    return planes
+
+
+def _widen(raw: np.ndarray, planes: int) -> np.ndarray:
+    """(..., planes, v) low byte planes -> (..., v) int64, the high planes the sign's extension."""
+    *lead, _, v = raw.shape
+    full = np.empty((*lead, v, 8), dtype=np.uint8)
+    low = np.swapaxes(raw, -1, -2)
+    full[..., :planes] = low
+    if planes < 8:
+        full[..., planes:] = np.where(low[..., planes - 1:planes] >= 0x80, 0xFF, 0x00)
+    return full.view("<i8").reshape(*lead, v)
 
 
 def unshuffle(who: str, what: str, data: Any, count: int) -> np.ndarray:
     """``count`` int64 values from ``shuffle``'s bytes; BlockError when there are not exactly that many."""
-    if not isinstance(data, bytes) or len(data) != 8 * count:
-        raise BlockError(f"{who}: {what} must hold {count} values of 8 bytes")
-    return np.frombuffer(data, dtype=np.uint8).reshape(8, count).T.copy().view("<i8").reshape(count)
+    planes = _planes(who, what, data, count)
+    return _widen(np.frombuffer(data, dtype=np.uint8, offset=1).reshape(planes, count), planes)
 
 
 def _shuffled(who: str, what: str, data: Any, count: int) -> bytes:
     """``shuffle``'s bytes of ``count`` values, their length checked (decoded with every block's)."""
-    if not isinstance(data, bytes) or len(data) != 8 * count:
-        raise BlockError(f"{who}: {what} must hold {count} values of 8 bytes")
+    _planes(who, what, data, count)
     return data
 
 
 def unshuffle_many(bufs: list[bytes], c: int, ns: list[int]) -> np.ndarray:
-    """(c, sum(ns)) int64: the (c, n_i) matrices ``shuffle`` made of ``bufs``, side by side; one numpy
-    pass for all blocks of one size (a job's nodes mostly are), not a few calls per block."""
+    """(c, sum(ns)) int64: the (c, n_i) matrices ``shuffle`` made of ``bufs`` (checked by
+    ``_shuffled``), side by side; one numpy pass for all blocks of one size and plane count (a job's
+    nodes mostly are), not a few calls per block."""
     total = sum(ns)
     out = np.empty((c, total), dtype=np.int64)
     if not total or not c:
         return out
     offs = np.cumsum([0, *ns])
-    by_n: dict[int, list[int]] = {}
+    by_n: dict[tuple[int, int], list[int]] = {}
     for i, n in enumerate(ns):
         if n:
-            by_n.setdefault(n, []).append(i)
-    for n, idx in by_n.items():
-        raw = np.frombuffer(b"".join([bufs[i] for i in idx]), dtype=np.uint8).reshape(len(idx), 8, c * n)
-        vals = np.ascontiguousarray(raw.transpose(0, 2, 1)).view("<i8").reshape(len(idx), c, n)
+            by_n.setdefault((n, bufs[i][0]), []).append(i)
+    for (n, planes), idx in by_n.items():
+        raw = np.frombuffer(b"".join([bufs[i][1:] for i in idx]), dtype=np.uint8).reshape(len(idx), planes, c * n)
+        vals = _widen(raw, planes).reshape(len(idx), c, n)
         flat = vals.transpose(1, 0, 2).reshape(c, len(idx) * n)
         if len(idx) == len(ns):
             out[:] = flat
@@ -252,7 +277,7 @@ def pack_segment(seg: Segment) -> dict[str, Any]:
         order = None
         if p.order is not None and not (p.order == np.arange(nk)[:, None]).all():
             order = np.ascontiguousarray(p.order + 1, dtype=np.uint8 if nk < 256 else "<u2").tobytes()   # 0: not listed
-        pats.append({"names": p.names, "phases": p.phases, "kinds": p.kinds,
+        pats.append({"keys": msgpack.packb([p.names, p.phases, p.kinds], use_bin_type=True),
                      "rows": None if every else p.rows.astype("<i4").tobytes(),
                      "vkinds": vk.tobytes(), "vals": shuffle(vv), "order": order})
     return {
@@ -289,10 +314,10 @@ class Part:
 
 
 def parse_segment(who: str, doc: Any, world: int, allowed: list[int],
-                  known: dict[tuple[Any, ...], tuple[tuple[FnKey, ...], bool]] | None = None) -> Part:
+                  known: dict[bytes, tuple[tuple[FnKey, ...], bool]] | None = None) -> Part:
     """A block's segment fields, their structure checked (BlockError naming ``who``); the numbers'
-    values are checked by ``merge_parts``. ``known`` caches function lists already checked (a job's
-    nodes share them)."""
+    values are checked by ``check_parts``. ``known`` caches function lists already checked, by their
+    bytes (a job's nodes share them: rank 0 neither decodes nor checks them again)."""
     if not isinstance(doc, dict):
         raise BlockError(f"{who}: a segment must be a map")
     need = ("m", "ints", "fkinds", "floats", "K", "ckinds", "comm", "cap_trigger", "hosts", "pats", "groups",
@@ -323,19 +348,22 @@ def parse_segment(who: str, doc: Any, world: int, allowed: list[int],
     pats = []
     for j, p in enumerate(raw_p):
         what = f"pats[{j}]"
-        if not isinstance(p, dict) or not {"names", "phases", "kinds", "rows", "vkinds", "vals", "order"} <= set(p):
-            raise BlockError(f"{who}: {what} must be a map of names, phases, kinds, rows, vkinds, vals, order")
-        names, phases, kinds = p["names"], p["phases"], p["kinds"]
-        try:
-            cached = known.get((tuple(names), tuple(phases), tuple(kinds)))
-        except TypeError:
-            cached = None
-        if cached is None:
-            names = _strs(who, f"{what}.names", names)
-            phases = _strs(who, f"{what}.phases", phases, len(names), 64)
-            kinds = _strs(who, f"{what}.kinds", kinds, len(names), 64)
+        if not isinstance(p, dict) or not {"keys", "rows", "vkinds", "vals", "order"} <= set(p):
+            raise BlockError(f"{who}: {what} must be a map of keys, rows, vkinds, vals, order")
+        kb = p["keys"]
+        cached = known.get(kb) if isinstance(kb, bytes) else None
+        if cached is None:            # a function list not seen in this capture yet: check it
+            try:
+                lists = msgpack.unpackb(kb, raw=False) if isinstance(kb, bytes) else None
+            except Exception:
+                lists = None
+            if not isinstance(lists, list) or len(lists) != 3:
+                raise BlockError(f"{who}: {what}.keys must be msgpack of [names, phases, kinds]")
+            names = _strs(who, f"{what}.names", lists[0])
+            phases = _strs(who, f"{what}.phases", lists[1], len(names), 64)
+            kinds = _strs(who, f"{what}.kinds", lists[2], len(names), 64)
             keys = tuple(zip(names, phases, kinds, strict=True))
-            cached = known[(tuple(names), tuple(phases), tuple(kinds))] = (keys, len(set(keys)) != len(keys))
+            cached = known[kb] = (keys, len(set(keys)) != len(keys))
         keys, repeats = cached
         nk = len(keys)
         rows_b = p["rows"]

@@ -67,7 +67,7 @@ def _int_list(who: str, what: str, x: Any, world: int) -> list[int]:
 
 
 def decode_node_block(data: Any, *, leader: int, step: int, world_size: int,
-                      known: dict[tuple[Any, ...], tuple[tuple[FnKey, ...], bool]] | None = None) -> NodeBlock:
+                      known: dict[bytes, tuple[tuple[FnKey, ...], bool]] | None = None) -> NodeBlock:
     """A node block from the bytes leader ``leader`` sent for capture ``step``; BlockError (one line
     naming the leader) when it is damaged, of another version, of another capture or job (foreign),
     or its structure is wrong. The caller checks that no two blocks speak for one rank, and the

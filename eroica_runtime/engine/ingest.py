@@ -209,7 +209,7 @@ def _read_blocks(fields: dict[Any, Any], origin: str) -> Ingested:
     lines: list[tuple[int, str]] = []
     covered = np.zeros(world, dtype=bool)
     missing: set[int] = set(meta["missing"])
-    known: dict[tuple[Any, ...], Any] = {}       # function lists checked once for all blocks
+    known: dict[bytes, Any] = {}                 # function lists checked once for all blocks
     accepted: list[blocks_mod.NodeBlock] = []
     for leader, data in zip(leaders, raw, strict=True):
         try:
