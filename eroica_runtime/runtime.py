@@ -81,6 +81,7 @@ class Runtime:
         self.groups: list[dict[str, Any]] = []
         self._window: dict[str, Any] = {}
         self._pending: _Pending | None = None
+        self._quiet_until = -1   # steps up to this one are eroica's own disturbance: detectors skip them
         self._next_file_check = 0.0
         self._own_s = 0.0
         self._job_end_done = False
@@ -203,7 +204,10 @@ class Runtime:
         pending = self._pending
         if step % REFRESH_EVERY == 0:
             self.pg_keeper.refresh()
-        in_window = self.capture.active
+        # the detectors judge neither profiled steps nor the steps eroica's deferred work disturbs: a
+        # summary being built (every rank slices, the slowest rank's last slices make the others wait)
+        # and, as after a window, vote_lag + 1 steps after the gather (rank 0's analyst starts there)
+        in_window = self.capture.active or pending is not None or step <= self._quiet_until
         if self.rank == 0 and time.monotonic() >= self._next_file_check:
             self._next_file_check = time.monotonic() + TRIGGER_FILE_EVERY_S
             self._check_trigger_file()
@@ -221,7 +225,7 @@ class Runtime:
             # a vote cast after the close saying nobody is still building: every rank gets this same
             # answer at this same boundary, so all of them gather here
             if pending is not None and voted_step > pending.close_step and not voted[-1]:
-                self._gather_pending()
+                self._gather_pending(step)
             voted = voted[:-1]
         if self.capture.active:
             last = self.capture.step + self.capture.k - 1  # type: ignore[operator]
@@ -238,7 +242,7 @@ class Runtime:
             if self._pending is not None:
                 # a new window may not open with a summary still unsent (its building would be
                 # profiled): every rank has this decision at this boundary, so all finish and gather
-                self._gather_pending()
+                self._gather_pending(step)
             self.side.barrier(cfg.deadline_s, f"capture start barrier (step {decision.start_step})")
             self._window = {"tele_start": telemetry.sample(), "gc_start": self.gc.snapshot(),
                             "own_start": self._own_s}
@@ -272,14 +276,15 @@ class Runtime:
         if left > 0:
             pending.build.run(left)
 
-    def _gather_pending(self) -> None:
+    def _gather_pending(self, step: int) -> None:
         """Encode the pending summary and gather it (collective: every rank calls this at the same
-        boundary). The build is normally done already; a capture about to start or the job's end
-        finishes it here."""
+        boundary, that of ``step``). The build is normally done already; a capture about to start or
+        the job's end finishes it here."""
         assert self.side is not None
         pending, self._pending = self._pending, None
         if pending is None:
             return
+        self._quiet_until = step + 1 + self.cfg.vote_lag
         pending.build.run(None)
         blob = summary_mod.encode(pending.build.result)  # type: ignore[arg-type]
         first, trigger = pending.first, pending.trigger
@@ -490,7 +495,7 @@ class Runtime:
                 if self._pending is not None:
                     # the job ended before the last summary was sent: every rank is at the same point
                     # (the same boundaries decided it), so all finish and gather it before the job's end
-                    self._gather_pending()
+                    self._gather_pending(self.clock.step)
                 stats = self._gather_job_end(side)
                 if stats is not None:
                     self._write_job_end(stats)   # before MPI_Finalize: a killed job keeps its report
