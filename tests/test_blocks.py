@@ -202,7 +202,12 @@ SPOILERS: dict[str, Any] = {
     "speaks for another node": lambda b, o: _reseal(b, _set(("ranks",), list(range(8, 24)))),
     "ints short": lambda b, o: _reseal(b, lambda d: d["seg"].update(ints=d["seg"]["ints"][:-8])),
     "short floats": lambda b, o: _reseal(b, lambda d: d["seg"].update(floats=b"\x00" * 8)),
-    "bad float kind": lambda b, o: _reseal(b, lambda d: d["seg"].update(fkinds=b"\x07" * len(d["seg"]["fkinds"]))),
+    "bad float kind": lambda b, o: _reseal(b, lambda d: d["seg"].update(
+        floats=[b"\x07" * len(d["seg"]["floats"][0]), *d["seg"]["floats"][1:]])),
+    "same values short": lambda b, o: _reseal(b, lambda d: d["seg"].update(
+        floats=[d["seg"]["floats"][0], d["seg"]["floats"][1][:-8], d["seg"]["floats"][2]])),
+    "function values short": lambda b, o: _reseal(b, lambda d: d["seg"]["pats"][0].update(
+        vals=[*d["seg"]["pats"][0]["vals"][:2], d["seg"]["pats"][0]["vals"][2][:-3]])),
     "no host": lambda b, o: _reseal(b, lambda d: d["seg"].update(hosts=[])),
     "host out of range": lambda b, o: _reseal(b, _ints(4, lambda v: v + 5)),
     "rows not covered": lambda b, o: _reseal(b, lambda d: d["seg"].update(pats=[])),
@@ -336,10 +341,9 @@ def test_drill_down_is_bounded_per_node_and_quiet_when_healthy(tmp_path: Path) -
     assert healthy <= 4, "healthy nodes forward (almost) no raw summaries"
 
 
-def test_reduction_is_off_by_default_and_auto_above_a_size() -> None:
-    assert not Config().reduces(100_000)          # rank 0 reads blocks slower than raw summaries (§8)
-    auto = Config.from_env({"EROICA_LEADER_REDUCE": "auto"})
-    assert not auto.reduces(REDUCE_AUTO_RANKS - 1) and auto.reduces(REDUCE_AUTO_RANKS)
+def test_reduction_is_auto_by_default_on_from_a_size() -> None:
+    for auto in (Config(), Config.from_env({"EROICA_LEADER_REDUCE": "auto"})):    # pays from ~1k ranks (§8)
+        assert not auto.reduces(REDUCE_AUTO_RANKS - 1) and auto.reduces(REDUCE_AUTO_RANKS)
     assert Config.from_env({"EROICA_LEADER_REDUCE": "on"}).reduces(2)
     assert not Config.from_env({"EROICA_LEADER_REDUCE": "off"}).reduces(100_000)
 
@@ -399,3 +403,17 @@ def test_shuffled_integers_round_trip_with_their_high_planes_left_out(values: li
     assert np.array_equal(blockcodec.unshuffle("w", "x", data, a.size), a.reshape(-1))
     many = blockcodec.unshuffle_many([data, blockcodec.shuffle(a * 0 + 1), data], 1, [a.size] * 3)
     assert np.array_equal(many, np.concatenate([a, a * 0 + 1, a], axis=1))
+
+
+def test_float_matrices_round_trip_to_the_bit_across_blocks_of_other_kinds() -> None:
+    """pack_floats / decode_many: decimals, float bits, same-valued columns (NaN, -0.0 included), and
+    blocks whose columns are of other kinds, decoded side by side."""
+    rng = np.random.default_rng(2)
+    dec = np.round(rng.uniform(0, 500, (4, 6)), 4)
+    mats = [dec, np.vstack([dec[:2], rng.normal(size=(1, 6)), np.full((1, 6), np.nan)]),
+            np.vstack([np.full((2, 3), -0.0), np.full((2, 3), 7.25)]).reshape(4, 3), np.zeros((4, 1))]
+    items = [tuple(blockcodec.pack_floats(m)) for m in mats]
+    assert blockcodec.pack_floats(mats[1])[0][3] == blockcodec.KIND_SAME       # the NaN column: sent once
+    got = blockcodec.decode_many(items, 4, [m.shape[1] for m in mats])           # type: ignore[arg-type]
+    want = np.concatenate(mats, axis=1)
+    assert np.array_equal(got.view(np.uint64), want.view(np.uint64))
