@@ -13,7 +13,8 @@ The raw capture file layout (``eroica.capture/1``: every summary its own msgpack
 is already readable column-wise: the summaries' offsets are found with a walk over the array's
 headers, never copying them; files of any other shape go through the plain decoder. A capture of
 node blocks (``eroica.capture/2``, written when node leaders pre-reduce, engine/blocks.py) is read
-here too: each block's segments join the same TableBuilder, so both layouts give the same Table.
+here too: every block's rows are checked and decoded together into one TableBuilder segment, so
+both layouts give the same Table.
 Pure: no MPI, no torch.
 """
 
