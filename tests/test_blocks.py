@@ -176,6 +176,11 @@ def _set(path: tuple[Any, ...], value: Any) -> Any:
     return change
 
 
+def _keys(pat: dict[str, Any]) -> list[list[str]]:
+    """A block pattern's [names, phases, kinds]."""
+    return _doc(zlib.decompress(pat["keys"]))
+
+
 def _ints(field: int, change: Any) -> Any:
     """Change one per-row integer field of a block's segment (blockcodec.INT_FIELDS)."""
     def edit(body: dict[str, Any]) -> None:
@@ -215,10 +220,12 @@ SPOILERS: dict[str, Any] = {
     "a rank twice": lambda b, o: _reseal(b, _ints(0, lambda v: np.full_like(v, v[0]))),
     "rank out of range": lambda b, o: _reseal(b, _ints(0, lambda v: v - 1000)),
     "order not a permutation": lambda b, o: _reseal(b, lambda d: d["seg"]["pats"][0].update(
-        order=b"\x01" * (len(_doc(d["seg"]["pats"][0]["keys"])[0]) * d["seg"]["m"]))),   # all at place 0
+        order=b"\x01" * (len(_keys(d["seg"]["pats"][0])[0]) * d["seg"]["m"]))),   # all at place 0
     "function list not msgpack": lambda b, o: _reseal(b, lambda d: d["seg"]["pats"][0].update(keys=b"\xc1")),
     "function list of numbers": lambda b, o: _reseal(b, lambda d: d["seg"]["pats"][0].update(
-        keys=msgpack.packb([[1, 2], ["a", "b"], ["c", "d"]]))),
+        keys=zlib.compress(msgpack.packb([[1, 2], ["a", "b"], ["c", "d"]])))),
+    "function list a zip bomb": lambda b, o: _reseal(b, lambda d: d["seg"]["pats"][0].update(
+        keys=zlib.compress(b"\x00" * (300 << 20), 9))),
     "plane count 9": lambda b, o: _reseal(b, lambda d: d["seg"].update(ints=b"\x09" + d["seg"]["ints"][1:])),
     "pattern rows outside": lambda b, o: _reseal(b, lambda d: d["seg"]["pats"][0].update(
         rows=np.arange(50, 50 + d["seg"]["m"], dtype="<i4").tobytes())),
@@ -375,7 +382,7 @@ def test_ranks_listing_functions_in_orders_of_their_own_share_one_list_of_names(
     for b in _doc(red)["blocks"]:
         pats = blockcodec.unseal("t", b)["seg"]["pats"]
         assert len(pats) == 1 and pats[0]["order"] is not None   # one list of names a node
-        names = _doc(pats[0]["keys"])[0]
+        names = _keys(pats[0])[0]
         assert names == sorted(names)
     d_raw, d_red = Pipeline().analyse(raw, origin="x"), Pipeline().analyse(red, origin="x")
     assert _jsonable(d_red.diagnosis) == _jsonable(d_raw.diagnosis)

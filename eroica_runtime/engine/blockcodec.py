@@ -326,7 +326,8 @@ def pack_segment(seg: Segment) -> dict[str, Any]:
         order = None
         if p.order is not None and not (p.order == np.arange(nk)[:, None]).all():
             order = np.ascontiguousarray(p.order + 1, dtype=np.uint8 if nk < 256 else "<u2").tobytes()   # 0: not listed
-        pats.append({"keys": msgpack.packb([p.names, p.phases, p.kinds], use_bin_type=True),
+        # compressed on its own: rank 0 knows a list by these bytes and inflates only lists it has not seen
+        pats.append({"keys": zlib.compress(msgpack.packb([p.names, p.phases, p.kinds], use_bin_type=True), ZLIB_LEVEL),
                      "rows": None if every else p.rows.astype("<i4").tobytes(),
                      "vals": vals, "order": order})
     return {
@@ -400,11 +401,13 @@ def parse_segment(who: str, doc: Any, world: int, allowed: list[int],
         cached = known.get(kb) if isinstance(kb, bytes) else None
         if cached is None:            # a function list not seen in this capture yet: check it
             try:
-                lists = msgpack.unpackb(kb, raw=False) if isinstance(kb, bytes) else None
+                z = zlib.decompressobj()
+                raw = z.decompress(kb, MAX_BLOCK_BYTES) if isinstance(kb, bytes) else b""
+                lists = msgpack.unpackb(raw, raw=False) if z.eof and not z.unconsumed_tail else None
             except Exception:
                 lists = None
             if not isinstance(lists, list) or len(lists) != 3:
-                raise BlockError(f"{who}: {what}.keys must be msgpack of [names, phases, kinds]")
+                raise BlockError(f"{who}: {what}.keys must be zlib of msgpack [names, phases, kinds]")
             names = _strs(who, f"{what}.names", lists[0])
             phases = _strs(who, f"{what}.phases", lists[1], len(names), 64)
             kinds = _strs(who, f"{what}.kinds", lists[2], len(names), 64)
