@@ -35,24 +35,31 @@ OTHER = "<other>"
 # synchronize call (or in no op at all) while an NCCL kernel runs.
 
 
-def _nest(thread_events: list[Ev]) -> list[tuple[float, float, Ev]]:
+# Self-time segments of one thread: (starts, ends, owning events), three parallel lists rather than a
+# tuple per segment: tuples holding an Ev stay tracked by the garbage collector, and ~10^5 of them
+# living through a summary's slices push a full collection (~150 ms in a process with torch) into
+# one of the steps after a close.
+Segments = tuple[list[float], list[float], list[Ev]]
+
+
+def _nest_steps(thread_events: list[Ev]) -> Steps[Segments]:
     """Self-time segments of one thread's (properly nested) events; also sets phase and self_ms.
 
     A child inherits its parent's phase unless it carries a marker of its own (a collective
     launched from a backward hook is comm, an op under the optimizer annotation is optimizer).
+    Stepwise: yields every CHUNK events (resumable.py).
     """
-    return drain(_nest_steps(thread_events))
-
-
-def _nest_steps(thread_events: list[Ev]) -> Steps[list[tuple[float, float, Ev]]]:
-    """``_nest`` as a stepwise computation (yields every CHUNK events)."""
-    segments: list[tuple[float, float, Ev]] = []
+    seg_s: list[float] = []
+    seg_e: list[float] = []
+    seg_ev: list[Ev] = []
     stack: list[list[Any]] = []  # [end, cursor, event]
 
     def pop() -> None:
         end, cursor, ev = stack.pop()
         if end > cursor:
-            segments.append((cursor, end, ev))
+            seg_s.append(cursor)
+            seg_e.append(end)
+            seg_ev.append(ev)
         if stack:
             stack[-1][1] = max(stack[-1][1], end)
 
@@ -67,7 +74,9 @@ def _nest_steps(thread_events: list[Ev]) -> Steps[list[tuple[float, float, Ev]]]
         if stack:
             parent = stack[-1]
             if ev.start > parent[1]:
-                segments.append((parent[1], ev.start, parent[2]))
+                seg_s.append(parent[1])
+                seg_e.append(ev.start)
+                seg_ev.append(parent[2])
             parent[1] = ev.start
             end = min(end, parent[0])  # clamp a child that outlives its parent (async records)
             ev.phase = ev.marker or parent[2].phase
@@ -80,9 +89,9 @@ def _nest_steps(thread_events: list[Ev]) -> Steps[list[tuple[float, float, Ev]]]
         pop()
     for ev in thread_events:
         ev.self_ms = 0.0
-    for s, e, ev in segments:
+    for s, e, ev in zip(seg_s, seg_e, seg_ev, strict=True):
         ev.self_ms += e - s
-    return segments
+    return seg_s, seg_e, seg_ev
 
 
 def _closure_ranges(main_evs: list[Ev], bwd_marks: list[tuple[float, float]]) -> set[int]:
@@ -328,6 +337,7 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
         classify(ev)
     yield
     step_evs = [ev for ev in evs if not ev.gpu and ev.name.startswith(STEP_PREFIX)]
+    yield
     main = _pick_main_thread(evs, step_evs, main_tid)
     yield
     main_starts = sorted(ev.start for ev in evs if ev.thread == main and not ev.gpu
@@ -345,9 +355,11 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
     for ev in evs:
         if not ev.gpu:
             by_thread.setdefault(ev.thread, []).append(ev)
-    segments_by_thread = {}
+    main_segments: Segments = ([], [], [])
     for t, tevs in by_thread.items():
-        segments_by_thread[t] = yield from _nest_steps(tevs)
+        segments = yield from _nest_steps(tevs)
+        if t == main:
+            main_segments = segments
     main_evs = by_thread.get(main, [])
     yield
 
@@ -401,7 +413,7 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
     blocking: dict[str, list[tuple[float, float]]] = {}  # phase-owned blocking (sync calls)
     comm_ivs: list[tuple[float, float]] = []              # main thread blocked on a collective
     gap_like: list[tuple[float, float]] = []
-    for i, (s, e, ev) in enumerate(segments_by_thread.get(main, [])):
+    for i, (s, e, ev) in enumerate(zip(*main_segments, strict=True)):
         if not i % CHUNK:
             yield
         if ev.phase is None:
@@ -426,6 +438,7 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
     for ph, ivs in busy_by_phase.items():
         key = ph if ph in ("data", "forward", "backward", "optimizer", "comm") else "host_gap"
         phases[key] += _length(_intersect(_union(ivs), spans))
+        yield
     for ph, ivs in blocking.items():
         ivs = _intersect(_union(ivs), spans)
         waiting = _intersect(ivs, inflight)
@@ -433,6 +446,7 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
         comm_ivs.extend(waiting)
         key = ph if ph in ("data", "forward", "backward", "optimizer", "comm") else "host_gap"
         phases[key] += _length(ivs) - _length(waiting)
+    yield
     gaps = _intersect(gaps, spans)
     in_bwd = _intersect(gaps, side_bwd)
     phases["backward"] += _length(in_bwd)
@@ -444,6 +458,7 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
     gc_ms = float(gc.get("ms", 0.0) or 0.0)
     gc_count = float(gc.get("count", 0.0) or 0.0)
     phases["host_gap"] += max(0.0, gap_ms - gc_ms * n_steps)
+    yield
     compute = _union([iv for ph in ("forward", "backward", "optimizer") for iv in busy_by_phase.get(ph, [])]
                      + side_bwd + gpu_compute)
     yield

@@ -174,7 +174,9 @@ def normalize_raw_steps(events: Any, window_start: str | None = None) -> Steps[l
         ev.self_ms = ev.end - ev.start
         if not ev.gpu and not ev.linked and ev.corr:
             op_thread[ev.corr] = ev.thread
-    for ev in out:
+    for i, ev in enumerate(out):
+        if not i % (4 * CHUNK):
+            yield
         if not ev.gpu and ev.linked and ev.linked in op_thread:
             ev.thread = op_thread[ev.linked]
     return out
