@@ -341,7 +341,7 @@ def pack_segment(seg: Segment) -> dict[str, Any]:
     }
 
 
-@dataclass
+@dataclass(frozen=True)
 class Part:
     """One block's segment with its structure checked and its numbers still encoded: rank 0 checks
     and decodes the numbers of every block at once (``merge_parts``)."""
