@@ -91,3 +91,16 @@ def test_an_error_inside_a_slice_reaches_the_caller() -> None:
     with pytest.raises(ValueError, match="spoiled event"):
         job.run(None)
     assert drain(iter(())) is None   # an empty computation returns None at once
+
+
+def test_cupti_is_torn_down_after_a_capture_only_where_it_is_safe() -> None:
+    """kineto keeps CUPTI attached after a profile unless TEARDOWN_CUPTI=1, and every later CUDA call
+    pays (pytorch/pytorch#144455); teardown with CUDA graphs crashes below CUDA 12.6, and a value the
+    user or torch set wins. The GPU check of the speed itself: AFTER=1 scripts/gpu-session."""
+    from eroica_runtime.capture import wants_cupti_teardown
+
+    assert wants_cupti_teardown(None, "12.6") and wants_cupti_teardown(None, "13.0")
+    assert not wants_cupti_teardown(None, "12.4")
+    assert not wants_cupti_teardown(None, None)          # CPU-only (this machine) or ROCm build
+    assert not wants_cupti_teardown("0", "13.0")          # torch sets 0 for CUDA graphs on old CUDA
+    assert not wants_cupti_teardown(None, "dev")
