@@ -155,6 +155,7 @@ def pieces(args: argparse.Namespace) -> None:
     normal = statistics.median(timed(30))
     budget = min(SLICE_MAX_S, max(SLICE_MIN_S, SLICE_SHARE * normal / 1e3))
     stop, listing, read, build, closing, after, n_after, extra_after = [], [], [], [], [], [], [], []
+    slices: list[float] = []   # each slice's own ms (the budget, or one piece longer than it)
     for _ in range(args.reps):
         # the pieces, one at a time
         cap.start(10, "bench", k)
@@ -183,8 +184,10 @@ def pieces(args: argparse.Namespace) -> None:
         while not job.done:
             t0 = time.perf_counter()
             step()
+            t1 = time.perf_counter()
             job.run(budget)
             steps_after.append((time.perf_counter() - t0) * 1e3)
+            slices.append((time.perf_counter() - t1) * 1e3)
         after.append(max(steps_after) - normal)
         n_after.append(len(steps_after))
         extra_after.append(sum(steps_after) - normal * len(steps_after))
@@ -197,6 +200,9 @@ def pieces(args: argparse.Namespace) -> None:
           f"summary.build {med(build)}")
     print(f"  closing step +{med(closing)} over a normal step; then {statistics.median(n_after):.0f} steps with a "
           f"{budget * 1e3:.0f} ms slice each: the longest +{med(after)}, all of them +{med(extra_after)}")
+    slices.sort()
+    print(f"  slices: median {statistics.median(slices):.1f} ms, 90th percentile {slices[int(0.9 * (len(slices) - 1))]:.1f}, "
+          f"the {min(5, len(slices))} longest {', '.join(f'{v:.0f}' for v in slices[-5:])} ms")
     if not args.threaded:
         return
     events = listed
