@@ -99,6 +99,14 @@ def test_compute_fault_adds_per_step_time() -> None:
     assert 20 <= r["tick_ms"] <= 200, r
 
 
+def test_compute_fault_with_a_count_does_the_same_work_on_every_rank() -> None:
+    """``n`` skips the per-rank calibration, whose result depends on the load at that moment."""
+    (spec,) = faults.parse_specs("compute:rank=*:start=0:n=7")
+    fault = faults.ComputeFault(spec)
+    fault.start()
+    assert fault.n == 7
+
+
 def test_data_fault_slows_getitem_only_while_on() -> None:
     r = measure.measure_data(ms=40)
     assert r["batch_ms_on"] >= 38 and r["batch_ms_off"] < 5 and r["batch_ms_after"] < 5, r

@@ -165,7 +165,10 @@ def eroica_fault_extra_compute(a: Any, b: Any, n: int) -> Any:
 
 
 class ComputeFault(Fault):
-    """Extra compute on one rank: a fixed number of matmuls per step, calibrated to ``ms`` once."""
+    """Extra compute on one rank: a fixed number of matmuls per step, calibrated to ``ms`` once, or
+    ``n`` of them. The same work on every rank (``rank=*``) needs ``n``: ranks that calibrate at the
+    same moment on shared cores measure different speeds (fault bench run 9: one rank got twice its
+    peers' matmuls, and eroica rightly named it)."""
 
     def start(self) -> None:
         try:
@@ -179,6 +182,9 @@ class ComputeFault(Fault):
             self.a = np.random.rand(256, 256).astype(np.float32)
             self.b = np.random.rand(256, 256).astype(np.float32)
         eroica_fault_extra_compute(self.a, self.b, 3)
+        if "n" in self.spec.params:
+            self.n = max(1, int(self.spec.num("n", 1)))
+            return
         n, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < 0.1:  # calibrate over >= 100 ms, whatever one matmul costs
             eroica_fault_extra_compute(self.a, self.b, 5)
