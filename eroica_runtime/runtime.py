@@ -42,13 +42,22 @@ from eroica_runtime.trigger import Trigger
 
 TRIGGER_FILE_EVERY_S = 1.0
 HISTORY_STEPS = 32   # steps before a window shipped in its summary (~0.9 KB)
-# Deferred work (a summary being built) per step boundary: half the job's median step, so no step
-# gets more than 1.5x longer, within [2, 20] ms: the 50 ms a closing step may add is the ceiling for
-# any step, and 2 ms keeps a very fast job from taking thousands of steps to finish a summary. The
-# closing boundary counts the profiler's stop against the same budget.
+# Deferred work (a summary being built) per step boundary: up to 20 ms, or 20% of the job's median
+# step where that is more, and never more than half a step. A 50 ms step gets 20 ms slices (the 50 ms
+# a closing step may add is the ceiling for any step; the ~0.4-0.7 s of a summary take ~30 steps,
+# ~2 s); steps from 0.1 s up get a fifth of a step, so a build of W seconds is gathered ~6·W seconds
+# after the window whatever the step (~3.6 s for 0.6 s), not 30 long steps later (half a minute at
+# 1 s a step), at +20% for those few steps; a 2 ms floor keeps a very fast job from taking thousands
+# of steps. The closing boundary counts the profiler's stop against the same budget.
 SLICE_SHARE = 0.5
 SLICE_MIN_S = 0.002
-SLICE_MAX_S = 0.020
+SLICE_FLAT_S = 0.020
+SLICE_LONG_SHARE = 0.2
+
+
+def slice_budget_s(median_step_s: float) -> float:
+    """Seconds of deferred work allowed at one step boundary of a job with this median step."""
+    return max(SLICE_MIN_S, min(SLICE_SHARE * median_step_s, max(SLICE_FLAT_S, SLICE_LONG_SHARE * median_step_s)))
 
 
 @dataclass
@@ -262,10 +271,9 @@ class Runtime:
 
     # ---- the window ------------------------------------------------------------------------------------
     def _slice_s(self) -> float:
-        """Seconds of deferred work allowed per step boundary (see SLICE_SHARE)."""
+        """Seconds of deferred work allowed at this step boundary (``slice_budget_s``)."""
         recent = [m for _, m in itertools.islice(reversed(self.clock.durations), 16)]
-        typical = statistics.median(recent) / 1e3 if recent else SLICE_MAX_S
-        return min(SLICE_MAX_S, max(SLICE_MIN_S, SLICE_SHARE * typical))
+        return slice_budget_s(statistics.median(recent) / 1e3) if recent else SLICE_FLAT_S
 
     def _advance_pending(self, t0: float) -> None:
         """Build the pending summary for what is left of this boundary's slice (begun at ``t0``)."""

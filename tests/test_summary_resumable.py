@@ -104,3 +104,16 @@ def test_cupti_is_torn_down_after_a_capture_only_where_it_is_safe() -> None:
     assert not wants_cupti_teardown(None, None)          # CPU-only (this machine) or ROCm build
     assert not wants_cupti_teardown("0", "13.0")          # torch sets 0 for CUDA graphs on old CUDA
     assert not wants_cupti_teardown(None, "dev")
+
+
+def test_deferred_summary_work_is_bounded_per_step_yet_finishes_in_few_steps_on_long_steps() -> None:
+    """A ~0.6 s summary build: short steps get at most 20 ms a boundary (within the 50 ms a closing
+    step may add), long steps a fifth of a step, so a job with 1 s steps hears its diagnosis ~3 steps
+    after the window, not half a minute later; no step more than 1.5x longer."""
+    from eroica_runtime.runtime import slice_budget_s
+
+    assert slice_budget_s(0.050) == 0.020 and slice_budget_s(0.010) == 0.005 and slice_budget_s(0.001) == 0.002
+    assert abs(slice_budget_s(1.0) - 0.2) < 1e-12 and abs(slice_budget_s(10.0) - 2.0) < 1e-12
+    for step_s in (0.005, 0.04, 0.2, 1.0, 5.0):
+        assert slice_budget_s(step_s) <= max(0.5 * step_s, 0.002)
+    assert 0.6 / slice_budget_s(1.0) <= 3

@@ -35,7 +35,7 @@ import torch  # noqa: E402
 
 from eroica_runtime import summary  # noqa: E402
 from eroica_runtime.capture import Capture  # noqa: E402
-from eroica_runtime.runtime import SLICE_MAX_S, SLICE_MIN_S, SLICE_SHARE  # noqa: E402
+from eroica_runtime.runtime import slice_budget_s  # noqa: E402
 from eroica_runtime.summary.events import normalize_raw  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,7 +153,7 @@ def pieces(args: argparse.Namespace) -> None:
         return (time.perf_counter() - t0) * 1e3, job
 
     normal = statistics.median(timed(30))
-    budget = min(SLICE_MAX_S, max(SLICE_MIN_S, SLICE_SHARE * normal / 1e3))
+    budget = slice_budget_s(normal / 1e3)
     stop, listing, read, build, closing, after, n_after, extra_after = [], [], [], [], [], [], [], []
     slices: list[float] = []   # each slice's own ms (the budget, or one piece longer than it)
     for _ in range(args.reps):
