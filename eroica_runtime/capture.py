@@ -11,7 +11,8 @@ from typing import Any
 
 
 def _detach_cupti_after_stop() -> None:
-    """Have kineto detach CUPTI when a profile stops, so training is as fast after a capture as before.
+    """Have kineto detach CUPTI when a profile stops: upstream's fix for training that stays slower
+    after a profile (not yet measured on our GPU job: ``AFTER=1 scripts/gpu-session`` is the check).
 
     Without ``TEARDOWN_CUPTI=1`` kineto disables its CUPTI activities at stop but never calls
     ``cuptiFinalize()``: CUPTI stays attached to the CUDA driver and every later CUDA call pays for it
