@@ -156,7 +156,8 @@ class Detector:
         p90 = history[int(0.9 * (len(history) - 1))]
         recent = sorted(self.recent)
         latest = self.level = recent[1] if len(recent) > 2 else recent[0]
-        if self.ack is not None and (recent[-2] <= 0.5 * (reference + self.ack) or reference >= self.ack):
+        upper = recent[-2] if len(recent) > 1 else recent[-1]   # all but one recent step at or below it
+        if self.ack is not None and (upper <= 0.5 * (reference + self.ack) or reference >= self.ack):
             # back to normal (all but one recent step nearer the reference than the captured level),
             # or the reference has caught up: the captured level is history
             self.ack = None

@@ -180,3 +180,9 @@ def test_a_moderate_slowdown_right_after_a_noise_capture_is_caught_by_drift() ->
     steps = _jitter(40, 50.0, 0.1) + _jitter(250, 70.0, 0.1, seed=2)
     caps = _captures(steps, Config(spike_ratio=1.3))
     assert [t for _, t in caps] == ["baseline", "spike"], caps
+
+
+def test_a_one_step_spike_rule_survives_its_own_capture() -> None:
+    """--spike-steps 1 is allowed: the acknowledged level's check must not index past one step."""
+    caps = _captures(_jitter(40, 50.0, 0.1) + _jitter(100, 120.0, 0.1, seed=3), Config(spike_steps=1, drift_pct=0))
+    assert [t for _, t in caps][:2] == ["baseline", "spike"], caps
