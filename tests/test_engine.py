@@ -291,6 +291,21 @@ def test_local_comm_excess_without_baseline() -> None:
     assert d.findings[0].host == "gpu-a02" and d.findings[0].evidence["ranks"] == [8, 9, 10, 11]
 
 
+def test_lone_comm_wait_in_a_small_group_must_be_a_quarter_of_the_step() -> None:
+    """One rank per host, 4 hosts (the CI link test's healthy run): three ranks agreeing closely make a
+    tiny MAD, so a +17% wait on one rank once passed the 10% bar as a network finding. Small groups
+    use the culprit rule's larger share (baseline.group_bars); a real +40% wait is still named."""
+    sums = _gpu_job(4)
+    for s in sums:
+        s["host"] = f"h{s['rank']}"
+    sums[1]["phases"]["comm"] += 17.0
+    d = diagnose(sums, step=28, trigger="baseline", world_size=4)
+    assert d.healthy, [f.title for f in d.findings]
+    sums[1]["phases"]["comm"] += 23.0
+    d = diagnose(sums, step=28, trigger="baseline", world_size=4)
+    assert [(f.category, f.host) for f in d.findings] == [("communication", "h1")]
+
+
 def test_hang_names_missing_rank() -> None:
     sums = _gpu_job(8)[:7]
     d = diagnose(sums, step=9, trigger="hang", world_size=8, missing=[7])

@@ -78,9 +78,19 @@ def significant(excess: float, z: float, step_ref: float, th: Thresholds, n: int
     requirement (down to ``small_z``) for a larger share of the step (``small_rel_step``); when the
     rank's wait also shrank by about its excess (``corroborated``) that large share alone suffices.
     """
+    rel, z_min = group_bars(n, th)
+    return excess >= max(th.abs_ms, rel * step_ref) and (z >= z_min or (n < th.small_group and corroborated))
+
+
+def group_bars(n: int, th: Thresholds) -> tuple[float, float]:
+    """(share of the peers' step, robust z) an excess must reach in a group of ``n`` peers.
+
+    Every per-rank comparison uses this one rule: a small group's MAD is itself noise (three of four
+    ranks agreeing by chance give a tiny MAD), so it asks for a larger share of the step instead.
+    """
     if n < th.small_group:
-        return excess >= max(th.abs_ms, th.small_rel_step * step_ref) and (z >= th.small_z or corroborated)
-    return excess >= max(th.abs_ms, th.rel_step * step_ref) and z >= z_required(n, th)
+        return th.small_rel_step, th.small_z
+    return th.rel_step, z_required(n, th)
 
 
 def z_required(n: int, th: Thresholds) -> float:
