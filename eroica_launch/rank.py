@@ -18,13 +18,13 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
 
+from eroica_launch.output import Pump
 from eroica_launch.rankenv import Identity, RankEnvError, identity
 from eroica_runtime import reportdir
 from eroica_runtime.config import Config, ConfigError, env_name
@@ -147,31 +147,6 @@ def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
     return preexec
 
 
-_KINETO_NOISE = (b"USDT:", b"STAGE:")
-
-
-class _Pump(threading.Thread):
-    """Copy one child stream to the console (prefixed) and/or a log file, line by line."""
-
-    def __init__(self, src: IO[bytes], console: IO[bytes] | None, logfile: IO[bytes] | None,
-                 prefix: bytes) -> None:
-        super().__init__(daemon=True)
-        self.src, self.console, self.logfile, self.prefix = src, console, logfile, prefix
-
-    def run(self) -> None:
-        for line in iter(self.src.readline, b""):
-            if line.startswith(_KINETO_NOISE) and b"ActivityProfilerHandler" in line:
-                continue  # kineto logs every profiler start/stop; eroica's windows would flood the log
-            if self.logfile is not None:
-                self.logfile.write(line)
-                self.logfile.flush()
-            if self.console is not None:
-                # torch already prefixes some lines with "[rankN]:"; never print it twice.
-                self.console.write(line if line.startswith(self.prefix) else self.prefix + line)
-                self.console.flush()
-        self.src.close()
-
-
 def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = None,
              forward_signals: bool = True) -> int:
     """Start the training program as this rank, supervise it, record how it ended; return its code."""
@@ -206,7 +181,9 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
     for bit, _console in streams:
         wants_file = bool(to_file & bit)
         wants_console = shown and not (redirect & bit and not tee & bit)
-        need_pipe = wants_file or not wants_console or bool(prefix)
+        # stderr also goes through the pump while eroica is on: kineto logs every profiler start and
+        # stop there (output.py), and a capture must not add lines to a job's log
+        need_pipe = wants_file or not wants_console or bool(prefix) or (bit == 2 and spec.enabled)
         pipes[bit] = subprocess.PIPE if need_pipe else None
         if wants_file and log_dir is not None:
             log_dir.mkdir(parents=True, exist_ok=True)
@@ -229,7 +206,7 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
         stream = child.stdout if bit == 1 else child.stderr
         if stream is not None:
             wants_console = shown and not (redirect & bit and not tee & bit)
-            pump = _Pump(stream, console if wants_console else None, files[bit], prefix)
+            pump = Pump(stream, console if wants_console else None, files[bit], prefix)
             pump.start()
             pumps.append(pump)
 

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -92,6 +93,42 @@ def test_output_prefix_filter_tee_and_user_sitecustomize(tmp_path) -> None:
     assert "whoami rank=1" in stdout1  # ...but still in its log file
     assert "to-stderr rank=1" in (logs / "job1" / "attempt_0" / "1" / "stderr.log").read_text()
     assert "[rank0]:user-sitecustomize=yes" in proc.stdout
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_progress_bars_stream_and_profiler_log_lines_are_left_out(tmp_path, nproc: int) -> None:
+    """A tqdm-style bar (carriage returns, no newline yet) reaches the console while it is drawn, and
+    kineto's "USDT: ... profiler_start/stop" lines never do, with or without the [rankN]: prefix."""
+    seen = tmp_path / "seen"
+    env = {**os.environ, **RANK_ENV, "PROGRESS_SEEN": str(seen)}
+    out_file = tmp_path / "stdout"
+    with out_file.open("wb") as out:
+        proc = subprocess.Popen([str(BIN / "eroica-run"), "--nproc-per-node", str(nproc), "--report-dir",
+                                 str(tmp_path / "rep"), str(SCRIPTS / "progress.py")], env=env,
+                                stdout=out, stderr=subprocess.PIPE, start_new_session=True)
+    err: list[bytes] = []
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for chunk in iter(lambda: os.read(proc.stderr.fileno(), 4096), b""):
+            err.append(chunk)
+            if b"progress  50%" in b"".join(err):
+                seen.touch()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        pytest.fail("eroica-run timed out:\n" + b"".join(err).decode(errors="replace")[-3000:])
+    reader.join(10)
+    text = b"".join(err).decode(errors="replace")
+    assert proc.returncode == 0, text[-3000:]
+    assert "progress 100%|##########| seen" in text, text[-3000:]    # the half-drawn bar was not held back
+    assert "ActivityProfilerHandler" not in text and "USDT:" not in text, text[-3000:]
+    assert out_file.read_text().count("profiled rank=") == nproc
 
 
 def test_in_place_under_mpiexec(tmp_path) -> None:

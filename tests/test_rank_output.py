@@ -1,0 +1,38 @@
+"""A rank's output through eroica_launch.output.LineFilter: what the console shows, however the
+bytes were split into reads (pure logic; the real-launch behaviour is in test_launch.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from eroica_launch.output import LineFilter
+
+NOISE = b"USDT:2026-12-01 10:01:03 2986:2986 SyncActivityProfilerHandler.cpp:52] profiler_start\n"
+STREAM = (b"epoch 1\n" + NOISE + b"\rloss 3.1 |###   |\rloss 2.9 |######|\n"
+          + b"[rank1]:already prefixed\n" + NOISE.replace(b"USDT", b"STAGE") + b"USDT: a user's own line\nend")
+
+
+def _through(chunks: list[bytes], prefix: bytes) -> bytes:
+    f = LineFilter(prefix)
+    return b"".join(f.feed(c) for c in chunks) + f.flush()
+
+
+@pytest.mark.parametrize("prefix", [b"", b"[rank1]:"])
+def test_any_split_of_the_stream_shows_the_same_lines(prefix: bytes) -> None:
+    whole = _through([STREAM], prefix)
+    p = prefix
+    assert whole == (p + b"epoch 1\n" + p + b"\rloss 3.1 |###   |\rloss 2.9 |######|\n" + b"[rank1]:already prefixed\n"
+                     + p + b"USDT: a user's own line\n" + p + b"end")
+    for cut in range(1, len(STREAM)):
+        assert _through([STREAM[:cut], STREAM[cut:]], prefix) == whole, cut
+    assert _through([STREAM[i:i + 1] for i in range(len(STREAM))], prefix) == whole
+
+
+def test_a_half_drawn_line_is_passed_on_at_once() -> None:
+    f = LineFilter(b"[rank0]:")
+    assert f.feed(b"\rprogress  50%|#####") == b"[rank0]:\rprogress  50%|#####"
+    assert f.feed(b"\rprogress 100%|##########|\n") == b"\rprogress 100%|##########|\n"
+    assert f.feed(b"[ra") == b""                        # could be torch's own prefix: wait for more
+    assert f.feed(b"nk0]:done\n") == b"[rank0]:done\n"
+    assert f.feed(b"USDT:") == b"" and f.feed(b" held until its newline") == b""
+    assert f.flush() == b"[rank0]:USDT: held until its newline"
