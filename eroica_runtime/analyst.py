@@ -135,10 +135,18 @@ def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]]) -> s
     caps = ", ".join(f"step {c['step']} ({c['trigger']})" for c in captures) or "none"
     missing = stats["world_size"] - stats["ranks_reporting"]
     slow = ", ".join(f"rank {r['rank']} ({r['host']}) {ms(r['median_ms'])}" for r in stats["slowest"])
-    lines = [f"eroica: job summary: {stats['steps']} steps on {stats['world_size']} ranks; step time median "
-             f"{ms(stats['median_step_ms'])}, p99 {ms(stats['p99_step_ms'])}",
-             f"  slowest ranks by median step: {slow or 'n/a'}",
-             f"  captures: {caps}"]
+    if not stats["steps"]:
+        # a job that ran for hours with eroica silent must say why: steps are counted at optimizer steps
+        lines = [f"eroica: job summary: no training step was seen on {stats['world_size']} ranks, so there was "
+                 "nothing to time or diagnose",
+                 "  eroica counts a step at each torch.optim optimizer step; a loop without one (an optimizer "
+                 "outside torch.optim, inference) should call eroica_runtime.mark_step() once per step",
+                 f"  captures: {caps}"]
+    else:
+        lines = [f"eroica: job summary: {stats['steps']} steps on {stats['world_size']} ranks; step time median "
+                 f"{ms(stats['median_step_ms'])}, p99 {ms(stats['p99_step_ms'])}",
+                 f"  slowest ranks by median step: {slow or 'n/a'}",
+                 f"  captures: {caps}"]
     if missing:
         lines.append(f"  {missing} rank(s) did not report at job end")
     return "\n".join(lines)
