@@ -412,6 +412,25 @@ def test_real_eroica_run_captures(name: str, rank: int, category: str) -> None:
     assert [(f.rank, f.category) for f in d.findings] == [(rank, category)]
 
 
+@pytest.mark.parametrize("report", [DATA / "e2e-data", DATA / "e2e-gc", DATA.parent / "faultbench" / "compute-report"])
+def test_step_if_fixed_is_not_far_below_the_healthy_step(report: Path) -> None:
+    """Real 4-rank captures on 2 shared cores: while the culprit stalls, its peers get the CPU and run
+    faster than when healthy, so "step - own-work excess" said 12 ms if fixed for a job whose healthy
+    step was 63 ms. The cost is at most what the victims waited for the culprit, and the step if fixed
+    at least the peers' own work plus the collective's own time."""
+    from eroica_runtime.pipeline import Pipeline
+
+    pipe = Pipeline()
+    done = [pipe.analyse(p.read_bytes(), origin=p.name)
+            for p in sorted((report / "captures").glob("*.msgpack"), key=lambda p: int(p.stem))]
+    healthy = done[0].diagnosis.step_ms["median"]
+    assert done[0].meta["trigger"] == "baseline" and done[0].diagnosis.healthy
+    top = done[1].diagnosis.findings[0]
+    assert top.rank == 1 and top.what_if_step_ms >= 0.6 * healthy, (top.what_if_step_ms, healthy)
+    excess, waited = top.evidence["excess_ms"], top.evidence["victims_waited_ms"]
+    assert top.impact_ms_per_step == min(excess, waited) and waited >= 0.5 * excess
+
+
 def test_function_in_two_phases_is_named_in_the_phase_it_grew() -> None:
     """Real summaries list ``aten::mm`` twice, in the forward and in the backward. In the e2e-compute
     capture rank 2's extra matmuls ran in the forward; its backward matmuls were as its peers'. The

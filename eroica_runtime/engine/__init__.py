@@ -86,6 +86,8 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float,
         "functions": c.functions, "peers": {"source": peers.source, "size": int(len(peers.groups[c.group]))},
         "victims_count": int(len(c.victims)), **tele_ev,
     }
+    if c.waited_ms is not None:
+        ev["victims_waited_ms"] = c.waited_ms
     if stopped:
         ev["stopped"] = stopped
         hint = (stall_action(stopped) + " " + hint).strip()
@@ -107,7 +109,7 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float,
     title = (f"rank {rank} on {host}: {c.category} in {c.function} "
              f"(+{c.excess_ms:.1f} ms/step own work, {len(c.victims)} ranks waiting on it)")
     return Finding(category=c.category, rank=rank, host=host, function=c.function, phase=c.phase,
-                   impact_ms_per_step=c.excess_ms, what_if_step_ms=what_if,
+                   impact_ms_per_step=c.cost_ms, what_if_step_ms=what_if,
                    victims=tuple(int(v) for v in c.victims), evidence=ev, action=action.strip(), title=title)
 
 
@@ -219,10 +221,15 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
             notes.append(f"{len(dropped)} rank(s) with extra own work that no rank waited on were not reported: "
                          + ", ".join(f"rank {int(table.rank[c.row])} +{c.excess_ms:.1f} ms" for c in dropped[:5]))
             culprits = [c for c in culprits if len(c.victims)]
-    excesses = [c.excess_ms for c in culprits]
+    costs = [c.cost_ms for c in culprits]
     stopped = stalls(table, th)
-    findings = [_culprit_finding(table, peers, c, culprit_what_if(step_med, excesses, i), stopped.get(c.row))
+    # if fixed, the step is no shorter than its peers' own work plus the collective's own time (what the
+    # culprit, last to arrive, waited): on shared cores a culprit's peers run faster while it stalls
+    findings = [_culprit_finding(table, peers, c, max(culprit_what_if(step_med, costs, i),
+                                                     min(step_med, c.own_ref + max(c.comm, 0.0))),
+                                 stopped.get(c.row))
                 for i, c in enumerate(culprits)]
+    excesses = [c.excess_ms for c in culprits]
     named = {c.row for c in culprits}
     findings.extend(stall_finding(table, row, ev, step_med) for row, ev in stopped.items() if row not in named)
     if not findings:

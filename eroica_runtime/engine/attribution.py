@@ -49,6 +49,18 @@ class Culprit:
     functions: list[dict] = field(default_factory=list)
     victims: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     device: bool = False        # compared on the device timeline (a GPU job)
+    waited_ms: float | None = None   # how much longer its victims waited than it did (median), ms per step
+
+    @property
+    def cost_ms(self) -> float:
+        """What the rank costs the job per step: its own-work excess, but no more than its victims
+        waited for it. On shared cores the two differ (a rank collecting garbage for 211 ms left its
+        peers the CPU; its excess over their 26 ms was 201 ms, the job's step grew 166 ms, and they
+        waited 162 ms longer than it did), and "step -> X ms if fixed" must not fall below the
+        healthy step."""
+        if self.waited_ms is not None and 0.0 < self.waited_ms < self.excess_ms:
+            return self.waited_ms
+        return self.excess_ms
     sched: dict[str, Any] | None = None   # run-queue evidence (scheduler_luck), host timeline only
 
 
@@ -227,3 +239,5 @@ def find_victims(table: Table, culprits: list[Culprit], th: Thresholds) -> None:
             waited = np.nan_to_num(share - (c.comm / c.step if c.step > 0 else 0.0), nan=-np.inf) >= bar
         waited[culprit_rows] = False
         c.victims = table.rank[waited]
+        if waited.any() and c.step > 0:
+            c.waited_ms = float(np.median(share[waited]) - c.comm / c.step) * c.step

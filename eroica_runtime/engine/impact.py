@@ -1,8 +1,12 @@
 """What each finding costs per step, and the step time if it were fixed.
 
 In synchronous training the job runs at the pace of its slowest rank, so a culprit's own-work
-excess is what every rank pays per step. With several culprits in one job, fixing one only helps
-down to the next-worst one: ``what_if`` accounts for that, ``impact`` is the finding's own cost.
+excess is what every rank pays per step, up to how long its victims waited for it
+(``Culprit.cost_ms``: on shared cores the peers of a stalled rank run faster than when healthy,
+and the excess over their own work overstates the cost). With several culprits in one job, fixing
+one only helps down to the next-worst one: ``what_if`` accounts for that, ``impact`` is the
+finding's own cost; the engine also keeps ``what_if`` at or above the peers' own work plus the
+collective's own time.
 """
 
 from __future__ import annotations
