@@ -90,12 +90,20 @@ class Pump(threading.Thread):
         self._to_console, self._to_file = LineFilter(prefix), LineFilter()
 
     def _write(self, console_bytes: bytes, file_bytes: bytes) -> None:
+        # a console that went away (eroica-run piped into `head`) or a full disk must not stop the
+        # draining: a rank blocked on a full pipe would hang the job
         if self.logfile is not None and file_bytes:
-            self.logfile.write(file_bytes)
-            self.logfile.flush()
+            try:
+                self.logfile.write(file_bytes)
+                self.logfile.flush()
+            except (OSError, ValueError):
+                self.logfile = None
         if self.console is not None and console_bytes:
-            self.console.write(console_bytes)
-            self.console.flush()
+            try:
+                self.console.write(console_bytes)
+                self.console.flush()
+            except (OSError, ValueError):
+                self.console = None
 
     def run(self) -> None:
         fd = self.src.fileno()

@@ -36,3 +36,41 @@ def test_a_half_drawn_line_is_passed_on_at_once() -> None:
     assert f.feed(b"nk0]:done\n") == b"[rank0]:done\n"
     assert f.feed(b"USDT:") == b"" and f.feed(b" held until its newline") == b""
     assert f.flush() == b"[rank0]:USDT: held until its newline"
+
+
+def test_a_console_that_went_away_does_not_stop_the_draining() -> None:
+    """eroica-run piped into `head`: the console write fails, but the rank's pipe must still be read
+    and stay open, or the rank would block on a full pipe or die of a broken one."""
+    import io
+    import os
+
+    from eroica_launch.output import Pump
+
+    class Gone(io.RawIOBase):
+        def writable(self) -> bool:
+            return True
+
+        def write(self, b: object) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    import threading
+
+    r, w = os.pipe()
+    pump = Pump(os.fdopen(r, "rb"), Gone(), None, b"[rank0]:")
+    pump.start()
+
+    wrote: list[int] = []
+
+    def rank() -> None:
+        for _ in range(2000):           # 2 MB, far more than a pipe holds: blocks unless drained
+            os.write(w, b"x" * 1000 + b"\n")
+            wrote.append(1)
+        os.close(w)
+
+    writer = threading.Thread(target=rank, daemon=True)
+    writer.start()
+    writer.join(10)
+    assert not writer.is_alive(), "the rank blocked on a full pipe"
+    assert len(wrote) == 2000, "the rank's output pipe was closed under it"
+    pump.join(10)
+    assert not pump.is_alive()
