@@ -90,20 +90,8 @@ class Pump(threading.Thread):
         self._to_console, self._to_file = LineFilter(prefix), LineFilter()
 
     def _write(self, console_bytes: bytes, file_bytes: bytes) -> None:
-        # a console that went away (eroica-run piped into `head`) or a full disk must not stop the
-        # draining: a rank blocked on a full pipe would hang the job
-        if self.logfile is not None and file_bytes:
-            try:
-                self.logfile.write(file_bytes)
-                self.logfile.flush()
-            except (OSError, ValueError):
-                self.logfile = None
-        if self.console is not None and console_bytes:
-            try:
-                self.console.write(console_bytes)
-                self.console.flush()
-            except (OSError, ValueError):
-                self.console = None
+        self.logfile = _put(self.logfile, file_bytes)
+        self.console = _put(self.console, console_bytes)
 
     def run(self) -> None:
         fd = self.src.fileno()
@@ -116,3 +104,16 @@ class Pump(threading.Thread):
             self._write(self._to_console.flush(), self._to_file.flush())
         finally:
             self.src.close()
+
+
+def _put(out: IO[bytes] | None, data: bytes) -> IO[bytes] | None:
+    """Write and flush; None from now on when ``out`` failed. A console that went away (eroica-run
+    piped into `head`) or a full disk must not stop the draining: the rank would block on a full
+    pipe, or die of a broken one."""
+    if out is not None and data:
+        try:
+            out.write(data)
+            out.flush()
+        except (OSError, ValueError):
+            return None
+    return out
