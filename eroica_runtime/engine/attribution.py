@@ -50,18 +50,18 @@ class Culprit:
     victims: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     device: bool = False        # compared on the device timeline (a GPU job)
     waited_ms: float | None = None   # how much longer its victims waited than it did (median), ms per step
+    sched: dict[str, Any] | None = None   # run-queue evidence (scheduler_luck), host timeline only
 
     @property
     def cost_ms(self) -> float:
         """What the rank costs the job per step: its own-work excess, but no more than its victims
         waited for it. On shared cores the two differ (a rank collecting garbage for 211 ms left its
         peers the CPU; its excess over their 26 ms was 201 ms, the job's step grew 166 ms, and they
-        waited 162 ms longer than it did), and "step -> X ms if fixed" must not fall below the
+        waited 170 ms longer than it did), and "step -> X ms if fixed" must not fall below the
         healthy step."""
         if self.waited_ms is not None and 0.0 < self.waited_ms < self.excess_ms:
             return self.waited_ms
         return self.excess_ms
-    sched: dict[str, Any] | None = None   # run-queue evidence (scheduler_luck), host timeline only
 
 
 # On a GPU the host runs ahead and its phases do not show who made whom wait; the device does.

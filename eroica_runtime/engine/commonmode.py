@@ -162,8 +162,9 @@ def local_comm_excess(table: Table, peers: Peers, th: Thresholds,
         # a rank that finished its own work early waits longer: that part of the wait is explained
         early = np.maximum(float(np.median(own[rows])) - own[rows], 0.0)
         d = comm[rows] - c.ref - early
-        # the same size rule as a culprit's (baseline.group_bars): a healthy 4-rank CI job on 2 shared
-        # cores once had one rank wait +5 ms (10% of its step) more than three peers that agreed closely
+        # the same size rule as a culprit's (baseline.group_bars): a healthy 4-host CI job on 2 shared
+        # cores once had a host named for a wait over the old bar (10% of the step) while three peers
+        # agreed closely (a tiny MAD, so the z test let it through)
         rel, z_min = group_bars(len(rows), th)
         bar = max(th.abs_ms, rel * step_ref)
         ok = (d >= bar) & (d / c.sigma >= z_min) & _in_most_steps(table, rows, 0.5 * bar)
