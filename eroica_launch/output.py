@@ -18,8 +18,11 @@ KINETO_NOISE = (b"USDT:", b"STAGE:")
 
 
 def is_kineto_noise(line: bytes) -> bool:
-    """A kineto profiler start/stop log line (the line, newline included or not)."""
-    return line.startswith(KINETO_NOISE) and b"ActivityProfilerHandler" in line
+    """A kineto profiler start/stop or stage log line (the line, newline included or not):
+    ``USDT:... SyncActivityProfilerHandler.cpp:52] profiler_start``, ``STAGE:...
+    GenericActivityProfiler.cpp:806] Completed Stage: Collection`` (or ActivityProfilerController.cpp
+    in older torch)."""
+    return line.startswith(KINETO_NOISE) and (b"ActivityProfiler" in line or b"Completed Stage" in line)
 
 
 class LineFilter:

@@ -9,7 +9,8 @@ from eroica_launch.output import LineFilter
 
 NOISE = b"USDT:2026-12-01 10:01:03 2986:2986 SyncActivityProfilerHandler.cpp:52] profiler_start\n"
 STREAM = (b"epoch 1\n" + NOISE + b"\rloss 3.1 |###   |\rloss 2.9 |######|\n"
-          + b"[rank1]:already prefixed\n" + NOISE.replace(b"USDT", b"STAGE") + b"USDT: a user's own line\nend")
+          + b"[rank1]:already prefixed\n" + NOISE.replace(b"USDT", b"STAGE") + b"USDT: a user's own line\n"
+          + b"STAGE:2026-12-01 10:01:03 2986:2986 GenericActivityProfiler.cpp:806] Completed Stage: Collection\nend")
 
 
 def _through(chunks: list[bytes], prefix: bytes) -> bytes:
