@@ -1,20 +1,24 @@
 """A rank's output on its way to the console and log files: ``[rankN]:`` prefixes, kineto's log lines
-left out, and partial lines passed on as they come.
+left out, whole lines, and a partial line passed on once the rank pauses.
 
-Why a stream and not lines: a progress bar (tqdm) redraws one line with carriage returns and writes a
-newline only when it ends; copying line by line held the whole bar back until then. Why filter: kineto
-logs ``USDT: ... ActivityProfilerHandler.cpp ... profiler_start`` / ``profiler_stop`` on stderr at every
-profiler start and stop, whatever ``KINETO_LOG_LEVEL`` short of silencing its errors too, so every
-eroica window would add two lines per rank to the job's log.
+Why whole lines: every rank writes to the same console, and a line cut where a pipe read ended
+would let another rank's line land in the middle of it. Why a partial line still goes out after a
+pause (PAUSE_S): a progress bar (tqdm) redraws one line with carriage returns and writes a newline
+only when it ends; copying strictly line by line held the whole bar back until then. Why filter:
+kineto logs ``USDT: ... ActivityProfilerHandler.cpp ... profiler_start`` / ``profiler_stop`` on stderr
+at every profiler start and stop, whatever ``KINETO_LOG_LEVEL`` short of silencing its errors too, so
+every eroica window would add two lines per rank to the job's log.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import threading
 from typing import IO
 
 KINETO_NOISE = (b"USDT:", b"STAGE:")
+PAUSE_S = 0.1        # a partial line held this long with nothing more coming is passed on
 
 
 def is_kineto_noise(line: bytes) -> bool:
@@ -26,50 +30,54 @@ def is_kineto_noise(line: bytes) -> bool:
 
 
 class LineFilter:
-    """Turns a rank's raw output chunks into what the console shows: each line prefixed once (not when
-    torch already wrote the prefix), kineto's profiler lines dropped, the rest passed on at once.
+    """Turns a rank's raw output chunks into what the console shows: whole lines, each prefixed once
+    (not when torch already wrote the prefix), kineto's profiler lines dropped.
 
-    Only the start of a line is ever held back, and only while it could still be a prefix already
-    written or a kineto line (which is dropped whole, so it waits for its newline)."""
+    A partial line is held until its newline comes, or until ``release()`` (the rank paused), which
+    passes it on unless it may still become a kineto line or the prefix itself."""
 
     def __init__(self, prefix: bytes = b"") -> None:
         self.prefix = prefix
-        self._held = b""
-        self._at_start = True
-        self._heads = tuple(h for h in (*KINETO_NOISE, prefix) if h)
-
-    def _undecided(self, head: bytes) -> bool:
-        """The start of a line, no newline yet: wait for more bytes before deciding?"""
-        if head.startswith(KINETO_NOISE):
-            return True                                      # drop or keep it whole
-        return any(len(head) < len(h) and h.startswith(head) for h in self._heads)
+        self.held = b""               # the partial line not passed on yet
+        self._at_start = True         # ``held`` (or the next byte) starts a line
 
     def feed(self, data: bytes) -> bytes:
-        """What to write for ``data`` (may be empty: the start of a line held back)."""
-        buf, self._held = self._held + data, b""
+        """The complete lines ``data`` finishes, ready to write; a partial line at its end is held."""
+        buf, self.held = self.held + data, b""
         out: list[bytes] = []
-        pos, end = 0, len(buf)
-        while pos < end:                  # an index, not slices of the rest: a chunk holds ~10^3 lines
+        pos = 0
+        while True:                       # an index, not slices of the rest: a chunk holds ~10^3 lines
             nl = buf.find(b"\n", pos)
-            cut = end if nl < 0 else nl + 1
+            if nl < 0:
+                self.held = buf[pos:]
+                return b"".join(out)
+            line = buf[pos:nl + 1]
             if not self._at_start:
-                out.append(buf[pos:cut])
-            elif nl < 0 and self._undecided(buf[pos:]):
-                self._held = buf[pos:]              # still at a line start
-                break
-            elif nl < 0 or not is_kineto_noise(buf[pos:cut]):
-                out.append(self._line_start(buf[pos:cut]))
-            self._at_start = nl >= 0
-            pos = cut
-        return b"".join(out)
+                out.append(line)
+            elif not is_kineto_noise(line):
+                out.append(self._line_start(line))
+            self._at_start = True
+            pos = nl + 1
+
+    def release(self) -> bytes:
+        """The rank paused mid-line (a progress bar): the held part, unless it may still become a
+        kineto line or the prefix torch writes itself (those wait for more)."""
+        held = self.held
+        if not held:
+            return b""
+        if self._at_start:
+            if held.startswith(KINETO_NOISE) or any(h.startswith(held) for h in (*KINETO_NOISE, self.prefix) if h):
+                return b""
+            held = self._line_start(held)
+        self.held, self._at_start = b"", False
+        return held
 
     def flush(self) -> bytes:
-        """The end of the stream: a held line start is written as it is."""
-        held, self._held = self._held, b""
-        if not held or is_kineto_noise(held):
+        """The end of the stream: whatever is held, as it is (a kineto line is still dropped)."""
+        held, self.held = self.held, b""
+        if not held or (self._at_start and is_kineto_noise(held)):
             return b""
-        self._at_start = False
-        return self._line_start(held)
+        return self._line_start(held) if self._at_start else held
 
     def _line_start(self, text: bytes) -> bytes:
         if not self.prefix or text.startswith(self.prefix):
@@ -95,7 +103,12 @@ class Pump(threading.Thread):
         fd = self.src.fileno()
         try:
             while True:
-                chunk = os.read(fd, 65536)       # what is there now: a partial line is not held back
+                if (self._to_console.held or self._to_file.held) and not select.select([fd], [], [], PAUSE_S)[0]:
+                    self._write(self._to_console.release(), self._to_file.release())
+                    if self._to_console.held or self._to_file.held:
+                        select.select([fd], [], [])      # held for its newline: wait for more output
+                    continue
+                chunk = os.read(fd, 65536)
                 if not chunk:
                     break
                 self._write(self._to_console.feed(chunk), self._to_file.feed(chunk))

@@ -29,13 +29,19 @@ def test_any_split_of_the_stream_shows_the_same_lines(prefix: bytes) -> None:
     assert _through([STREAM[i:i + 1] for i in range(len(STREAM))], prefix) == whole
 
 
-def test_a_half_drawn_line_is_passed_on_at_once() -> None:
+def test_lines_stay_whole_and_a_half_drawn_line_goes_out_when_the_rank_pauses() -> None:
+    """A line cut by a pipe read is held for its newline (another rank's line must not land inside
+    it); a progress bar the rank stopped at (release: nothing more for PAUSE_S) goes out as it is."""
     f = LineFilter(b"[rank0]:")
-    assert f.feed(b"\rprogress  50%|#####") == b"[rank0]:\rprogress  50%|#####"
+    assert f.feed(b"epoch 1 loss") == b"" and f.feed(b" 2.5\nepo") == b"[rank0]:epoch 1 loss 2.5\n"
+    assert f.release() == b"[rank0]:epo" and f.feed(b"ch 2\n") == b"ch 2\n"
+    assert f.feed(b"\rprogress  50%|#####") == b""
+    assert f.release() == b"[rank0]:\rprogress  50%|#####"
     assert f.feed(b"\rprogress 100%|##########|\n") == b"\rprogress 100%|##########|\n"
-    assert f.feed(b"[ra") == b""                        # could be torch's own prefix: wait for more
+    assert f.feed(b"[ra") == b"" and f.release() == b""     # could be torch's own prefix: wait for more
     assert f.feed(b"nk0]:done\n") == b"[rank0]:done\n"
-    assert f.feed(b"USDT:") == b"" and f.feed(b" held until its newline") == b""
+    assert f.feed(b"USDT:") == b"" and f.release() == b""   # could be kineto's: wait for its newline
+    assert f.feed(b" held until its newline") == b"" and f.release() == b""
     assert f.flush() == b"[rank0]:USDT: held until its newline"
 
 
