@@ -15,10 +15,12 @@ from __future__ import annotations
 import os
 import select
 import threading
+import time
 from typing import IO
 
 KINETO_NOISE = (b"USDT:", b"STAGE:")
-PAUSE_S = 0.1        # a partial line held this long with nothing more coming is passed on
+PAUSE_S = 0.1        # a partial line held this long is passed on (a progress bar redraws every ~0.1 s)
+MAX_HELD = 1 << 16   # ... and one this long at once, whatever it may become
 
 
 def is_kineto_noise(line: bytes) -> bool:
@@ -59,14 +61,15 @@ class LineFilter:
             self._at_start = True
             pos = nl + 1
 
-    def release(self) -> bytes:
-        """The rank paused mid-line (a progress bar): the held part, unless it may still become a
-        kineto line or the prefix torch writes itself (those wait for more)."""
+    def release(self, force: bool = False) -> bytes:
+        """A partial line held PAUSE_S (a progress bar): the held part, unless it may still become a
+        kineto line or the prefix torch writes itself (those wait for more, unless ``force``)."""
         held = self.held
         if not held:
             return b""
         if self._at_start:
-            if held.startswith(KINETO_NOISE) or any(h.startswith(held) for h in (*KINETO_NOISE, self.prefix) if h):
+            maybe = held.startswith(KINETO_NOISE) or any(h.startswith(held) for h in (*KINETO_NOISE, self.prefix) if h)
+            if maybe and not force:
                 return b""
             held = self._line_start(held)
         self.held, self._at_start = b"", False
@@ -99,19 +102,30 @@ class Pump(threading.Thread):
         self.logfile = _put(self.logfile, file_bytes)
         self.console = _put(self.console, console_bytes)
 
+    def _held(self) -> int:
+        return max(len(self._to_console.held), len(self._to_file.held))
+
     def run(self) -> None:
         fd = self.src.fileno()
+        since: float | None = None        # when the partial line now held was first held
         try:
             while True:
-                if (self._to_console.held or self._to_file.held) and not select.select([fd], [], [], PAUSE_S)[0]:
-                    self._write(self._to_console.release(), self._to_file.release())
-                    if self._to_console.held or self._to_file.held:
-                        select.select([fd], [], [])      # held for its newline: wait for more output
-                    continue
+                if since is not None:
+                    # age, not quiet: a bar redrawn every 0.1 s never leaves the pipe quiet that long
+                    wait = since + PAUSE_S - time.monotonic()
+                    if wait <= 0 or not select.select([fd], [], [], wait)[0]:
+                        self._write(self._to_console.release(), self._to_file.release())
+                        since = None
+                        if self._held():
+                            select.select([fd], [], [])      # may be kineto's: wait for its newline
+                        continue
                 chunk = os.read(fd, 65536)
                 if not chunk:
                     break
                 self._write(self._to_console.feed(chunk), self._to_file.feed(chunk))
+                if self._held() > MAX_HELD:
+                    self._write(self._to_console.release(force=True), self._to_file.release(force=True))
+                since = (since or time.monotonic()) if self._held() else None
             self._write(self._to_console.flush(), self._to_file.flush())
         finally:
             self.src.close()

@@ -81,3 +81,39 @@ def test_a_console_that_went_away_does_not_stop_the_draining() -> None:
     assert len(wrote) == 2000, "the rank's output pipe was closed under it"
     pump.join(10)
     assert not pump.is_alive()
+
+
+def test_a_bar_redrawn_faster_than_the_pause_still_reaches_the_console() -> None:
+    """tqdm redraws about every 0.1 s, so the pipe is never quiet for PAUSE_S: a partial line goes
+    out once it has been held that long, not only after a silence."""
+    import os
+    import time
+
+    from eroica_launch.output import Pump
+
+    class Console:
+        def __init__(self) -> None:
+            self.first: float | None = None
+            self.data = b""
+
+        def write(self, b: bytes) -> int:
+            self.first = self.first or time.monotonic()
+            self.data += b
+            return len(b)
+
+        def flush(self) -> None:
+            pass
+
+    r, w = os.pipe()
+    console = Console()
+    pump = Pump(os.fdopen(r, "rb"), console, None, b"[rank0]:")
+    pump.start()
+    for i in range(40):                 # 2 s of redraws, one every 0.05 s, no newline until the end
+        os.write(w, b"\rprogress %3d%%" % (i * 2.5))
+        time.sleep(0.05)
+    finished = time.monotonic()
+    os.write(w, b"\rprogress 100%\n")
+    os.close(w)
+    pump.join(10)
+    assert console.first is not None and console.first < finished - 1.0, "the bar was held until its newline"
+    assert console.data.startswith(b"[rank0]:\rprogress") and console.data.endswith(b"\rprogress 100%\n")
