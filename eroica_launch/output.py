@@ -19,6 +19,7 @@ import time
 from typing import IO
 
 KINETO_NOISE = (b"USDT:", b"STAGE:")
+TOGGLE_WARNING = b"] Toggling CPU activity with"   # torch's warning at a toggle of host-op collection
 PAUSE_S = 0.1        # a partial line held this long is passed on (a progress bar redraws every ~0.1 s)
 MAX_HELD = 1 << 16   # ... and one this long at once, whatever it may become
 
@@ -27,8 +28,12 @@ def is_kineto_noise(line: bytes) -> bool:
     """A kineto profiler start/stop or stage log line (the line, newline included or not):
     ``USDT:... SyncActivityProfilerHandler.cpp:52] profiler_start``, ``STAGE:...
     GenericActivityProfiler.cpp:806] Completed Stage: Collection`` (or ActivityProfilerController.cpp
-    in older torch)."""
-    return line.startswith(KINETO_NOISE) and (b"ActivityProfiler" in line or b"Completed Stage" in line)
+    in older torch); or torch's warning at each toggle of host-op collection, which eroica's capture
+    does around the lead-in step: ``[W1201 12:55:23.796823256 profiler_kineto.cpp:814] Toggling CPU
+    activity with GPU activity on may result in traces with GPU events on arbitrary tracks``."""
+    if line.startswith(KINETO_NOISE):
+        return b"ActivityProfiler" in line or b"Completed Stage" in line
+    return line.startswith(b"[W") and TOGGLE_WARNING in line
 
 
 class LineFilter:

@@ -68,6 +68,7 @@ class RawEvents:
 class Capture:
     def __init__(self) -> None:
         self._prof: Any = None
+        self._lead_in = False   # host ops are not being recorded: the lead-in step (see start())
         self.step: int | None = None
         self.trigger = ""
         self.k = 0
@@ -99,7 +100,10 @@ class Capture:
         """Start profiling one lead-in step before ``step``; steps step..step+k-1 are the window.
 
         The lead-in absorbs what differs between ranks at a window's edge (barrier exit skew, the
-        profiler's own start-up), so that no rank looks slow just because it started first.
+        profiler's own start-up), so that no rank looks slow just because it started first. Its host
+        ops are not recorded (collection is toggled off until the window's first boundary): the
+        summary leaves them out anyway, and ``prof.stop()``, the one piece of a capture's close that
+        must run in the closing step, costs time per recorded event (a quarter less with k = 3).
         """
         from torch.profiler import ProfilerAction, profile
 
@@ -112,11 +116,30 @@ class Capture:
         prof.step_num = step - 1
         prof.start()  # opens ProfilerStep#<step-1>: the lead-in
         self._prof = prof
+        self._lead_in = self._collect_host_ops(False)
+
+    def _collect_host_ops(self, on: bool) -> bool:
+        """Toggle the recording of host ops (torch's RecordFunction callbacks; device activity stays
+        on, so CUPTI is not re-armed at the window's edge). True if toggled. kineto logs a warning
+        line at each toggle; the launcher's output filter drops it (eroica_launch/output.py)."""
+        from torch.profiler import ProfilerActivity
+
+        try:
+            self._prof.toggle_collection_dynamic(on, [ProfilerActivity.CPU])
+        except Exception:   # a torch without it (or one that refuses): the lead-in is recorded
+            return False
+        return True
 
     def mark(self) -> None:
         """A step boundary inside the window: closes one ProfilerStep#N and opens the next."""
         if self._prof is not None:
+            self._end_lead_in()
             self._prof.step()
+
+    def _end_lead_in(self) -> None:
+        if self._lead_in:
+            self._lead_in = False
+            self._collect_host_ops(True)
 
     def stop(self) -> Any:
         """Stop (closing the last ProfilerStep) and return the window's events, lead-in step included.
@@ -127,9 +150,10 @@ class Capture:
         object each): this runs on the training thread in the closing step; the summary builder reads
         them later, in slices, and leaves out what started before ``ProfilerStep#<step>`` (the lead-in).
         """
-        prof, self._prof = self._prof, None
-        if prof is None:
+        if self._prof is None:
             return []
+        self._end_lead_in()   # stop with the profiler's callbacks where it put them
+        prof, self._prof = self._prof, None
         prof.stop()
         results = getattr(getattr(prof, "profiler", None), "kineto_results", None)
         if results is not None:
@@ -138,6 +162,8 @@ class Capture:
 
     def abandon(self) -> None:
         """Stop without processing (eroica is switching off on this rank)."""
+        if self._prof is not None:
+            self._end_lead_in()
         prof, self._prof = self._prof, None
         if prof is not None:
             try:

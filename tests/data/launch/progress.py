@@ -1,5 +1,6 @@
-"""A rank that profiles once (kineto logs its start/stop on stderr) and draws a progress bar the way
-tqdm does: carriage returns, no newline until the end. Rank 0 waits (up to 60 s) for the file
+"""A rank that profiles once (kineto logs its start/stop on stderr), runs one window the way eroica's
+capture does (torch warns at each toggle of host-op collection around the lead-in step), and draws a
+progress bar the way tqdm does: carriage returns, no newline until the end. Rank 0 waits (up to 60 s) for the file
 PROGRESS_SEEN before finishing its bar: the test creates it once the partial bar reached its console."""
 import os
 import sys
@@ -8,8 +9,18 @@ import time
 import torch
 from torch.profiler import profile
 
+from eroica_runtime.capture import Capture
+
 with profile():
     torch.zeros(1).add_(1)
+cap = Capture()
+cap.start(2, "test", 1)
+torch.zeros(1).add_(1)
+cap.mark()
+torch.zeros(1).add_(1)
+names = {e.name() for e in cap.stop()}
+assert "ProfilerStep#2" in names, sorted(names)
+sys.stderr.write("[W1201 00:00:00.000000000 train.cpp:12] a warning of the job's own\n")
 print(f"profiled rank={os.environ['RANK']}", flush=True)
 if os.environ["RANK"] == "0":
     sys.stderr.write("\rprogress  50%|#####     |")
