@@ -13,6 +13,7 @@ every eroica window would add two lines per rank to the job's log.
 from __future__ import annotations
 
 import os
+import re
 import select
 import threading
 import time
@@ -20,6 +21,7 @@ from typing import IO
 
 KINETO_NOISE = (b"USDT:", b"STAGE:")
 TOGGLE_WARNING = b"] Toggling CPU activity with"   # torch's warning at a toggle of host-op collection
+TORCH_WARNING = re.compile(rb"(?:\[rank\d+\]:)?\[W\d")
 PAUSE_S = 0.1        # a partial line held this long is passed on (a progress bar redraws every ~0.1 s)
 MAX_HELD = 1 << 16   # ... and one this long at once, whatever it may become
 
@@ -33,7 +35,8 @@ def is_kineto_noise(line: bytes) -> bool:
     activity with GPU activity on may result in traces with GPU events on arbitrary tracks``."""
     if line.startswith(KINETO_NOISE):
         return b"ActivityProfiler" in line or b"Completed Stage" in line
-    return line.startswith(b"[W") and TOGGLE_WARNING in line
+    # torch writes its C++ warnings with its own "[rankN]:" prefix once a process group exists
+    return TOGGLE_WARNING in line and TORCH_WARNING.match(line) is not None
 
 
 class LineFilter:

@@ -7,12 +7,14 @@ import sys
 import time
 
 import torch
+import torch.distributed as dist
 from torch.profiler import profile
 
 from eroica_runtime.capture import Capture
 
 with profile():
     torch.zeros(1).add_(1)
+dist.init_process_group("gloo")   # from here torch writes its C++ warnings with its own [rankN]: prefix
 cap = Capture()
 cap.start(2, "test", 1)
 torch.zeros(1).add_(1)
@@ -30,3 +32,4 @@ if os.environ["RANK"] == "0":
         time.sleep(0.05)
     sys.stderr.write("\rprogress 100%|##########|" + (" seen" if os.path.exists(seen) else " not seen") + "\n")
     sys.stderr.flush()
+dist.destroy_process_group()
