@@ -56,7 +56,17 @@ def test_sixteen_ranks_same_findings_with_and_without_leader_reduction(tmp_path:
     on, off = _job(tmp_path / "on", "on"), _job(tmp_path / "off", "off")
     assert _top(on) == _top(off), (json.dumps(on["findings"][0], indent=1), json.dumps(off["findings"][0], indent=1))
     assert _top(on)[:2] == (CULPRIT, "dataloader"), json.dumps(on["findings"][0], indent=1)
-    assert sorted(on["findings"][0]["victims"]) == sorted(off["findings"][0]["victims"])
+    # victims from both nodes, through either path. Not the same set to the rank: these are two jobs,
+    # and with 16 ranks on 2 cores one rank preempted in its optimizer step can wait just under the
+    # victim bar in one of them (seen: rank 14, comm 81% of its step against 83-95% on the others).
+    # That the reduced and raw paths give the same table for the same summaries, to the bit, is
+    # tests/test_blocks.py's.
+    others = set(range(16)) - {CULPRIT}
+    v_on, v_off = set(on["findings"][0]["victims"]), set(off["findings"][0]["victims"])
+    for victims in (v_on, v_off):
+        assert victims <= others and len(victims) >= len(others) - 2, sorted(victims)
+        assert victims & set(range(8)) and victims & set(range(8, 16)), sorted(victims)
+    assert len(v_on ^ v_off) <= 2, (sorted(v_on), sorted(v_off))
 
     caps_on = sorted((tmp_path / "on" / "captures").glob("*.msgpack"))
     caps_off = sorted((tmp_path / "off" / "captures").glob("*.msgpack"))
