@@ -281,7 +281,8 @@ def format_job(report: dict[str, Any], report_dir: str | os.PathLike[str] | None
     for i, f in enumerate(findings, 1):
         lines.extend(format_finding(f, i))
         if f.get("captures"):
-            lines.append(f"     seen in captures at steps {_ranks(f['captures'])}")
+            one = len(f["captures"]) == 1
+            lines.append(f"     seen in {'the capture at step' if one else 'captures at steps'} {_ranks(f['captures'])}")
     errors = sum(len(c.get("errors") or []) for c in caps)
     missing = sum(len(c.get("missing") or []) for c in caps)
     if errors or missing:

@@ -26,7 +26,7 @@ def _job(n: int = 8) -> list[dict]:
     return sums
 
 
-def _evil_capture():
+def _evil_capture(step: int = 42):
     sums = _job()
     for s in sums:
         s["functions"][1]["name"] = EVIL_FN
@@ -35,7 +35,7 @@ def _evil_capture():
     sums[5]["phases"]["backward"] += 40.0
     sums[5]["phases"]["comm"] -= 40.0
     sums[5]["functions"][1]["ms"] += 40.0
-    return diagnose(sums, step=42, trigger="slow_<b>step</b>", world_size=8)
+    return diagnose(sums, step=step, trigger="slow_<b>step</b>", world_size=8)
 
 
 def test_write_capture_and_job(tmp_path: Path) -> None:
@@ -109,6 +109,13 @@ def test_job_text_from_report_json(tmp_path: Path) -> None:
     text = report.format_job(json.loads((tmp_path / "report.json").read_text()), tmp_path)
     assert text.splitlines()[0].startswith("eroica: job report: 1 finding")
     assert "report.html" in text and text == report.format_job(doc, tmp_path)
+    assert "seen in the capture at step 42" in text, text
+
+
+def test_a_finding_seen_twice_names_both_captures(tmp_path: Path) -> None:
+    doc = report.write_job(tmp_path, diagnoses=[_evil_capture(), _evil_capture(step=90)], world_size=8, steps=120)
+    text = report.format_job(doc, tmp_path)
+    assert "seen in captures at steps 42, 90" in text, text
 
 
 def test_the_named_rank_is_shown_in_detail_in_the_diagnosis_file_and_the_page(tmp_path: Path) -> None:
