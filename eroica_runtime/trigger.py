@@ -93,7 +93,7 @@ class Detector:
         sinks with every window seen. The throughput rule keeps its window and forgets only its reference: a capture
         that opened on the first of a series of stalls (a spike) must not make the rule wait a whole
         new window before the next stalls can count."""
-        self.ack = self.raise_level if self._rise_in_progress() else None
+        self.ack = self._acknowledged()
         if self.ack is not None or self.over:
             self.window = deque(maxlen=max(self.cfg.drift_window, 2))
             self.best = None
@@ -101,6 +101,20 @@ class Detector:
         self.best_lost = None
         self.lost_over = 0
         self.stops = deque(maxlen=max(self.cfg.lost_window, 4))
+
+    def _acknowledged(self) -> float | None:
+        """The level the capture starting now saw, if it caught a rise (else None): one the spike
+        rule fired on, or all but one of the latest steps above ``spike_ratio`` x the reference when
+        the rule's p90 guard held it back (a slowdown that came back while the history still holds
+        the first one's steps; the throughput rule caught it, and the spike rule captured the same
+        slowdown again once those steps left its history)."""
+        if self._rise_in_progress():
+            return self.raise_level
+        if len(self.recent) == self.recent.maxlen and self.reference > 0:
+            level = sorted(self.recent)[1] if len(self.recent) > 1 else self.recent[0]
+            if level > self.cfg.spike_ratio * self.reference:
+                return level
+        return None
 
     def _rise_in_progress(self) -> bool:
         """Did the capture starting now catch a rise the spike rule fired on? It fired within the

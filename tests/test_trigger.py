@@ -210,6 +210,8 @@ def test_a_slowdown_that_went_away_and_came_back_is_captured_again() -> None:
     steps = (_jitter(40, 50.0, 0.1) + _jitter(40, 110.0, 0.1, seed=1) + _jitter(30, 50.0, 0.1, seed=2)
              + _jitter(40, 110.0, 0.1, seed=3))
     caps = _captures(steps, Config())
-    assert [s for s, _ in caps if 40 < s <= 110] == [caps[1][0]] and caps[1][0] <= 50, caps   # once
-    assert any(110 < s <= 122 for s, _ in caps), caps                                          # and again
+    # once, and once again: here the return is caught by the throughput rule (the spike rule's p90
+    # still holds the first slowdown's steps), and that capture acknowledges the rise for the spike
+    # rule too, which otherwise captured the same return again 30 steps later
+    assert len(caps) == 3 and 40 < caps[1][0] <= 50 and 110 < caps[2][0] <= 122, caps
 
