@@ -18,6 +18,7 @@ from eroica_runtime import engine, report, reportdir
 from eroica_runtime.engine.hang import hang_diagnosis
 from eroica_runtime.gather import Gathered
 from eroica_runtime.pipeline import Pipeline
+from eroica_runtime.trigger import DETECTED
 
 
 def say(text: str) -> None:
@@ -36,6 +37,7 @@ class Analyst:
         self.pipeline = Pipeline(world_size=world_size, topology=topology)
         self.history_source: Any = None   # callable -> rank 0's step history (set by the runtime)
         self._lock = threading.Lock()
+        self._unexplained = threading.Event()   # a detector's capture found no culprit (take_unexplained)
         self._queue: queue.Queue[Gathered | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="eroica-analyst", daemon=True)
         self._thread.start()
@@ -71,6 +73,16 @@ class Analyst:
         report.write_capture(self.report_dir, diagnosis, drill)   # on disk before it is printed
         self._write_partial()  # a job killed from now on still leaves a report.json
         say(report.format_capture(diagnosis))
+        if g.trigger in DETECTED and not diagnosis.findings:
+            self._unexplained.set()
+
+    def take_unexplained(self) -> bool:
+        """Whether a capture a slowdown opened found no culprit since the last call (then the
+        runtime lets rank 0's detector capture that slowdown again: Detector.retry)."""
+        if not self._unexplained.is_set():
+            return False
+        self._unexplained.clear()
+        return True
 
     def add_hang(self, doc: dict[str, Any], step: int) -> None:
         """A diagnosed hang (engine.hang.analyse's document) joins the job's findings in report.json."""

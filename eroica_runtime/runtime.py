@@ -220,6 +220,8 @@ class Runtime:
         if self.rank == 0 and time.monotonic() >= self._next_file_check:
             self._next_file_check = time.monotonic() + TRIGGER_FILE_EVERY_S
             self._check_trigger_file()
+        if self.analyst is not None and self.analyst.take_unexplained():
+            self.trigger.detector.retry()   # rank 0: a slowdown its capture did not explain may be captured again
         last = self.clock.thread[-1] if self.clock.thread else None
         flags = self.trigger.local_flags(step, ms, in_window, last[3] if last is not None and last[0] == step else 0)
         # the trigger's flags, then "my summary is still being built"

@@ -39,6 +39,7 @@ import numpy as np
 from eroica_runtime.config import Config
 
 REASONS = ("spike", "drift", "manual", "throughput")
+DETECTED = ("spike", "drift", "throughput")   # the captures a slowdown opened (not baseline or manual)
 MIN_STOPS = 2   # SIGCONTs within the throughput window that make a rank vote (one is an accident)
 
 
@@ -101,6 +102,13 @@ class Detector:
         self.best_lost = None
         self.lost_over = 0
         self.stops = deque(maxlen=max(self.cfg.lost_window, 4))
+
+    def retry(self) -> None:
+        """The last detector capture explained nothing (rank 0's analyst found no culprit): forget
+        the level it acknowledged, so a slowdown that persists is captured again once the cooldown
+        allows, instead of only when it grows 1.5x more or goes away and comes back. Called on rank 0
+        only: its vote alone makes the capture collective (the vote is a MAX)."""
+        self.ack = None
 
     def _acknowledged(self) -> float | None:
         """The level the capture starting now saw, if it caught a rise (else None): one the spike

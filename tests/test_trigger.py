@@ -134,11 +134,16 @@ def test_a_rank_stopped_twice_votes_at_once_and_once_is_an_accident() -> None:
     assert det.observe_all(290.0, stops=1)[2]                      # the second within the window
 
 
-def _captures(steps: list[float], cfg: Config) -> list[tuple[int, str]]:
+def _captures(steps: list[float], cfg: Config, retry_after: int | None = None) -> list[tuple[int, str]]:
     """Drive one rank's Trigger the way Runtime._boundary does (its own vote, ``vote_lag`` steps late;
-    no detector input while a window is open); return (first profiled step, trigger) per capture."""
+    no detector input while a window is open); return (first profiled step, trigger) per capture.
+    ``retry_after``: this many steps after each detector capture starts, rank 0's analyst reports it
+    found no culprit (the runtime then calls Detector.retry)."""
     trig, votes, started, window_end = Trigger(cfg), [], [], -1
+    retry_at = -1
     for step, ms in enumerate(steps):
+        if step == retry_at:
+            trig.detector.retry()
         in_window = step <= window_end
         votes.append(trig.local_flags(step, ms, in_window))
         voted = votes.pop(0) if len(votes) > cfg.vote_lag else None
@@ -148,6 +153,8 @@ def _captures(steps: list[float], cfg: Config) -> list[tuple[int, str]]:
         if d is not None:
             started.append((d.start_step + 1, d.trigger))
             window_end = d.start_step + d.k
+            if retry_after is not None and d.trigger in ("spike", "drift", "throughput"):
+                retry_at = d.start_step + retry_after
     return started
 
 
@@ -168,6 +175,10 @@ def test_a_captured_slowdown_is_not_captured_again_but_a_further_rise_is() -> No
     slow = _jitter(40, 55.0, 0.1) + _jitter(150, 110.0, 0.1, seed=3)
     caps = _captures(slow, cfg)
     assert [t for _, t in caps] == ["baseline", "spike"], caps
+    # ... unless its capture explained nothing: then it is captured again once the cooldown allows
+    caps = _captures(slow, Config(drift_pct=0), retry_after=12)
+    assert [t for _, t in caps][:3] == ["baseline", "spike", "spike"], caps
+    assert caps[2][0] - caps[1][0] <= Config().cooldown_steps + 6, caps
     worse = slow + _jitter(40, 250.0, 0.1, seed=4)
     caps = _captures(worse, cfg)
     assert [t for _, t in caps] == ["baseline", "spike", "spike"] and caps[2][0] > len(slow), caps

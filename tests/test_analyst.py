@@ -1,0 +1,45 @@
+"""Rank 0's analyst on recorded captures (tests/data/engine/e2e-data): which captures leave a
+slowdown unexplained, so that the runtime lets rank 0's detector capture it again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgpack
+
+from eroica_runtime.analyst import Analyst
+from eroica_runtime.gather import Gathered
+
+CAPTURES = Path(__file__).parent / "data" / "engine" / "e2e-data" / "captures"
+
+
+def _gathered(step: int, trigger: str, as_step: int | None = None) -> Gathered:
+    """A recorded capture as the gather hands it over, re-labelled (a healthy window the spike rule
+    opened is the baseline capture's summaries under another trigger)."""
+    doc = msgpack.unpackb((CAPTURES / f"{step}.msgpack").read_bytes(), raw=False, strict_map_key=False)
+    doc["trigger"], doc["step"] = trigger, as_step if as_step is not None else step
+    return Gathered(step=doc["step"], trigger=trigger, path=CAPTURES / f"{step}.msgpack",
+                    data=msgpack.packb(doc, use_bin_type=True), missing=[])
+
+
+def _analysed(tmp_path: Path, *captures: Gathered) -> Analyst:
+    analyst = Analyst(str(tmp_path), world_size=4)
+    for g in captures:
+        analyst.submit(g)
+    assert analyst.wait(60.0)
+    analyst.stop()
+    return analyst
+
+
+def test_a_detector_capture_with_no_culprit_leaves_the_slowdown_unexplained(tmp_path: Path) -> None:
+    analyst = _analysed(tmp_path, _gathered(12, "baseline"), _gathered(12, "spike", as_step=40))
+    assert not analyst.diagnoses[-1].findings
+    assert analyst.take_unexplained() and not analyst.take_unexplained()   # said once
+
+
+def test_a_capture_that_named_a_culprit_or_was_not_a_detectors_is_no_reason_to_capture_again(
+        tmp_path: Path) -> None:
+    analyst = _analysed(tmp_path, _gathered(12, "baseline"), _gathered(46, "spike"))
+    assert analyst.diagnoses[-1].findings and not analyst.take_unexplained()
+    analyst = _analysed(tmp_path / "manual", _gathered(12, "baseline"), _gathered(12, "manual", as_step=40))
+    assert not analyst.take_unexplained()
