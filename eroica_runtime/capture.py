@@ -142,7 +142,8 @@ class Capture:
             self._collect_host_ops(True)
 
     def stop(self) -> Any:
-        """Stop (closing the last ProfilerStep) and return the window's events, lead-in step included.
+        """Stop (closing the last ProfilerStep) and return the window's events, the lead-in step's
+        included (its ``ProfilerStep`` annotation and device activity; its host ops were not recorded).
 
         The raw kineto events are handed over, not ``prof.events()``: torch's post-processing into
         FunctionEvents costs 2-3x the whole summary (docs/benchmarks.md), on every rank, in the step
