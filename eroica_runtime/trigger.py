@@ -63,7 +63,7 @@ class Detector:
         self.recent: deque[float] = deque(maxlen=cfg.spike_steps)
         self.tail: deque[float] = deque(maxlen=2 * cfg.spike_steps)   # "back to normal" is judged on more
         self.raised = False                        # the spike rule fired on the last step
-        self.level = 0.0                           # the level it judged: all but one recent step above it
+        self.level = 0.0                           # the level it judged last: all but one recent step above it
         self.raise_level = 0.0                     # the level of its latest firing ...
         self.since_raise = 1 << 30                 # ... this many steps ago
         self.reference = 0.0                       # the spike rule's reference (median of history)
@@ -118,10 +118,8 @@ class Detector:
         slowdown again once those steps left its history)."""
         if self._rise_in_progress():
             return self.raise_level
-        if len(self.recent) == self.recent.maxlen and self.reference > 0:
-            level = sorted(self.recent)[1] if len(self.recent) > 1 else self.recent[0]
-            if level > self.cfg.spike_ratio * self.reference:
-                return level
+        if self.reference > 0 and self.level > self.cfg.spike_ratio * self.reference:
+            return self.level
         return None
 
     def _rise_in_progress(self) -> bool:
@@ -131,11 +129,9 @@ class Detector:
         step": one quick step among slow ones drops the rule for a step (the demo: 79, 105, 68, 36 ms
         against 47), the capture then acknowledged nothing, and the same slowdown was captured again
         as soon as the cooldown allowed."""
-        if self.since_raise > self.cfg.vote_lag + self.cfg.spike_steps or not self.recent:
+        if self.since_raise > self.cfg.vote_lag + self.cfg.spike_steps:
             return False
-        recent = sorted(self.recent)
-        second_lowest = recent[1] if len(recent) > 1 else recent[0]
-        return second_lowest > 0.5 * (self.reference + self.raise_level)
+        return self.level > 0.5 * (self.reference + self.raise_level)
 
     def observe_all(self, ms: float, stops: int = 0) -> tuple[bool, bool, bool]:
         """Add one step (and the SIGCONTs this rank received in it); return (spike, drift, throughput).

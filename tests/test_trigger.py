@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from eroica_runtime.config import Config
-from eroica_runtime.trigger import Detector, Trigger
+from eroica_runtime.trigger import DETECTED, Detector, Trigger
 
 DATA = Path(__file__).parent / "data" / "trigger"
 
@@ -153,7 +153,7 @@ def _captures(steps: list[float], cfg: Config, retry_after: int | None = None) -
         if d is not None:
             started.append((d.start_step + 1, d.trigger))
             window_end = d.start_step + d.k
-            if retry_after is not None and d.trigger in ("spike", "drift", "throughput"):
+            if retry_after is not None and d.trigger in DETECTED:
                 retry_at = d.start_step + retry_after
     return started
 
