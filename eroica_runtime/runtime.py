@@ -68,6 +68,7 @@ class _Pending:
     trigger: str
     close_step: int             # the step whose boundary closed the window
     build: summary_mod.Resumable[dict[str, Any]]
+    probe: dict[str, Any] | None = None   # rank 0: the link probe run as the window opened
 
 
 class Runtime:
@@ -255,8 +256,14 @@ class Runtime:
                 # profiled): every rank has this decision at this boundary, so all finish and gather
                 self._gather_pending(step)
             self.side.barrier(cfg.deadline_s, f"capture start barrier (step {decision.start_step})")
+            # per-host link latency/bandwidth between node leaders (a no-op on one node): the only way
+            # to name the host of a slow link, since a slow link slows every rank's collectives alike.
+            # Run now, while the slowdown that opened the window is going on: at the gather, after the
+            # summaries' slices, a slow link in bursts had recovered (the fault bench's link-int), and
+            # the profiler is not running yet, so the lead-in step absorbs its cost
+            probe = self.side.probe_links(cfg.deadline_s)
             self._window = {"tele_start": telemetry.sample(), "gc_start": self.gc.snapshot(),
-                            "own_start": self._own_s}
+                            "own_start": self._own_s, "probe": probe}
             # the agreed step is the lead-in; the window proper starts one step later
             self.capture.start(decision.start_step + 1, decision.trigger, decision.k)
 
@@ -297,10 +304,7 @@ class Runtime:
         self._quiet_until = step + 1 + self.cfg.vote_lag
         pending.build.run(None)
         blob = summary_mod.encode(pending.build.result)  # type: ignore[arg-type]
-        first, trigger = pending.first, pending.trigger
-        # per-host link latency/bandwidth between node leaders (a no-op on one node): the only way to
-        # name the host of a slow link, since a slow link slows every rank's collectives alike
-        probe = self.side.probe_links(self.cfg.deadline_s)
+        first, trigger, probe = pending.first, pending.trigger, pending.probe
         gathered = gather_capture(self.side, blob, step=first, trigger=trigger,
                                   deadline_s=self.cfg.deadline_s, report_dir=self.report_dir,
                                   extra={"link_probe": probe} if probe else None,
@@ -331,7 +335,8 @@ class Runtime:
             events, identity=ident, capture={"step": first, "trigger": trigger, "k": k}, steps=steps,
             history=history, gc={"count": (gc_count1 - gc_count0) / n, "ms": (gc_ms1 - gc_ms0) / n},
             telemetry={"start": self._window["tele_start"], "end": telemetry.sample()})
-        self._pending = _Pending(first, trigger, step, summary_mod.Resumable(build))  # type: ignore[arg-type]
+        self._pending = _Pending(first, trigger, step, summary_mod.Resumable(build),  # type: ignore[arg-type]
+                                 self._window.get("probe"))
 
     def _step_records(self, first: int, last: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         """The window's steps (wall, and the training thread's CPU and run-queue ms) and the same
