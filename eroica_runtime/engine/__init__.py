@@ -21,7 +21,9 @@ errors (bad ranks) carried into the diagnosis. ``thresholds`` tunes sensitivity 
 Pipeline: table (arrays, once) → peers → culprits (own work up, wait not up) → category and function
 → victims → impact; ranks stopped repeatedly (step-clock marks, window and history); with no
 culprit in a triggered window, ranks busy far longer than their peers in the steps before it
-(history); then baseline/common-mode, local communication excess and hang checks.
+(history); then baseline/common-mode (and, with nothing found yet, a slow link in bursts: every rank
+slower in the steps before the window, the link probe naming its host), local communication excess
+and hang checks.
 
 Input hygiene: a summary with a non-finite phase or a duplicate rank is dropped with a line in
 ``errors``; gc/io phases that do not fit in the step (separately measured, they can count pauses
@@ -44,7 +46,7 @@ import numpy as np
 from eroica_runtime.engine.attribution import Culprit, attribute, find_culprits, find_victims
 from eroica_runtime.engine.baseline import Thresholds
 from eroica_runtime.engine.categories import ACTIONS, telemetry_refinement, transfer_evidence
-from eroica_runtime.engine.commonmode import common_mode, hang_findings, local_comm_excess
+from eroica_runtime.engine.commonmode import comm_before_window, common_mode, hang_findings, local_comm_excess
 from eroica_runtime.engine.history import history_culprits
 from eroica_runtime.engine.impact import culprit_what_if
 from eroica_runtime.engine.model import CATEGORIES, Diagnosis, Finding
@@ -251,6 +253,10 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
                                            np.asarray(sorted(named), dtype=np.int64))
             findings.extend(_not_while_held(table, held, extra, notes))
             notes.extend(more_notes)
+            if not findings:
+                burst, more_notes = comm_before_window(table, base, th, trigger, link_probe)
+                findings.extend(burst)
+                notes.extend(more_notes)
     if not culprits and not any(f.category == "communication" for f in findings):
         findings.extend(_not_while_held(table, held, local_comm_excess(table, peers, th, link_probe), notes))
     findings.extend(hang_findings(trigger, miss, step_med))
