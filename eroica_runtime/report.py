@@ -157,6 +157,10 @@ def _ms(x: Any) -> str:
     return f"{x:.1f}" if isinstance(x, (int, float)) else "?"
 
 
+def _num3(x: Any) -> str:
+    return f"{x:.3g}" if isinstance(x, (int, float)) else "?"
+
+
 def _text(x: Any, limit: int = 200) -> str:
     """One printable line: names come from other processes and traces, and a newline (or an escape
     sequence) in a host or function name must not forge lines or colours in the rank-0 log."""
@@ -218,13 +222,30 @@ def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
         lines.append(f"     ranks: {_ranks(ev['ranks'])}")
     if ev.get("hosts"):
         lines.append(f"     hosts: {', '.join(_text(h) for h in ev['hosts'][:8])} "
-                     f"(by {_text(ev.get('localized_by', '?'))})")
+                     f"(by {_text(ev.get('localized_by', '?'))}{_probe_figures(ev.get('probe'))})")
     victims = f.get("victims") or []
     if victims:
         lines.append(f"     victims: {len(victims)} ranks only waited on it ({_ranks(victims)})")
     if f.get("action"):
         lines.append(f"     action: {_text(f['action'], 400)}")
     return lines
+
+
+def _probe_figures(probe: Any) -> str:
+    """': h1 0.09 Gbps vs the hosts' 1.9' — what the link probe measured on the hosts it named."""
+    if not isinstance(probe, dict):
+        return ""
+    parts = []
+    for host, m in list(probe.items())[:4]:
+        if not isinstance(m, dict):
+            continue
+        if isinstance(m.get("bandwidth_gbps"), (int, float)):
+            parts.append(f"{_text(host)} {_num3(m['bandwidth_gbps'])} Gbps vs the hosts' "
+                         f"{_num3(m.get('hosts_median_bandwidth_gbps'))}")
+        elif isinstance(m.get("latency_us"), (int, float)):
+            parts.append(f"{_text(host)} {_num3(m['latency_us'])} µs vs the hosts' "
+                         f"{_num3(m.get('hosts_median_latency_us'))}")
+    return (": " + "; ".join(parts)) if parts else ""
 
 
 def format_capture(diagnosis: Diagnosis | dict[str, Any]) -> str:

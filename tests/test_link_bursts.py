@@ -15,6 +15,7 @@ from typing import Any
 import msgpack
 import pytest
 
+from eroica_runtime import report
 from eroica_runtime.engine import Diagnosis
 from eroica_runtime.engine.commonmode import BURST_PROBE_BW, slow_hosts_from_probe
 from eroica_runtime.pipeline import Pipeline
@@ -43,6 +44,9 @@ def test_a_slow_link_in_bursts_the_window_missed_is_named_on_its_host() -> None:
     now, was = top.evidence["step_ms"]
     assert now > 3 * was and top.impact_ms_per_step > 2 * was   # the burst's steps, not the window's
     assert len(diag.findings) == 1, diag.findings
+    # the rank-0 log says what the probe measured, so the person at the switch knows what to look for
+    hosts_line = next(ln for ln in report.format_capture(diag).splitlines() if "hosts:" in ln)
+    assert "h1 0.0915 Gbps vs the hosts' 1.88" in hosts_line, hosts_line
 
 
 def test_with_a_probe_that_singles_out_no_host_the_burst_is_a_note_not_a_finding() -> None:

@@ -349,7 +349,7 @@ def comm_before_window(cur: Table, base: Table, th: Thresholds, trigger: str,
         return [], [f"every rank's steps just before the window were +{median_grow:.1f} ms/step slower than in the "
                     f"baseline capture (own work +{late:.1f} at most), but the window missed it and the link probe "
                     "singled out no host"]
-    ev.update({"localized_by": "link_probe (run as the window opened)",
+    ev.update({"localized_by": "link_probe, run as the window opened",
                "seen_in": f"the {HISTORY_RECENT} steps before the window (step clock)",
                "step_ms": [float(np.median(hist_ms)), base_step], "baseline_step": base.capture_step,
                "own_work_growth_ms_max": late, "ranks_compared": int(len(rc))})
