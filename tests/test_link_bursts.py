@@ -104,3 +104,14 @@ def test_the_probe_names_the_host_set_apart_not_a_healthy_one_that_read_low() ->
     # two hosts behind one bad switch, among many
     many = {f"h{i}": 1.0 + 0.1 * i for i in range(20)} | {"h7": 0.1, "h8": 0.12}
     assert sorted(slow_hosts_from_probe(probe(many))[0]) == ["h7", "h8"]
+
+
+def test_a_probe_from_a_foreign_or_spoiled_capture_names_a_dead_link_and_never_raises() -> None:
+    def probe(gbps: dict[str, object]) -> dict[str, dict[str, object]]:
+        return {h: {"latency_us": 50.0, "bandwidth_gbps": v} for h, v in gbps.items()}
+
+    assert slow_hosts_from_probe(probe({"h0": 5.0, "h1": 0.0, "h2": 4.0, "h3": 6.0}))[0] == ["h1"]
+    for junk in ({"h0": float("nan"), "h1": -1.0, "h2": 4.0}, {"h0": "fast", "h1": None, "h2": 4.0, "h3": 3.0},
+                 {"h0": 0.0, "h1": 0.0}, {"h0": float("inf"), "h1": 1.0, "h2": 1.0}):
+        hosts, _ = slow_hosts_from_probe(probe(junk))
+        assert set(hosts) <= set(junk)

@@ -42,12 +42,12 @@ def _aligned(cur: Table, base: Table) -> tuple[np.ndarray, np.ndarray]:
 def _below_gap(values: np.ndarray) -> np.ndarray:
     """Which entries lie below the widest ratio gap in the lower half of the sorted values: slow
     links are a minority, and set apart from the healthy ones, however widely those spread."""
-    finite = np.flatnonzero(np.isfinite(values) & (values > 0))
+    finite = np.flatnonzero(np.isfinite(values) & (values >= 0))
     out = np.zeros(len(values), dtype=bool)
     if len(finite) < 2:
         return out
-    order = finite[np.argsort(values[finite])]
-    ranked = values[order]
+    order = finite[np.argsort(values[finite], kind="stable")]
+    ranked = np.maximum(values[order], 1e-12)   # a dead link (0) is the slowest, not a division by zero
     lowest = max(1, len(ranked) // 2)
     k = int(np.argmax(ranked[1:lowest + 1] / ranked[:lowest])) + 1
     out[order[:k]] = True
