@@ -7,6 +7,7 @@ same records, for ``eroica analyze --traces``), ``intervals`` (interval arithmet
 """
 
 from eroica_runtime.summary.build import MAX_FUNCTIONS, NAME_LIMIT, OTHER, SIZE_BUDGET, build, build_steps
+from eroica_runtime.summary.events import RECORDS, Records
 from eroica_runtime.summary.resumable import Resumable
 from eroica_runtime.summary.schema import (
     CAPTURE_SCHEMA,
@@ -26,5 +27,5 @@ from eroica_runtime.summary.schema import (
 )
 
 __all__ = ["CAPTURE_SCHEMA", "FUNCTION_PHASES", "KINDS", "MAX_FUNCTIONS", "MAX_SUMMARY_BYTES", "NAME_LIMIT",
-           "OTHER", "OWN_WORK_PHASES", "PHASES", "SCHEMA", "SIZE_BUDGET", "Resumable", "SummaryError", "build",
+           "OTHER", "OWN_WORK_PHASES", "PHASES", "RECORDS", "Records", "SCHEMA", "SIZE_BUDGET", "Resumable", "SummaryError", "build",
            "build_steps", "decode", "decode_capture", "encode", "encode_capture", "own_work_ms", "validate"]

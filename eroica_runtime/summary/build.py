@@ -8,7 +8,15 @@ from typing import Any
 
 import msgpack
 
-from eroica_runtime.summary.events import STEP_PREFIX, SYNC_NAMES, Ev, classify, normalize_steps
+from eroica_runtime.summary.events import (
+    STEP_PREFIX,
+    SYNC_NAMES,
+    Ev,
+    Lease,
+    Records,
+    classify,
+    normalize_steps,
+)
 from eroica_runtime.summary.intervals import intersect as _intersect
 from eroica_runtime.summary.intervals import length as _length
 from eroica_runtime.summary.intervals import subtract as _subtract
@@ -260,17 +268,18 @@ def _trim_steps(step_evs: list[Ev], main_starts: list[float]) -> list[Ev]:
 
 def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], steps: list[dict[str, Any]],
           gc: dict[str, Any], telemetry: dict[str, Any], main_tid: int | None = None,
-          history: dict[str, Any] | None = None, max_functions: int = MAX_FUNCTIONS, size_budget: int = SIZE_BUDGET) -> dict[str, Any]:
+          history: dict[str, Any] | None = None, max_functions: int = MAX_FUNCTIONS, size_budget: int = SIZE_BUDGET,
+          records: Records | None = None) -> dict[str, Any]:
     """Boil one rank's profiled window down to an ``eroica.summary/1`` dict (in one go; see build_steps)."""
     return drain(build_steps(events, identity=identity, capture=capture, steps=steps, gc=gc, telemetry=telemetry,
                              main_tid=main_tid, history=history, max_functions=max_functions,
-                             size_budget=size_budget))
+                             size_budget=size_budget, records=records))
 
 
 def build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], steps: list[dict[str, Any]],
                 gc: dict[str, Any], telemetry: dict[str, Any], main_tid: int | None = None,
                 history: dict[str, Any] | None = None, max_functions: int = MAX_FUNCTIONS,
-                size_budget: int = SIZE_BUDGET) -> Steps[dict[str, Any]]:
+                size_budget: int = SIZE_BUDGET, records: Records | None = None) -> Steps[dict[str, Any]]:
     """Boil one rank's profiled window down to an ``eroica.summary/1`` dict, as a stepwise
     computation: it yields every CHUNK events or so (resumable.py), so the runtime can spread it over
     the steps after a window's close instead of stalling the closing step (``build`` drains it).
@@ -288,13 +297,22 @@ def build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, Any
     stays small whatever the model. ``steps`` may carry the step clock's per-step ``cpu`` and
     ``runq`` ms; the builder adds each profiled step's ``comm`` (ms blocked in collectives), so the
     engine can tell an excess present in every step from one carried by a single step.
-    ``history`` (the step clock's steps before the window) is passed through.
+    ``history`` (the step clock's steps before the window) is passed through. ``records``: a pool
+    the raw events' records are taken from and given back to at the end (events.Records: the
+    runtime's, so that its summaries add nothing to the garbage collector's count of long-lived
+    objects after the first); without it they are made and dropped.
     """
     clock = _Clock()
-    return (yield from _paused(_build_steps(events, identity=identity, capture=capture, steps=steps, gc=gc,
-                                            telemetry=telemetry, main_tid=main_tid, history=history,
-                                            max_functions=max_functions, size_budget=size_budget, clock=clock),
-                               clock))
+    lease = records.lease() if records is not None else None
+    try:
+        return (yield from _paused(_build_steps(events, identity=identity, capture=capture, steps=steps, gc=gc,
+                                                telemetry=telemetry, main_tid=main_tid, history=history,
+                                                max_functions=max_functions, size_budget=size_budget, clock=clock,
+                                                lease=lease),
+                                   clock))
+    finally:
+        if lease is not None:
+            lease.release()
 
 
 class _Clock:
@@ -328,9 +346,9 @@ def _paused(gen: Steps[dict[str, Any]], clock: _Clock) -> Steps[dict[str, Any]]:
 
 def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], steps: list[dict[str, Any]],
                  gc: dict[str, Any], telemetry: dict[str, Any], main_tid: int | None, history: dict[str, Any] | None,
-                 max_functions: int, size_budget: int, clock: _Clock) -> Steps[dict[str, Any]]:
+                 max_functions: int, size_budget: int, clock: _Clock, lease: Lease | None) -> Steps[dict[str, Any]]:
     window_start = f"{STEP_PREFIX}#{int(capture['step'])}" if capture.get("step") is not None else None
-    evs = yield from normalize_steps(events, window_start)
+    evs = yield from normalize_steps(events, window_start, lease)
     for i, ev in enumerate(evs):
         if not i % CHUNK:
             yield

@@ -41,8 +41,13 @@ class Ev:
                  "linked", "kind", "marker", "phase", "self_ms", "parent", "nchild", "nbytes", "copy",
                  "pageable", "activity")
 
-    def __init__(self, name: str, start: float, end: float, thread: int, gpu: bool,
+    def __init__(self, name: str, start: float, end: float, thread: Any, gpu: bool,
                  annotation: bool, scope: int, corr: int, linked: int) -> None:
+        self.set(name, start, end, thread, gpu, annotation, scope, corr, linked)
+
+    def set(self, name: str, start: float, end: float, thread: Any, gpu: bool,
+            annotation: bool, scope: int, corr: int, linked: int) -> Ev:
+        """(Re)initialise every field: a new record, or one of the Records pool's."""
         self.name = name
         self.start = start
         self.end = max(end, start)
@@ -62,6 +67,63 @@ class Ev:
         self.copy: str | None = None  # device copies: HtoD, DtoH, DtoD, PtoP, HtoH
         self.pageable = False         # device copies: the host side is pageable (not pinned) memory
         self.activity = ""            # kineto's activity type ("kernel", "gpu_memcpy", ...), when known
+        return self
+
+
+class Records:
+    """Ev records kept from one window's summary to the next, so that building a summary does not
+    push a full garbage collection into the training.
+
+    A window's 10^4-10^5 records live through the summary's slices, i.e. through many of the
+    training's young collections, so they reach the oldest generation; CPython's collector counts
+    every object that does and runs a full collection once they add up to a quarter of the long-
+    lived objects (~290k in a process with torch): ~150 ms in one step after most windows of a
+    48k-event window (docs/benchmarks.md §6). Records that stay in the pool are promoted once, by
+    the first window; later windows re-initialise them and add nothing to that count (measured:
+    no full collection after 16 windows, against 3 in 8 without the pool; §6). Holds at most
+    ``limit`` records, and only as many as the largest window used (14 MB for 65,536, measured
+    with tracemalloc); a larger window's extra records are made and dropped as before. ``lease()`` hands out records for one build and takes
+    all of them back at once (``Lease.release``, at the build's end, or when it is abandoned).
+    """
+
+    def __init__(self, limit: int = 1 << 16) -> None:
+        self.limit = limit
+        self._free: list[Ev] = []
+
+    def lease(self) -> Lease:
+        return Lease(self)
+
+    def __len__(self) -> int:
+        return len(self._free)
+
+
+class Lease:
+    """The records one build took from a pool (see Records)."""
+
+    def __init__(self, pool: Records) -> None:
+        self._pool = pool
+        self._taken: list[Ev] = []
+
+    def new(self, name: str, start: float, end: float, thread: Any, gpu: bool,
+            annotation: bool, scope: int, corr: int, linked: int) -> Ev:
+        free = self._pool._free
+        ev = free.pop().set(name, start, end, thread, gpu, annotation, scope, corr, linked) if free else \
+            Ev(name, start, end, thread, gpu, annotation, scope, corr, linked)
+        self._taken.append(ev)
+        return ev
+
+    def release(self) -> None:
+        """Give every record back (dropping what they refer to: names, parents); the caller must
+        hold none of them any more."""
+        taken, self._taken = self._taken, []
+        free = self._pool._free
+        room = max(0, self._pool.limit - len(free))
+        for ev in taken[:room]:
+            ev.name, ev.parent, ev.thread, ev.marker, ev.phase, ev.copy, ev.activity = "", None, 0, None, None, None, ""
+        free.extend(taken[:room])
+
+
+RECORDS = Records()   # the runtime's pool: one summary is built at a time
 
 
 _DEVICE_NAMES: dict[Any, str] = {}
@@ -117,8 +179,10 @@ def normalize_raw(events: Any, window_start: str | None = None) -> list[Ev]:
     return drain(normalize_raw_steps(events, window_start))
 
 
-def normalize_raw_steps(events: Any, window_start: str | None = None) -> Steps[list[Ev]]:
-    """``normalize_raw`` as a stepwise computation (yields every CHUNK events; see resumable.py)."""
+def normalize_raw_steps(events: Any, window_start: str | None = None, lease: Lease | None = None) -> Steps[list[Ev]]:
+    """``normalize_raw`` as a stepwise computation (yields every CHUNK events; see resumable.py).
+    With ``lease``, the records come from its pool (Records)."""
+    make = lease.new if lease is not None else Ev
     raw = events if isinstance(events, list) else list(events)
     if not raw:
         return []
@@ -150,14 +214,14 @@ def normalize_raw_steps(events: Any, window_start: str | None = None) -> Steps[l
         starts.append(start)
         if gpu:
             activity = str(ke.activity_type()) if has_activity else ""
-            ev = Ev(_demangle(name), start, ke.end_ns(), ("gpu", ke.device_index(), ke.device_resource_id()), True,
+            ev = make(_demangle(name), start, ke.end_ns(), ("gpu", ke.device_index(), ke.device_resource_id()), True,
                     bool(ke.is_user_annotation()) or activity.endswith("user_annotation"), 0,
                     int(ke.correlation_id() or 0), int(ke.linked_correlation_id() or 0))
             ev.activity = activity
             if activity == "gpu_memcpy" or name.startswith("Memcpy"):
                 ev.nbytes = copy_bytes(ke.metadata_json() if has_meta else "")
         else:
-            ev = Ev(name, start, ke.end_ns(), ke.start_thread_id(), False, bool(ke.is_user_annotation()),
+            ev = make(name, start, ke.end_ns(), ke.start_thread_id(), False, bool(ke.is_user_annotation()),
                     int(ke.scope() or 0), int(ke.correlation_id() or 0), int(ke.linked_correlation_id() or 0))
         out.append(ev)
     if t0 is not None:
@@ -182,14 +246,15 @@ def normalize_raw_steps(events: Any, window_start: str | None = None) -> Steps[l
     return out
 
 
-def normalize_steps(events: Any, window_start: str | None = None) -> Steps[list[Ev]]:
-    """``normalize`` as a stepwise computation: raw kineto events are read in pieces, FunctionEvents
-    in one go (offline and tests only); both are cut at ``window_start`` (the profiler's forms of the
-    same window tell the same story). Ev records (a chrome trace, already selected) pass through."""
+def normalize_steps(events: Any, window_start: str | None = None, lease: Lease | None = None) -> Steps[list[Ev]]:
+    """``normalize`` as a stepwise computation: raw kineto events are read in pieces (their records
+    from ``lease``'s pool, when given), FunctionEvents in one go (offline and tests only); both are
+    cut at ``window_start`` (the profiler's forms of the same window tell the same story). Ev records
+    (a chrome trace, already selected) pass through."""
     if not isinstance(events, list | tuple):
         events = list(events)
     if events and callable(getattr(events[0], "start_ns", None)):
-        return (yield from normalize_raw_steps(events, window_start))
+        return (yield from normalize_raw_steps(events, window_start, lease))
     if (events and isinstance(events[0], Ev)) or window_start is None:
         return normalize(events)
     evs = normalize(events)

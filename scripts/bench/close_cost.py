@@ -12,12 +12,14 @@ same rank's median step before the window, and the extra summed over the steps a
 deferred work lands). Run it under the bench lock: ``flock /tmp/eroica-multirank.lock ...``.
 
 Usage: .venv/bin/python scripts/bench/close_cost.py [--reps 5]   (benchmarks.md §6)
+       .venv/bin/python scripts/bench/close_cost.py --gc --reps 8   (full collections after each close)
        .venv/bin/python scripts/bench/close_cost.py --job --rounds 3 [--layers 12]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -103,6 +105,8 @@ def main() -> None:
     ap.add_argument("--captures", default="30,90,150", help="window first steps, comma-separated")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--threaded", action="store_true", help="also time the build in a background thread (§6, 2026-11-30)")
+    ap.add_argument("--gc", action="store_true",
+                    help="the runtime's way only, counting full garbage collections in the steps after each close")
     args = ap.parse_args()
     if args.job:
         job(args)
@@ -149,14 +153,51 @@ def pieces(args: argparse.Namespace) -> None:
             cap.mark()
         t0 = time.perf_counter()
         step()
-        job = summary.Resumable(summary.build_steps(cap.stop(), **kw))
+        job = summary.Resumable(summary.build_steps(cap.stop(), **kw, **pool))
         return (time.perf_counter() - t0) * 1e3, job
+
+    # the runtime's record pool (summary.Records), where the tree has one (PYTHONPATH=<an older tree>: none)
+    pool = {"records": summary.RECORDS} if hasattr(summary, "RECORDS") else {}
+    full_gc: list[float] = []   # ms of each full (generation 2) collection while watched
+    watching = [False]
+    gc_t0 = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if not watching[0] or info.get("generation") != 2:
+            return
+        if phase == "start":
+            gc_t0[0] = time.perf_counter()
+        else:
+            full_gc.append((time.perf_counter() - gc_t0[0]) * 1e3)
+
+    gc.callbacks.append(on_gc)
 
     normal = statistics.median(timed(30))
     budget = slice_budget_s(normal / 1e3)
     stop, listing, read, build, closing, after, n_after, extra_after = [], [], [], [], [], [], [], []
     slices: list[float] = []   # each slice's own ms (the budget, or one piece longer than it)
+    per_window_gc: list[tuple[int, float]] = []   # full collections in the steps after each close: (count, ms)
     for _ in range(args.reps):
+        if args.gc:
+            # the runtime's way only (the pieces below make and drop records of their own), watching for
+            # full collections from the close until AFTER steps after the build is done
+            ms, job = window()
+            closing.append(ms - normal)
+            watching[0], full_gc[:] = True, []
+            steps_after = []
+            while not job.done:
+                t0 = time.perf_counter()
+                step()
+                t1 = time.perf_counter()
+                job.run(budget)
+                steps_after.append((time.perf_counter() - t0) * 1e3)
+                slices.append((time.perf_counter() - t1) * 1e3)
+            steps_after += timed(AFTER)
+            watching[0] = False
+            per_window_gc.append((len(full_gc), sum(full_gc)))
+            after.append(max(steps_after) - normal)
+            extra_after.append(sum(steps_after) - normal * len(steps_after))
+            continue
         # the pieces, one at a time
         cap.start(10, "bench", k)
         for i in range(k + 1):
@@ -194,6 +235,14 @@ def pieces(args: argparse.Namespace) -> None:
 
     def med(vals: list[float]) -> str:
         return f"{statistics.median(vals):.0f} ms (min {min(vals):.0f}, max {max(vals):.0f})"
+
+    if args.gc:
+        print(f"normal step {normal:.1f} ms; {'with' if pool else 'without'} the record pool; {args.reps} windows:")
+        print(f"  closing step +{med(closing)}; the longest step from the close to {AFTER} steps after the build "
+              f"+{med(after)}")
+        print("  full collections in those steps, per window: "
+              + ", ".join(f"{n} ({ms:.0f} ms)" for n, ms in per_window_gc))
+        return
 
     print(f"events {n_events} (lead-in step included); normal step {normal:.1f} ms; over {args.reps} windows:")
     print(f"  prof.stop() {med(stop)}; listing the raw events {med(listing)}; reading them {med(read)}; "
