@@ -86,7 +86,7 @@ def test_only_a_detectors_capture_looks_before_its_window() -> None:
 
 def test_the_probe_names_the_host_set_apart_not_a_healthy_one_that_read_low() -> None:
     """Probes recorded as windows opened on the fault bench's fake hosts (2026-12-01, best of three
-    1 MiB exchanges): healthy links spread 1.1-11 Gbps within one probe, so a healthy host can read
+    1 MiB exchanges): healthy links spread 1.0-11 Gbps within one probe, so a healthy host can read
     a sixth of the others while the slow one reads a fiftieth; only the one below the widest gap is
     named. With the bar a burst finding uses (no window shows the slowness: a fifth of the others'
     bandwidth), none of the healthy probes names a host; the window rule's bar (half) would name the

@@ -81,21 +81,21 @@ def test_the_runtimes_record_pool_changes_no_summary_and_the_next_window_makes_n
     while not first.run(0.0):
         pass
     _same(plain, first.result)  # type: ignore[arg-type]
-    kept = {id(ev) for ev in pool._free}
+    kept = {id(ev) for ev in pool}
     assert 0 < len(kept) <= len(list(events))   # every record given back (lead-in ones too), none held twice
-    assert all(ev.name == "" and ev.parent is None for ev in pool._free)   # they hold no names or parents
+    assert all(ev.name == "" and ev.parent is None for ev in pool)   # they hold no names or parents
     second = Resumable(summary.build_steps(events, records=pool, **kw))
     while not second.run(0.0):
         pass
     _same(plain, second.result)  # type: ignore[arg-type]
-    assert {id(ev) for ev in pool._free} == kept   # the same records again: nothing new to promote
+    assert {id(ev) for ev in pool} == kept   # the same records again: nothing new to promote
     # an abandoned build (eroica switched off mid-way) gives its records back as well
     third = Resumable(summary.build_steps(events, records=pool, **kw))
     third.run(0.0)
     third.run(0.0)
-    assert len(pool._free) < len(kept)
+    assert len(pool) < len(kept)
     del third   # the runtime drops a pending build when eroica switches off: the generator is closed
-    assert {id(ev) for ev in pool._free} == kept
+    assert {id(ev) for ev in pool} == kept
     small = summary.Records(limit=10)
     summary.build(events, records=small, **kw)
     assert len(small) == 10   # a bounded pool: a larger window's extra records are dropped

@@ -58,7 +58,7 @@ def slow_hosts_from_probe(link_probe: dict[str, Any] | None, bw_factor: float = 
                           latency: bool = True) -> tuple[list[str], dict[str, Any]]:
     """Hosts whose probe latency is far above (or bandwidth below ``bw_factor`` x) the other hosts',
     and set apart from them: below the widest gap in bandwidth (above it in latency). Healthy links
-    read 1.1-11 Gbps in one probe of this 2-core machine's fake hosts, a 100 Mbit/s link 0.09: the
+    read 1.0-11 Gbps in one probe of this 2-core machine's fake hosts, a 100 Mbit/s link 0.09: the
     factor alone also named the healthy host at 1.1-1.9 next to the slow one (the fault bench's link
     cases, 2026-12-01). ``latency=False``: bandwidth alone (one descheduled ping on a shared host
     reads as 2-4 ms of latency in a healthy probe; a slow link's bandwidth drops 5-15x)."""
@@ -320,8 +320,8 @@ def comm_before_window(cur: Table, base: Table, th: Thresholds, trigger: str,
     or more), no rank's own work grown by more than a quarter of that (its CPU, its wait for a CPU,
     its wait for the next batch: a late rank would explain the others' wait, and history_culprits
     names it), nobody stopped. The link probe, run as the window opened (still in the burst), must
-    single out the host: its bandwidth a fifth of the other hosts' or less (a healthy probe on this
-    machine's shared cores varies 4x between hosts; a 100 Mbit/s link reads 10-15x lower). Without
+    single out the host: its bandwidth a fifth of the other hosts' or less (healthy links read
+    1.0-11 Gbps within one probe on this machine's shared cores, a 100 Mbit/s link 0.09). Without
     such a host there is no finding, only a note: a job-wide wait the window did not see is no
     evidence to send anyone to a switch port. Only for captures a detector asked for, across hosts.
     """

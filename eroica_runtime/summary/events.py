@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from eroica_runtime.summary.resumable import CHUNK, Steps, drain
@@ -93,8 +94,25 @@ class Records:
     def lease(self) -> Lease:
         return Lease(self)
 
+    def take(self, name: str, start: float, end: float, thread: Any, gpu: bool,
+             annotation: bool, scope: int, corr: int, linked: int) -> Ev:
+        """A pooled record set to these fields, or a new one when the pool is empty."""
+        if self._free:
+            return self._free.pop().set(name, start, end, thread, gpu, annotation, scope, corr, linked)
+        return Ev(name, start, end, thread, gpu, annotation, scope, corr, linked)
+
+    def give_back(self, records: list[Ev]) -> None:
+        """Keep what fits under ``limit``, dropping what the records refer to (names, parents)."""
+        kept = records[:max(0, self.limit - len(self._free))]
+        for ev in kept:
+            ev.name, ev.parent, ev.thread, ev.marker, ev.phase, ev.copy, ev.activity = "", None, 0, None, None, None, ""
+        self._free.extend(kept)
+
     def __len__(self) -> int:
         return len(self._free)
+
+    def __iter__(self) -> Iterator[Ev]:
+        return iter(self._free)
 
 
 class Lease:
@@ -106,21 +124,14 @@ class Lease:
 
     def new(self, name: str, start: float, end: float, thread: Any, gpu: bool,
             annotation: bool, scope: int, corr: int, linked: int) -> Ev:
-        free = self._pool._free
-        ev = free.pop().set(name, start, end, thread, gpu, annotation, scope, corr, linked) if free else \
-            Ev(name, start, end, thread, gpu, annotation, scope, corr, linked)
+        ev = self._pool.take(name, start, end, thread, gpu, annotation, scope, corr, linked)
         self._taken.append(ev)
         return ev
 
     def release(self) -> None:
-        """Give every record back (dropping what they refer to: names, parents); the caller must
-        hold none of them any more."""
+        """Give every record back; the caller must hold none of them any more."""
         taken, self._taken = self._taken, []
-        free = self._pool._free
-        room = max(0, self._pool.limit - len(free))
-        for ev in taken[:room]:
-            ev.name, ev.parent, ev.thread, ev.marker, ev.phase, ev.copy, ev.activity = "", None, 0, None, None, None, ""
-        free.extend(taken[:room])
+        self._pool.give_back(taken)
 
 
 RECORDS = Records()   # the runtime's pool: one summary is built at a time
