@@ -177,6 +177,19 @@ def pieces(args: argparse.Namespace) -> None:
     stop, listing, read, build, closing, after, n_after, extra_after = [], [], [], [], [], [], [], []
     slices: list[float] = []   # each slice's own ms (the budget, or one piece longer than it)
     per_window_gc: list[tuple[int, float]] = []   # full collections in the steps after each close: (count, ms)
+
+    def sliced(job: summary.Resumable) -> list[float]:
+        """The steps after a close, each followed by a slice of the build, until it is done (ms each)."""
+        out = []
+        while not job.done:
+            t0 = time.perf_counter()
+            step()
+            t1 = time.perf_counter()
+            job.run(budget)
+            out.append((time.perf_counter() - t0) * 1e3)
+            slices.append((time.perf_counter() - t1) * 1e3)
+        return out
+
     for _ in range(args.reps):
         if args.gc:
             # the runtime's way only (the pieces below make and drop records of their own), watching for
@@ -184,15 +197,7 @@ def pieces(args: argparse.Namespace) -> None:
             ms, job = window()
             closing.append(ms - normal)
             watching[0], full_gc[:] = True, []
-            steps_after = []
-            while not job.done:
-                t0 = time.perf_counter()
-                step()
-                t1 = time.perf_counter()
-                job.run(budget)
-                steps_after.append((time.perf_counter() - t0) * 1e3)
-                slices.append((time.perf_counter() - t1) * 1e3)
-            steps_after += timed(AFTER)
+            steps_after = sliced(job) + timed(AFTER)
             watching[0] = False
             per_window_gc.append((len(full_gc), sum(full_gc)))
             after.append(max(steps_after) - normal)
@@ -221,14 +226,7 @@ def pieces(args: argparse.Namespace) -> None:
         # the runtime's way: the closing step, then a slice of the build after each following step
         ms, job = window()
         closing.append(ms - normal)
-        steps_after = []
-        while not job.done:
-            t0 = time.perf_counter()
-            step()
-            t1 = time.perf_counter()
-            job.run(budget)
-            steps_after.append((time.perf_counter() - t0) * 1e3)
-            slices.append((time.perf_counter() - t1) * 1e3)
+        steps_after = sliced(job)
         after.append(max(steps_after) - normal)
         n_after.append(len(steps_after))
         extra_after.append(sum(steps_after) - normal * len(steps_after))
