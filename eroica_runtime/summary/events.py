@@ -83,8 +83,9 @@ class Records:
     the first window; later windows re-initialise them and add nothing to that count (measured:
     no full collection after 16 windows, against 3 in 8 without the pool; §6). Holds at most
     ``limit`` records, and only as many as the largest window used (14 MB for 65,536, measured
-    with tracemalloc); a larger window's extra records are made and dropped as before. ``lease()`` hands out records for one build and takes
-    all of them back at once (``Lease.release``, at the build's end, or when it is abandoned).
+    with tracemalloc); a larger window's extra records are made and dropped as before.
+    ``lease()`` hands out records for one build and takes all of them back at once
+    (``Lease.release``, at the build's end, or when it is abandoned).
     """
 
     def __init__(self, limit: int = 1 << 16) -> None:

@@ -170,7 +170,8 @@ def pieces(args: argparse.Namespace) -> None:
         else:
             full_gc.append((time.perf_counter() - gc_t0[0]) * 1e3)
 
-    gc.callbacks.append(on_gc)
+    if args.gc:
+        gc.callbacks.append(on_gc)
 
     normal = statistics.median(timed(30))
     budget = slice_budget_s(normal / 1e3)

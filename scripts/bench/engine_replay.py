@@ -57,6 +57,9 @@ def main() -> None:
     ap.add_argument("--base", help="git revision to compare with")
     ap.add_argument("--json", action="store_true", help="print this tree's findings as JSON (used by --base)")
     args = ap.parse_args()
+    missing = [d for d in args.dirs if not Path(d).is_dir()]
+    if missing:
+        raise SystemExit(f"engine_replay: not a fault-bench output directory: {', '.join(missing)}")
     now = findings(args.dirs)
     if args.json:
         print(json.dumps(now))
