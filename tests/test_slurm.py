@@ -21,9 +21,9 @@ import psutil
 import pytest
 
 try:
-    from tests.slurm_cluster import SlurmCluster, SlurmUnavailable, ensure_slurm_installed
+    from tests.slurm_cluster import TERMINAL_STATES, SlurmCluster, SlurmUnavailable, ensure_slurm_installed
 except ImportError:  # tests/ on sys.path (pytest's rootdir-less import mode)
-    from slurm_cluster import SlurmCluster, SlurmUnavailable, ensure_slurm_installed
+    from slurm_cluster import TERMINAL_STATES, SlurmCluster, SlurmUnavailable, ensure_slurm_installed
 
 pytestmark = pytest.mark.slurm
 
@@ -32,6 +32,8 @@ TEMPLATES = ("eroica-srun.sbatch", "eroica-run.sbatch")
 DDP_TINY = REPO / "tests" / "data" / "slurm" / "ddp_tiny.py"
 NTASKS = 4
 JOB_TIMEOUT = 120.0
+# A job in one of these has ended (or is ending: COMPLETING) for wait_while_running.
+ENDED_STATES = TERMINAL_STATES | {"COMPLETING"}
 
 
 @pytest.fixture(scope="session")
@@ -126,8 +128,10 @@ def wait_while_running(
     while time.monotonic() < deadline:
         if cond():
             return
+        # Only an end state counts as ended: a running job passes through transient ones too, such as
+        # SIGNALING while slurmctld delivers the pre-timeout signal (seen in CI).
         state = cluster.job(job).get("JobState", "")
-        if state not in ("PENDING", "RUNNING", "CONFIGURING"):
+        if state in ENDED_STATES:
             if cond():
                 return
             pytest.fail(f"job {job} ended ({state}) before {what}\n{read(output)}")
