@@ -4,8 +4,9 @@ Local rules (defaults in Config, all configurable):
 - spike: all but one of the last ``spike_steps`` steps exceed ``spike_ratio`` x the rolling median of
   the ``spike_history`` steps before them, and their p90 — a persistent rise; noise bursts don't fire;
   a rise stays out of that history until a capture has seen it, and fires again only
-  ``spike_ratio`` x above the level that capture saw (or once steps are back to normal: all but one
-  of the last 2 x ``spike_steps`` nearer the old reference than the captured level);
+  ``spike_ratio`` x above the level that capture saw (judged as it starts, and settled from its
+  window and the steps after it, which vote for nothing until then), or once steps are back to
+  normal (all but one of the last 2 x ``spike_steps`` nearer the old reference than that level);
 - drift (EROICA's rule): the mean of the last ``drift_window`` steps (top 10% trimmed, so stray
   spikes don't count) stays more than ``drift_pct`` % — and more than 3 standard errors of that
   mean — above the best window seen since the last capture that caught a rise in progress, for
@@ -74,6 +75,10 @@ class Detector:
         self.lost_over = 0
         self.stops: deque[int] = deque(maxlen=max(cfg.lost_window, 4))
         self.ack: float | None = None              # step level the last capture saw (spike)
+        self.settle: list[float] | None = None     # the first steps judged after a capture's window,
+        self.window_level = 0.0                    # and that window's median step
+        # the drift rule's state before _settle() acknowledged a rise (for retry())
+        self.unacked: tuple[deque[float], float | None, int] | None = None
 
     def reset(self) -> None:
         """A capture started: acknowledge what it caught, so the same slowness does not fire again.
@@ -95,6 +100,7 @@ class Detector:
         that opened on the first of a series of stalls (a spike) must not make the rule wait a whole
         new window before the next stalls can count."""
         self.ack = self._acknowledged()
+        self.settle = self.unacked = None   # what an earlier capture left to settle is this one's now
         if self.ack is not None or self.over:
             self.window = deque(maxlen=max(self.cfg.drift_window, 2))
             self.best = None
@@ -109,6 +115,10 @@ class Detector:
         allows, instead of only when it grows 1.5x more or goes away and comes back. Called on rank 0
         only: its vote alone makes the capture collective (the vote is a MAX)."""
         self.ack = None
+        self.settle = None
+        if self.unacked is not None:   # what _settle() acknowledged for the drift rule, undone too
+            self.window, self.best, self.over = self.unacked
+            self.unacked = None
 
     def _acknowledged(self) -> float | None:
         """The level the capture starting now saw, if it caught a rise (else None): one the spike
@@ -121,6 +131,51 @@ class Detector:
         if self.reference > 0 and self.level > self.cfg.spike_ratio * self.reference:
             return self.level
         return None
+
+    def window_ended(self, window_ms: list[float]) -> None:
+        """A detector capture's window ended with these (profiled) steps; the level it saw is settled
+        once the rules have judged 2 x ``spike_steps`` more (``_settle``)."""
+        if window_ms:
+            self.window_level = sorted(window_ms)[(len(window_ms) - 1) // 2]
+            self.settle = []
+
+    def _settle(self, ms: float) -> None:
+        """After a detector capture, acknowledge the level it saw, if it saw a rise: its window's
+        median step above ``spike_ratio`` x the reference, and the median of the first
+        2 x ``spike_steps`` steps judged after it at least halfway there (1.25x by default). The
+        level acknowledged is the window's median, but no more than that halfway factor over the
+        steps after it (what is beyond is the profiler's), or what ``reset()`` acknowledged, if
+        higher; when ``reset()`` acknowledged nothing, the drift rule's best window is forgotten
+        too, as ``reset()`` does for a rise, and kept aside for ``retry()``.
+
+        ``reset()`` judges a rank's latest few steps as the capture starts. On a noisy job one rank
+        can be between two slow steps there and acknowledge nothing (the demo, per rank: 92.6, 42.8
+        ms against a 48 ms reference), or only the level the rule fired on early in the rise (75.8
+        ms, then ~90): that rank then votes for the same slowdown again once the cooldown ends (the
+        vote is a MAX: one such rank of four is enough). Why both medians: the window's steps are
+        what the capture saw, but the profiler slows a CPU job's steps by up to 2x (the fault bench's
+        compute case, 190 ms steps: 307-400 ms profiled), so a window can look like a rise that is
+        not there, and a level acknowledged that high reads the slowdown as over at once; the steps
+        after the window are unprofiled, but may hold a fault that began after it (a noise capture 5
+        steps before a real slowdown), which the capture never saw. Why halfway: a rank that only
+        waits for the slow one can sit just under ``spike_ratio`` (the demo's rank 0: 1.45x) and
+        cross it on every noisy stretch; the window's rise says the capture saw it all the same.
+        """
+        assert self.settle is not None
+        self.settle.append(ms)
+        if len(self.settle) < 2 * self.cfg.spike_steps:
+            return
+        after = sorted(self.settle)[(len(self.settle) - 1) // 2]
+        self.settle = None
+        ref, ratio = self.reference, self.cfg.spike_ratio
+        if ref <= 0 or self.window_level <= ratio * ref or after <= 0.5 * (1.0 + ratio) * ref:
+            return
+        if self.ack is None:
+            self.unacked = (self.window, self.best, self.over)
+            self.window = deque(maxlen=max(self.cfg.drift_window, 2))
+            self.best = None
+            self.over = 0
+        self.ack = max(self.ack or 0.0, min(self.window_level, 0.5 * (1.0 + ratio) * after))
 
     def _rise_in_progress(self) -> bool:
         """Did the capture starting now catch a rise the spike rule fired on? It fired within the
@@ -138,11 +193,19 @@ class Detector:
 
         Throughput fires on lost time, or as soon as this rank was stopped and continued twice within
         the rule's window: a stopped process is the one case the step clock sees directly, and on a
-        noisy host a 250 ms stop a second moves the lost-time share by only a few points."""
+        noisy host a 250 ms stop a second moves the lost-time share by only a few points. While the
+        level the last capture saw is being settled (``_settle``), the rules judge but do not vote:
+        the slowdown that capture saw would otherwise fire them again."""
+        settling = self.settle is not None
+        if settling:
+            self._settle(ms)
+            settling = self.settle is not None
         spike, drift = self.observe(ms)
         self.stops.append(stops)
-        lost = self._lost(ms)
-        return spike, drift, lost or sum(self.stops) >= MIN_STOPS
+        lost = self._lost(ms) or sum(self.stops) >= MIN_STOPS
+        if settling:
+            return False, False, False
+        return spike, drift, lost
 
     def _lost(self, ms: float) -> bool:
         cfg = self.cfg
@@ -252,6 +315,8 @@ class Trigger:
         self.busy_until = -1          # no voted capture starts before this step (its votes saw the window)
         self.window_until = -1        # last step of the current window: nothing starts before it ends
         self.baseline_step = cfg.warmup_steps + 2 if cfg.baseline else None
+        self.window_trigger = ""      # the current (or last) window's trigger, and its profiled steps
+        self.window_ms: list[float] = []
 
     # ---- local side ----------------------------------------------------------------------------------
     def local_flags(self, step: int, ms: float, in_window: bool, stops: int = 0) -> np.ndarray:
@@ -262,10 +327,20 @@ class Trigger:
             flags[2] = 1
             self.manual_pending = False
         if step < self.cfg.warmup_steps or in_window or step <= self.busy_until:
+            self._in_window(step, ms)
             return flags
         spike, drift, lost = self.detector.observe_all(ms, stops)
         flags[0], flags[1], flags[3] = int(spike), int(drift), int(lost)
         return flags
+
+    def _in_window(self, step: int, ms: float) -> None:
+        """Collect a detector capture's profiled steps; at its last, tell the detector what it saw."""
+        if self.window_trigger not in DETECTED or self.last_capture_start is None:
+            return
+        if self.last_capture_start < step <= self.window_until:   # the lead-in step is not the window's
+            self.window_ms.append(ms)
+            if step == self.window_until:
+                self.detector.window_ended(self.window_ms)
 
     # ---- agreed side (identical on every rank) -----------------------------------------------------
     def window_for(self, trigger: str) -> int:
@@ -313,6 +388,7 @@ class Trigger:
         if trigger != "baseline":
             self.profiled_steps += k + 1  # the window and its lead-in step
         self.last_capture_start = start
+        self.window_trigger, self.window_ms = trigger, []
         # lead-in, window and vote lag: votes cast inside the window are about profiled steps
         self.window_until = start + k
         self.busy_until = self.window_until + 1 + self.cfg.vote_lag

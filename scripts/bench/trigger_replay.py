@@ -32,6 +32,9 @@ from eroica_runtime.config import Config
 
 ROOT = Path(__file__).resolve().parents[2]
 ONSET = 50
+# fault cases whose slowdown, once started, stays the same to the end (not bursts, not a hang)
+STEADY = frozenset({"compute", "throttle", "contend", "data", "gc", "io", "link", "link-delay", "everyone-slower",
+                    "hf-compute", "hf-data", "lightning-compute", "lightning-data", "demo"})
 
 
 def _load_base(rev: str, tmp: Path) -> ModuleType:
@@ -46,14 +49,16 @@ def _load_base(rev: str, tmp: Path) -> ModuleType:
     return mod
 
 
-def replay(series: list[list[float]], trigger_cls: Any, cfg: Config) -> list[tuple[int, str]]:
-    """(first profiled step, trigger) of every capture the ranks agree on."""
+def replay(series: list[list[float]], trigger_cls: Any, cfg: Config, quiet_after: int = 0) -> list[tuple[int, str]]:
+    """(first profiled step, trigger) of every capture the ranks agree on. ``quiet_after``: steps
+    after each window that the detectors do not judge either (the runtime holds back the steps its
+    summary is built in, and ``vote_lag`` + 1 after the gather: 15-16 steps in the demo)."""
     trigs = [trigger_cls(cfg) for _ in series]
     votes: list[np.ndarray] = []
     started: list[tuple[int, str]] = []
-    window_end = -1
+    quiet_end = -1
     for step in range(min(len(s) for s in series)):
-        in_window = step <= window_end
+        in_window = step <= quiet_end
         votes.append(np.max([t.local_flags(step, s[step], in_window) for t, s in zip(trigs, series, strict=True)],
                             axis=0))
         voted = votes.pop(0) if len(votes) > cfg.vote_lag else None
@@ -63,18 +68,22 @@ def replay(series: list[list[float]], trigger_cls: Any, cfg: Config) -> list[tup
         d = decisions[0]
         if d is not None:
             started.append((d.start_step + 1, d.trigger))
-            window_end = d.start_step + d.k
+            quiet_end = d.start_step + d.k + quiet_after
     return started
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base", required=True, help="git revision whose trigger.py to compare with")
+    ap.add_argument("--quiet-after", type=int, default=0, metavar="N",
+                    help="steps after each window the detectors skip, as the runtime's deferred build does "
+                         "(default 0: the window only)")
     ap.add_argument("runs", nargs="+", type=Path, help="fault-bench output directories")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         revisions = {args.base: _load_base(args.base, Path(tmp)).Trigger, "working tree": trigger.Trigger}
-        totals = {name: {"fault cases": 0, "caught after onset": 0, "healthy cases": 0, "healthy captures": 0}
+        totals = {name: {"fault cases": 0, "caught after onset": 0, "healthy cases": 0, "healthy captures": 0,
+                         "repeats of a steady fault": 0}
                   for name in revisions}
         differ = []
         for run in args.runs:
@@ -86,7 +95,7 @@ def main() -> None:
                 healthy = case.startswith("healthy") or case == "overhead"
                 seen = {}
                 for name, cls in revisions.items():
-                    caps = [c for c in replay(series, cls, Config()) if c[1] != "baseline"]
+                    caps = [c for c in replay(series, cls, Config(), args.quiet_after) if c[1] != "baseline"]
                     seen[name] = caps
                     t = totals[name]
                     if healthy:
@@ -95,6 +104,8 @@ def main() -> None:
                     else:
                         t["fault cases"] += 1
                         t["caught after onset"] += any(s >= ONSET for s, _ in caps)
+                        if case in STEADY:   # the same slowdown all along: one capture is enough
+                            t["repeats of a steady fault"] += max(0, sum(s >= ONSET for s, _ in caps) - 1)
                 if len({str(v) for v in seen.values()}) > 1:
                     differ.append(f"{run.name}/{case}: " + "; ".join(f"{n} {v}" for n, v in seen.items()))
     for name, t in totals.items():
