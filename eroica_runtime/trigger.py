@@ -18,7 +18,8 @@ Local rules (defaults in Config, all configurable):
   the rank was stopped and continued (SIGCONT) twice within ``lost_window`` steps. It opens a
   ``burst_window_steps`` window, long enough to hold the bursts' slow steps;
 - manual: SIGUSR1, a ``trigger`` file in the report dir, ``--capture-at-steps``;
-- baseline: one automatic capture right after warm-up, so every job has a healthy reference.
+- baseline: one automatic capture right after warm-up, so every job has a healthy reference (the
+  steps its summary is built and gathered in are judged by the rules, never voted on).
 
 Vote: every step each rank posts an Iallreduce(MAX) of its flags and completes the one posted
 ``vote_lag`` (3) steps earlier, so all ranks learn the same result at the same step and agree on the same
@@ -141,34 +142,39 @@ class Detector:
 
     def _settle(self, ms: float) -> None:
         """After a detector capture, acknowledge the level it saw, if it saw a rise: its window's
-        median step above ``spike_ratio`` x the reference, and the median of the first
-        2 x ``spike_steps`` steps judged after it at least halfway there (1.25x by default). The
-        level acknowledged is the window's median, but no more than that halfway factor over the
-        steps after it (what is beyond is the profiler's), or what ``reset()`` acknowledged, if
-        higher; when ``reset()`` acknowledged nothing, the drift rule's best window is forgotten
-        too, as ``reset()`` does for a rise, and kept aside for ``retry()``.
+        median step and the mean of the first 2 x ``spike_steps`` steps judged after it both at least
+        halfway to ``spike_ratio`` x the reference (1.25x by default). The level acknowledged is the
+        window's median, but no more than that halfway factor over the steps after it (what is beyond
+        is the profiler's), or what ``reset()`` acknowledged, if higher; when ``reset()``
+        acknowledged nothing, the drift rule's best window is forgotten too, as ``reset()`` does for
+        a rise, and kept aside for ``retry()``.
 
         ``reset()`` judges a rank's latest few steps as the capture starts. On a noisy job one rank
         can be between two slow steps there and acknowledge nothing (the demo, per rank: 92.6, 42.8
-        ms against a 48 ms reference), or only the level the rule fired on early in the rise (75.8
+        ms against a 48 ms reference), or only the level its rule fired on early in the rise (75.8
         ms, then ~90): that rank then votes for the same slowdown again once the cooldown ends (the
-        vote is a MAX: one such rank of four is enough). Why both medians: the window's steps are
-        what the capture saw, but the profiler slows a CPU job's steps by up to 2x (the fault bench's
-        compute case, 190 ms steps: 307-400 ms profiled), so a window can look like a rise that is
-        not there, and a level acknowledged that high reads the slowdown as over at once; the steps
-        after the window are unprofiled, but may hold a fault that began after it (a noise capture 5
-        steps before a real slowdown), which the capture never saw. Why halfway: a rank that only
-        waits for the slow one can sit just under ``spike_ratio`` (the demo's rank 0: 1.45x) and
-        cross it on every noisy stretch; the window's rise says the capture saw it all the same.
+        vote is a MAX: one such rank of four is enough). Why both: the window's steps are what the
+        capture saw, but the profiler slows a CPU job's steps by up to 2x (the fault bench's compute
+        case, 190 ms steps: 307-400 ms profiled), so a window can look like a rise that is not there,
+        and a level acknowledged that high reads the slowdown as over at once; the steps after the
+        window are unprofiled, but may hold a fault that began after it (a noise capture 5 steps
+        before a real slowdown), which the capture never saw. Why the mean: the ranks step in
+        lockstep, so the mean of a few steps is the job's pace on every rank, wherever each rank's
+        boundary falls; a waiting rank's single steps swing between short and long (29-137 ms in the
+        demo), and their median read a slowdown as none. Why halfway: a rank that only waits for the
+        slow one can sit just under ``spike_ratio`` (the demo's rank 0: 1.45x) and cross it on every
+        noisy stretch. A noise capture that opened just before a moderate slowdown may acknowledge it;
+        its analysis finds nothing then, and ``retry()`` undoes it.
         """
         assert self.settle is not None
         self.settle.append(ms)
         if len(self.settle) < 2 * self.cfg.spike_steps:
             return
-        after = sorted(self.settle)[(len(self.settle) - 1) // 2]
+        after = sum(self.settle) / len(self.settle)
         self.settle = None
         ref, ratio = self.reference, self.cfg.spike_ratio
-        if ref <= 0 or self.window_level <= ratio * ref or after <= 0.5 * (1.0 + ratio) * ref:
+        halfway = 0.5 * (1.0 + ratio) * ref
+        if ref <= 0 or self.window_level <= halfway or after <= halfway:
             return
         if self.ack is None:
             self.unacked = (self.window, self.best, self.over)
@@ -326,8 +332,18 @@ class Trigger:
         if self.manual_pending:
             flags[2] = 1
             self.manual_pending = False
-        if step < self.cfg.warmup_steps or in_window or step <= self.busy_until:
-            self._in_window(step, ms)
+        if step < self.cfg.warmup_steps:
+            return flags
+        if in_window or step <= self.busy_until:
+            if step > self.window_until and self.window_trigger == "baseline":
+                # after the baseline's window, while its summary is built and gathered: judged, never
+                # voted on (the build's slices disturb the votes). The rules have only the one or two
+                # steps before the window to go on: skipping these too left the spike rule without a
+                # reference for 12 more steps, and a slowdown starting in them became the reference
+                # (a slow link from step 55, the baseline at 28 built until step 47: never captured)
+                self.detector.observe_all(ms, stops)
+            else:
+                self._in_window(step, ms)
             return flags
         spike, drift, lost = self.detector.observe_all(ms, stops)
         flags[0], flags[1], flags[3] = int(spike), int(drift), int(lost)

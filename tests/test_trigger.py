@@ -324,6 +324,18 @@ def test_a_capture_that_sees_a_worse_level_than_its_trigger_acknowledges_what_it
     assert [t for _, t in caps] == ["baseline", "spike", "spike"] and caps[2][0] > 75, caps
 
 
+def test_a_slowdown_right_after_the_baselines_summary_is_captured() -> None:
+    """CI saw this (tests/test_linkprobe.py): the baseline capture's summary was built and gathered
+    over 17 steps after its window, the detectors skipped them, and with only the two steps before
+    the window to go on, the spike rule learnt a 4.7x slowdown that began 7 steps later as its
+    reference. Its steps are judged now (never voted on)."""
+    data = json.loads((DATA / "link-after-baseline-steps.json").read_text())
+    steps = [data["ms"][0]] * data["first_step"] + data["ms"]
+    cfg = Config(warmup_steps=25)
+    caps = _job_captures([steps], cfg, quiet_after=17)
+    assert [t for _, t in caps] == ["baseline", "spike"] and 55 < caps[1][0] <= 65, caps
+
+
 def test_a_slowdown_that_went_away_and_came_back_is_captured_again() -> None:
     steps = (_jitter(40, 50.0, 0.1) + _jitter(40, 110.0, 0.1, seed=1) + _jitter(30, 50.0, 0.1, seed=2)
              + _jitter(40, 110.0, 0.1, seed=3))
