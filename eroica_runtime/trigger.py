@@ -172,16 +172,15 @@ class Detector:
             return
         after = sum(self.settle) / len(self.settle)
         self.settle = None
-        ref, ratio = self.reference, self.cfg.spike_ratio
-        halfway = 0.5 * (1.0 + ratio) * ref
-        if ref <= 0 or self.window_level <= halfway or after <= halfway:
+        ref, half = self.reference, 0.5 * (1.0 + self.cfg.spike_ratio)
+        if ref <= 0 or self.window_level <= half * ref or after <= half * ref:
             return
         if self.ack is None:
             self.unacked = (self.window, self.best, self.over)
             self.window = deque(maxlen=max(self.cfg.drift_window, 2))
             self.best = None
             self.over = 0
-        self.ack = max(self.ack or 0.0, min(self.window_level, 0.5 * (1.0 + ratio) * after))
+        self.ack = max(self.ack or 0.0, min(self.window_level, half * after))
 
     def _rise_in_progress(self) -> bool:
         """Did the capture starting now catch a rise the spike rule fired on? It fired within the

@@ -9,8 +9,13 @@ per rank the way ``Runtime._boundary`` drives them: each rank's flags, their MAX
 slowdown of the windows the live run took, so this judges the trigger's schedule, not the engine;
 SIGCONT marks are not recorded, so the freeze cases rely on lost time alone.
 
+``--quiet-after N`` also skips N steps after each window, as the runtime does while the summary is
+built and gathered (15-16 steps in the demo); without it only the window is skipped. A directory may
+also hold a ``demo/steps`` case (per-rank step times of ``./scripts/demo``, same file format).
+
 Prints, per revision: fault cases with a detector capture at or after the onset (step 50), detector
-captures in healthy cases, and every case where the two schedules differ.
+captures in healthy cases, repeated captures of a steady fault (one capture is enough for a slowdown
+that stays the same), and every case where the two schedules differ.
 """
 
 from __future__ import annotations
@@ -80,6 +85,8 @@ def main() -> None:
                          "(default 0: the window only)")
     ap.add_argument("runs", nargs="+", type=Path, help="fault-bench output directories")
     args = ap.parse_args()
+    if args.quiet_after < 0:
+        ap.error(f"--quiet-after must be 0 or more, not {args.quiet_after}")
     with tempfile.TemporaryDirectory() as tmp:
         revisions = {args.base: _load_base(args.base, Path(tmp)).Trigger, "working tree": trigger.Trigger}
         totals = {name: {"fault cases": 0, "caught after onset": 0, "healthy cases": 0, "healthy captures": 0,
