@@ -15,7 +15,8 @@ also hold a ``demo/steps`` case (per-rank step times of ``./scripts/demo``, same
 
 Prints, per revision: fault cases with a detector capture at or after the onset (step 50), detector
 captures in healthy cases, repeated captures of a steady fault (one capture is enough for a slowdown
-that stays the same), and every case where the two schedules differ.
+that stays the same), captures of an intermittent fault after the onset (each is a chance to catch a
+burst), and every case where the two schedules differ.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         revisions = {args.base: _load_base(args.base, Path(tmp)).Trigger, "working tree": trigger.Trigger}
         totals = {name: {"fault cases": 0, "caught after onset": 0, "healthy cases": 0, "healthy captures": 0,
-                         "repeats of a steady fault": 0}
+                         "repeats of a steady fault": 0, "captures of an intermittent fault": 0}
                   for name in revisions}
         differ = []
         for run in args.runs:
@@ -111,6 +112,8 @@ def main() -> None:
                     else:
                         t["fault cases"] += 1
                         t["caught after onset"] += any(s >= ONSET for s, _ in caps)
+                        if case.endswith("-int"):   # bursts: each capture after the onset is a chance
+                            t["captures of an intermittent fault"] += sum(s >= ONSET for s, _ in caps)
                         if case in STEADY:   # the same slowdown all along: one capture is enough
                             t["repeats of a steady fault"] += max(0, sum(s >= ONSET for s, _ in caps) - 1)
                 if len({str(v) for v in seen.values()}) > 1:
