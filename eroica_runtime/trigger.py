@@ -103,8 +103,7 @@ class Detector:
         self.ack = self._acknowledged()
         self.settle = self.unacked = None   # what an earlier capture left to settle is this one's now
         if self.ack is not None or self.over:
-            self.window = deque(maxlen=max(self.cfg.drift_window, 2))
-            self.best = None
+            self._forget_best_window()
         self.over = 0
         self.best_lost = None
         self.lost_over = 0
@@ -132,6 +131,11 @@ class Detector:
         if self.reference > 0 and self.level > self.cfg.spike_ratio * self.reference:
             return self.level
         return None
+
+    def _forget_best_window(self) -> None:
+        """The drift rule starts over: the level a capture acknowledged is its new reference."""
+        self.window = deque(maxlen=max(self.cfg.drift_window, 2))
+        self.best = None
 
     def window_ended(self, window_ms: list[float]) -> None:
         """A detector capture's window ended with these (profiled) steps; the level it saw is settled
@@ -177,8 +181,7 @@ class Detector:
             return
         if self.ack is None:
             self.unacked = (self.window, self.best, self.over)
-            self.window = deque(maxlen=max(self.cfg.drift_window, 2))
-            self.best = None
+            self._forget_best_window()
             self.over = 0
         self.ack = max(self.ack or 0.0, min(self.window_level, half * after))
 

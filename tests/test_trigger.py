@@ -246,7 +246,8 @@ def test_a_noisy_slowdown_is_captured_once_by_a_job_whose_ranks_each_judge_their
     """The demo's four ranks (tests/data/trigger): every rank's detector votes, and one rank that
     acknowledged nothing as the capture started (a quick step between slow ones), or only the level
     its rule fired on early in the rise, was enough to capture the same fault again at the next
-    cooldown's end, twice in this run. The capture's own window says what it saw, on every rank."""
+    cooldown's end, twice in this run. The capture's window and the steps after it say what it saw, on
+    every rank."""
     ranks = json.loads((DATA / "demo-compute-steps-4ranks.json").read_text())["ranks"]
     for quiet_after in (0, 16):   # the window only; and as the runtime holds back the build's steps
         caps = _job_captures(ranks, Config(), quiet_after)
