@@ -221,8 +221,9 @@ def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
     if ev.get("ranks"):
         lines.append(f"     ranks: {_ranks(ev['ranks'])}")
     if ev.get("hosts"):
+        by = "the job's only host" if ev.get("one_host") else f"by {_text(ev.get('localized_by', '?'))}"
         lines.append(f"     hosts: {', '.join(_text(h) for h in ev['hosts'][:8])} "
-                     f"(by {_text(ev.get('localized_by', '?'))}{_probe_figures(ev.get('probe'))})")
+                     f"({by}{_probe_figures(ev.get('probe'))})")
     victims = f.get("victims") or []
     if victims:
         lines.append(f"     victims: {len(victims)} ranks only waited on it ({_ranks(victims)})")

@@ -521,3 +521,26 @@ def test_host_stall_with_the_rank_reading_storage_is_io() -> None:
     slow["telemetry"]["end"]["host"]["io_read_bytes"] = 0
     d = diagnose(cur, step=60, trigger="spike", world_size=4)
     assert [(f.category, f.rank) for f in d.findings] == [("host", 1)]
+
+
+def test_job_wide_comm_wait_on_one_host_names_the_host_not_the_network() -> None:
+    """A real single-host job whose cores were shared with other work (tests/data/engine/
+    one-host-comm-wait): every rank's collective wait grew alike and nobody is late. The finding names
+    the host and an action for what carries collectives there (shared memory/loopback, NVLink/PCIe,
+    the host's CPUs), never NICs and switch ports; the rank-0 log prints that action."""
+    from eroica_runtime import report
+    from eroica_runtime.pipeline import Pipeline
+
+    caps = Path(__file__).parent / "data" / "engine" / "one-host-comm-wait" / "captures"
+    pipe = Pipeline(world_size=4)
+    pipe.analyse((caps / "13.msgpack").read_bytes(), origin="baseline")
+    diag = pipe.analyse((caps / "65.msgpack").read_bytes(), origin="spike").diagnosis
+    (top,) = diag.findings
+    assert (top.category, top.rank, top.host) == ("communication", None, "vm"), top.title
+    assert top.evidence["one_host"] is True and top.evidence["hosts"] == ["vm"]
+    assert "switch port" not in top.action and "no NIC or switch is involved" in top.action
+    assert "nvidia-smi topo -m" in top.action and "cgroup" in top.action
+    assert "only host" in top.title and "could be singled out" not in top.title
+    text = report.format_capture(diag)
+    assert top.action in text and "switch ports" not in text, text   # printed whole, not clipped
+    assert "hosts: vm (the job's only host)" in text, text

@@ -37,6 +37,12 @@ ACTIONS = {
               "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.",
     "communication": "Collectives are slow with no late rank to blame: check the NICs, links and "
                      "switch ports of the named host(s) (error counters, link speed, retransmits).",
+    # every rank on one host: no NIC or switch carries the job's collectives
+    "communication_one_host": "Collectives are slow with no late rank to blame, and all ranks run on this "
+                              "one host: no NIC or switch is involved. Check what else uses its CPUs and "
+                              "GPUs (top, nvidia-smi), CPU pinning and cgroup limits; on GPUs, NVLink state "
+                              "and errors (nvidia-smi nvlink -s / -e) and peer-to-peer in the topology "
+                              "(nvidia-smi topo -m).",
     "regression": "Every rank is slower than this job's own healthy baseline: check what changed "
                   "(code, input shapes, library versions, clocks) in the functions that grew.",
     "hang": "Ranks stopped making progress: collect stacks (py-spy dump) on the named rank(s).",

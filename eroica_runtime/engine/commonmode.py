@@ -142,12 +142,23 @@ def localize(table: Table, link_probe: dict[str, Any] | None,
 
 def _comm_finding(table: Table, hosts: list[str], impact: float, step_ms: float,
                   ev: dict[str, Any], title: str) -> Finding:
+    """A communication finding on the named host(s). A job on one host names that host and gets its
+    own action: sending an SRE to NICs and switch ports that carry none of its collectives is wrong
+    (a healthy single-host fault-bench job whose cores were shared with other work once read
+    "no host could be singled out ... check the NICs, links and switch ports")."""
+    action = ACTIONS["communication"]
+    one_host = len(table.hosts) == 1 and not ev.get("localized_by")
+    if one_host:
+        hosts = list(table.hosts)
+        ev = {**ev, "one_host": True}
+        action = ACTIONS["communication_one_host"]
     host = hosts[0] if len(hosts) == 1 else (",".join(hosts) if hosts else None)
     where = f" on {host}" if host else " (no host could be singled out)"
+    if one_host:
+        where += ", the job's only host (no network link between its ranks)"
     return Finding(category="communication", rank=None, host=host, function="(comm)", phase="comm",
                    impact_ms_per_step=impact, what_if_step_ms=max(step_ms - impact, 0.0),
-                   evidence={**ev, "hosts": hosts}, action=ACTIONS["communication"],
-                   title=title + where)
+                   evidence={**ev, "hosts": hosts}, action=action, title=title + where)
 
 
 def _in_most_steps(table: Table, rows: np.ndarray, bar: float) -> np.ndarray:
