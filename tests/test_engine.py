@@ -544,3 +544,24 @@ def test_job_wide_comm_wait_on_one_host_names_the_host_not_the_network() -> None
     text = report.format_capture(diag)
     assert top.action in text and "switch ports" not in text, text   # printed whole, not clipped
     assert "hosts: vm (the job's only host)" in text, text
+
+
+def test_a_function_only_some_ranks_list_does_not_split_a_ddp_job() -> None:
+    """A real contend-int capture (tests/data/engine/contend-int-listed-by-two): a trivial op that a
+    preemption landed in is listed by two ranks and folded into `<other>` by the other two. The four
+    DDP ranks stay one peer group, so the contended rank is named from the steps before the window;
+    a pipeline stage's own functions still separate stages (test_stages_are_never_mixed)."""
+    from eroica_runtime.pipeline import Pipeline
+
+    caps = DATA / "contend-int-listed-by-two" / "captures"
+    _, sums, _ = summary.decode_capture((caps / "97.msgpack").read_bytes())
+    table = build_table(sums)
+    col = next(j for j, (n, ph) in enumerate(zip(table.fn_names, table.fn_phase, strict=True))
+               if (n, ph) == ("aten::add", "forward"))
+    assert (table.fn_count[:, col] > 0).tolist() == [True, True, False, False]   # what split it
+    assert [sorted(g.tolist()) for g in form_peers(table).groups] == [[0, 1, 2, 3]]
+    pipe = Pipeline(world_size=4)
+    pipe.analyse((caps / "13.msgpack").read_bytes(), origin="baseline")
+    diag = pipe.analyse((caps / "97.msgpack").read_bytes(), origin="spike").diagnosis
+    assert [(f.category, f.rank) for f in diag.findings] == [("host", 1)], [f.title for f in diag.findings]
+    assert diag.findings[0].evidence.get("cpu_starved") is True
