@@ -202,6 +202,17 @@ def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
             v = ev.get(key)
             if isinstance(v, list) and len(v) == 2:
                 facts.append(f"{label} {_ms(v[0])} vs baseline {_ms(v[1])} ms")
+    elif "cpu_ms" in ev:
+        # named from the step clock's steps before the window: every rank's step is alike there (the
+        # others waited); what differs is where the rank's own time went
+        for key, label in (("cpu_ms", "on CPU"), ("run_queue_ms", "waiting for a CPU"),
+                           ("data_ms", "waiting for data"), ("gc_ms", "in GC")):
+            v = ev.get(key)
+            if isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v) \
+                    and v[0] - v[1] >= 1.0:
+                facts.append(f"{label} {_pair(ev, key)}")
+        if facts:
+            facts[0] = "before the window: " + facts[0]
     else:
         for key, label in (("own_work_ms", "own work"), ("comm_wait_ms", "comm wait"), ("step_ms", "step")):
             p = _pair(ev, key)

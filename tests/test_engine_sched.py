@@ -22,6 +22,10 @@ Fixtures under data/engine/, all real captures recorded on this 2-core machine:
 - ``compute-on-loaded-host.msgpack``: fault bench "lightning-compute" (PyTorch Lightning, extra
   compute on rank 1) on a loaded machine: rank 1 queued 139 ms a step for a CPU (peers 15, asleep in
   the all-reduce), but its CPU time grew far more.
+- ``demo-starved-peer.msgpack``: ``./scripts/demo`` (extra compute on rank 2 from step 60, steady),
+  the spike capture at step 67 (cf45741): rank 2 on CPU 59 ms a step against its peers' 18-27, but
+  rank 0 waited for a CPU 45-54 ms in two of the window's steps, so its own work (57 ms) hid rank 2's
+  (67 ms) from the window's comparison; the 8 steps before the window named rank 2.
 """
 
 from __future__ import annotations
@@ -265,3 +269,33 @@ def test_a_cpu_starved_culprit_explains_everyone_elses_extra_wait_and_work(name:
     d = diagnose(sums, step=meta["step"], trigger=meta["trigger"], world_size=meta["world_size"], baseline=base)
     assert [(f.rank, f.category) for f in d.findings] == [(1, "host")], [f.title for f in d.findings]
     assert d.findings[0].evidence.get("cpu_starved")
+
+
+def test_steady_culprit_named_before_the_window_is_not_called_a_burst() -> None:
+    """The demo's steady compute fault, named from the steps before the window because a starved
+    peer hid it in the window's own-work comparison (1 demo run in 6). The window shows its CPU
+    excess too, so the finding says so and names what it computed there; it does not tell the user
+    that the fault came in bursts the window missed."""
+    meta, sums, _ = summary.decode_capture((FIXTURE.parent / "demo-starved-peer.msgpack").read_bytes())
+    d = diagnose(sums, step=meta["step"], trigger=meta["trigger"], world_size=4)
+    (f,) = d.findings
+    assert (f.category, f.rank, f.function, f.phase) == ("compute", 2, "aten::matmul", "forward"), f.title
+    assert sorted(f.victims) == [0, 1, 3]
+    assert f.evidence["seen_in"].startswith("the window (+") and f.evidence["window_excess_ms"] > 30.0
+    assert "burst" not in f.action and "missed" not in f.action and "aten::matmul" in f.title
+    assert f.evidence["functions"][0]["name"] == "aten::matmul"
+    # the rank-0 log says where its time went (every rank's step is alike: the others waited)
+    from eroica_runtime import report
+
+    text = report.format_capture(d)
+    assert "before the window: on CPU 66.3 vs peers 17.3 ms" in text and "step 85.3 vs peers" not in text, text
+
+
+def test_a_burst_the_window_missed_is_still_called_one() -> None:
+    """The contend-int capture whose window opened as the burst ended: the window does not show the
+    rank's run-queue excess, so the finding keeps saying the slow steps came before the window."""
+    meta, sums, _ = summary.decode_capture((FIXTURE.parent / "bursty-contention-rank1.msgpack").read_bytes())
+    d = diagnose(sums, step=meta["step"], trigger=meta["trigger"], world_size=4)
+    (f,) = d.findings
+    assert (f.category, f.rank, f.function) == ("host", 1, "(steps before the window)"), f.title
+    assert "in bursts" in f.action and "window_excess_ms" not in f.evidence

@@ -187,6 +187,34 @@ def scheduler_luck(table: Table, rows: np.ndarray, row: int) -> dict[str, Any] |
             "starved": d_runq >= 2.0 * max(d_cpu, 0.0)}
 
 
+def grown_functions(table: Table, row: int, ref: np.ndarray, category: str, excess_ms: float,
+                    th: Thresholds) -> tuple[str | None, str | None, list[dict[str, Any]]]:
+    """(function, its phase, top grown functions) of a rank against its peers' reference ``ref``
+    (``column_reference`` of their function table): the function that can explain an excess of
+    ``category`` and grew most, when it grew by at least ``th.fn_share`` of the excess."""
+    if not table.fn_names:
+        return None, None, []
+    delta = table.fn_ms[row] - ref
+    listable = np.asarray([k not in ("annotation", "collective") and p != "comm"
+                           for k, p in zip(table.fn_kind, table.fn_phase, strict=True)], dtype=bool)
+    shown = np.where(listable, delta, -np.inf)
+    top = np.argsort(-shown)[: th.top_functions]
+    functions = [{"name": table.fn_names[j], "phase": table.fn_phase[j], "kind": table.fn_kind[j],
+                  "rank_ms": float(table.fn_ms[row, j]), "peers_ms": float(ref[j]),
+                  "rank_calls": float(table.fn_count[row, j])} for j in top.tolist()
+                 if shown[j] >= max(0.5 * th.abs_ms, 0.05 * excess_ms)]
+    cols = function_candidates(table, category)
+    if len(cols):
+        best = int(cols[np.argmax(delta[cols])])
+        if delta[best] >= th.fn_share * excess_ms:
+            return table.fn_names[best], table.fn_phase[best], functions
+    if category == "compute":
+        best = int(np.argmax(delta))
+        if delta[best] >= th.fn_share * excess_ms and is_memory_function(table.fn_names[best]):
+            return table.fn_names[best], None, functions
+    return None, None, functions
+
+
 def attribute(table: Table, peers: Peers, culprits: list[Culprit], th: Thresholds) -> None:
     """Fill category, phase, named function and top grown functions of each culprit (in place)."""
     fn_ref_cache: dict[int, np.ndarray] = {}
@@ -196,25 +224,9 @@ def attribute(table: Table, peers: Peers, culprits: list[Culprit], th: Threshold
             ref = fn_ref_cache.get(c.group)
             if ref is None:
                 ref = fn_ref_cache[c.group] = column_reference(table.fn_ms, peers.groups[c.group])
-            delta = table.fn_ms[c.row] - ref
-            cols = function_candidates(table, c.category)
-            listable = np.asarray([k not in ("annotation", "collective") and p != "comm"
-                                   for k, p in zip(table.fn_kind, table.fn_phase, strict=True)], dtype=bool)
-            shown = np.where(listable, delta, -np.inf)
-            top = np.argsort(-shown)[: th.top_functions]
-            c.functions = [{"name": table.fn_names[j], "phase": table.fn_phase[j], "kind": table.fn_kind[j],
-                            "rank_ms": float(table.fn_ms[c.row, j]), "peers_ms": float(ref[j]),
-                            "rank_calls": float(table.fn_count[c.row, j])} for j in top.tolist()
-                           if shown[j] >= max(0.5 * th.abs_ms, 0.05 * c.excess_ms)]
-            if len(cols):
-                best = int(cols[np.argmax(delta[cols])])
-                if delta[best] >= th.fn_share * c.excess_ms:
-                    c.function = table.fn_names[best]
-                    c.phase = table.fn_phase[best] if table.fn_phase[best] in c.phase_excess else c.phase
-            if c.category == "compute" and c.function is None:
-                best = int(np.argmax(delta))
-                if delta[best] >= th.fn_share * c.excess_ms and is_memory_function(table.fn_names[best]):
-                    c.function = table.fn_names[best]
+            c.function, phase, c.functions = grown_functions(table, c.row, ref, c.category, c.excess_ms, th)
+            if phase in c.phase_excess:
+                c.phase = phase
             if c.category == "compute" and is_memory_function(c.function):
                 c.category = "memory"
         if c.function is None:
