@@ -424,3 +424,31 @@ def test_float_matrices_round_trip_to_the_bit_across_blocks_of_other_kinds() -> 
     got = blockcodec.decode_many(items, 4, [m.shape[1] for m in mats])           # type: ignore[arg-type]
     want = np.concatenate(mats, axis=1)
     assert np.array_equal(got.view(np.uint64), want.view(np.uint64))
+
+
+def test_a_node_mixing_pipeline_stages_forwards_only_ranks_unlike_their_own_stage(tmp_path: Path) -> None:
+    """A node holding ranks of two pipeline stages (recorded pp groups), the second stage 50% heavier
+    by design: healthy, it forwards no raw summary (every rank is like its own stage's node mates);
+    a culprit in the heavy stage is still forwarded."""
+    from eroica_runtime.summary import OWN_WORK_PHASES
+
+    synth.generate(tmp_path, ranks=16, fault="none", stages=2, functions=40, seed=3)
+    doc = _doc((tmp_path / "captures" / "500.msgpack").read_bytes())
+    sums = {r: summary.decode(b) for r, b in zip(doc["ranks"], doc["summaries"], strict=True)}
+    for r in range(8, 16):                       # stage 1: its layers and the loss
+        ph = sums[r]["phases"]
+        extra = 0.5 * sum(ph[p] for p in OWN_WORK_PHASES)
+        ph["forward"] += extra
+        ph["step"] += extra
+    node = [0, 1, 2, 3, 8, 9, 10, 11]
+
+    def drill() -> set[int]:
+        block = leader.reduce_node(step=doc["step"], trigger=doc["trigger"], world_size=16, leader=0,
+                                   blobs={r: summary.encode(sums[r]) for r in node}, missing=[])
+        body = blockcodec.unseal("test", block)
+        assert not body["failure"], body["failure"]
+        return set(body["drill"])
+
+    assert drill() == set()
+    sums[9]["phases"]["forward"] += 0.3 * sums[9]["phases"]["step"]
+    assert drill() == {9}

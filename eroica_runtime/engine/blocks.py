@@ -114,37 +114,48 @@ def decode_node_block(data: Any, *, leader: int, step: int, world_size: int,
 
 def pick_drill(segments: list[Segment], limit: int = DRILL_PER_NODE) -> list[int]:
     """The node's ranks whose raw summaries go to rank 0 for the drill-down: at most ``limit``, the
-    most deviant from the node's median in own work, step, data or comm (comm either way: a culprit
-    waits less than its node mates, a rank on a slow link more), and only those at least
+    most deviant from their node mates' median in own work, step, data or comm (comm either way: a
+    culprit waits less than its node mates, a rank on a slow link more), and only those at least
     DRILL_MIN_EXCESS of the node's median step and DRILL_MIN_MS away from it, so a healthy node
     forwards none (a wait's ~40% wobble between healthy ranks is ~7% of their step; measured on
     synthetic jobs, tests/test_blocks.py).
 
+    Node mates of different pipeline stages (their recorded pp groups: ``Segment.stage``) differ by
+    design, so a rank is compared with the node mates of its own stage only; a node with one rank of
+    a stage has nothing to compare it with and forwards none of it. Without that, every node mixing
+    a light and a heavy stage forwarded two raw summaries in every capture (2 x 11.4 kB a node, up to
+    285 MB at 100,000 ranks).
+
     What this guarantees: a rank whose own work, step, data or comm time is >= 10% of its node's
-    median step (and >= 1 ms) away from the node's median (of >= 3 ranks; in a node of 2, their
-    mean) and is among its node's two most deviant has its raw summary in the capture, so the usual
-    finding (one slow rank among alike node mates, named by the engine only above a similar bar)
-    has its culprit's drill-down. What it does not: a rank that looks like its
-    node mates (a whole slow host, a one-rank node, a fault below the bar) may be named by a finding
-    and have no raw summary; rank 0 then has its columns (the diagnosis is complete) but no
+    median step (and >= 1 ms) away from the median of its node mates of the same stage (of >= 3
+    ranks; of 2, their mean) and is among its node's two most deviant has its raw summary in the
+    capture, so the usual finding (one slow rank among alike node mates, named by the engine only
+    above a similar bar) has its culprit's drill-down. What it does not: a rank that looks like its
+    node mates (a whole slow host, a one-rank node or stage, a fault below the bar) may be named by a
+    finding and have no raw summary; rank 0 then has its columns (the diagnosis is complete) but no
     drill-down. Why not more: rank 0's bytes are the point of reducing (one raw summary a node is
     ~140 MB at 100,000 ranks), and asking again after the diagnosis would need an MPI round from
     the analyst thread, which must not touch MPI."""
-    good = [(s.rank[s.badp < 0], s.phases[s.badp < 0]) for s in segments]
+    good = [(s.rank[s.badp < 0], s.phases[s.badp < 0], np.asarray(s.stage)[s.badp < 0]) for s in segments]
     ranks = np.concatenate([g[0] for g in good]) if good else np.zeros(0, dtype=np.int64)
     if len(ranks) < 2 or limit <= 0:
         return []
     ph = np.concatenate([g[1] for g in good])
+    stage = np.concatenate([g[2] for g in good]).astype(np.int64)
     cols = {"own": ph[:, OWN_IDX].sum(axis=1), "step": ph[:, PHASE_INDEX["step"]],
             "data": ph[:, PHASE_INDEX["data"]], "comm": ph[:, PHASE_INDEX["comm"]]}
     score = np.zeros(len(ranks))
     step = max(float(np.median(cols["step"])), 1e-9)
-    for name, v in cols.items():
-        med = float(np.median(v))
-        diff = np.abs(v - med) if name == "comm" else v - med
-        rel = diff / step
-        ok = (diff >= DRILL_MIN_MS) & (rel >= DRILL_MIN_EXCESS)
-        score = np.maximum(score, np.where(ok & np.isfinite(rel), rel, 0.0))
+    for st in np.unique(stage).tolist():
+        mates = np.flatnonzero(stage == st)
+        if len(mates) < 2:
+            continue
+        for name, v in cols.items():
+            med = float(np.median(v[mates]))
+            diff = np.abs(v[mates] - med) if name == "comm" else v[mates] - med
+            rel = diff / step
+            ok = (diff >= DRILL_MIN_MS) & (rel >= DRILL_MIN_EXCESS)
+            score[mates] = np.maximum(score[mates], np.where(ok & np.isfinite(rel), rel, 0.0))
     order = np.argsort(-score, kind="stable")
     return [int(ranks[i]) for i in order[:limit] if score[i] > 0]
 
