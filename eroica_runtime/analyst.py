@@ -139,6 +139,10 @@ def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int) -> dict[str,
     }
 
 
+# per-rank median steps within this factor of each other are alike (synchronous training)
+ALIKE_STEPS = 1.05
+
+
 def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]]) -> str:
     """The job summary block: steps, step-time median/p99, captures and why."""
     def ms(x: Any) -> str:
@@ -147,6 +151,13 @@ def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]]) -> s
     caps = ", ".join(f"step {c['step']} ({c['trigger']})" for c in captures) or "none"
     missing = stats["world_size"] - stats["ranks_reporting"]
     slow = ", ".join(f"rank {r['rank']} ({r['host']}) {ms(r['median_ms'])}" for r in stats["slowest"])
+    medians = [r["median_ms"] for r in stats.get("per_rank", []) if isinstance(r.get("median_ms"), (int, float))]
+    by_rank = f"  slowest ranks by median step: {slow or 'n/a'}"
+    if len(medians) > 1 and max(medians) <= ALIKE_STEPS * min(medians):
+        # in synchronous training every rank waits for the slowest each step: a ranking of alike step
+        # times is noise, and at 3 a.m. "slowest: rank 0" reads as a culprit
+        by_rank = (f"  median step alike on every rank ({min(medians):.1f}-{max(medians):.1f} ms): ranks wait "
+                   "for each other, so one slow rank slows all; the findings name it")
     if not stats["steps"]:
         # a job that ran for hours with eroica silent must say why: steps are counted at optimizer steps
         lines = [f"eroica: job summary: no training step was seen on {stats['world_size']} ranks, so there was "
@@ -157,7 +168,7 @@ def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]]) -> s
     else:
         lines = [f"eroica: job summary: {stats['steps']} steps on {stats['world_size']} ranks; step time median "
                  f"{ms(stats['median_step_ms'])}, p99 {ms(stats['p99_step_ms'])}",
-                 f"  slowest ranks by median step: {slow or 'n/a'}",
+                 by_rank,
                  f"  captures: {caps}"]
     if missing:
         lines.append(f"  {missing} rank(s) did not report at job end")

@@ -43,3 +43,20 @@ def test_a_capture_that_named_a_culprit_or_was_not_a_detectors_is_no_reason_to_c
     assert analyst.diagnoses[-1].findings and not analyst.take_unexplained()
     analyst = _analysed(tmp_path / "manual", _gathered(12, "baseline"), _gathered(12, "manual", as_step=40))
     assert not analyst.take_unexplained()
+
+
+def test_the_job_summary_ranks_ranks_only_when_their_step_times_differ() -> None:
+    """In synchronous training every rank's median step is alike (each waits for the slowest): the
+    summary says so instead of calling a victim "slowest" (the demo printed "slowest ranks by median
+    step: rank 0 (vm) 75.7 ms, rank 2 (vm) 75.2 ms" with rank 2 the culprit). Ranks whose step times
+    really differ (no collective ties them) are still ranked."""
+    from eroica_runtime.analyst import format_job_stats, job_stats
+
+    def stats(medians: list[float]) -> dict:
+        return job_stats({r: {"rank": r, "host": "vm", "steps": 140, "median_ms": m, "p99_ms": m * 2}
+                          for r, m in enumerate(medians)}, len(medians))
+
+    text = format_job_stats(stats([75.7, 75.1, 75.2, 74.9]), [{"step": 68, "trigger": "spike"}])
+    assert "median step alike on every rank (74.9-75.7 ms)" in text and "slowest" not in text, text
+    text = format_job_stats(stats([75.7, 110.0, 75.2, 74.9]), [])
+    assert "slowest ranks by median step: rank 1 (vm) 110.0 ms" in text, text
