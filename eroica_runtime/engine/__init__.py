@@ -258,7 +258,7 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
                 findings.extend(burst)
                 notes.extend(more_notes)
     if not culprits and not any(f.category == "communication" for f in findings):
-        findings.extend(_not_while_held(table, held, local_comm_excess(table, peers, th, link_probe), notes))
+        findings.extend(_not_while_held(table, held, local_comm_excess(table, peers, th, link_probe, notes), notes))
     findings.extend(hang_findings(trigger, miss, step_med))
     findings.sort(key=lambda f: -f.impact_ms_per_step)
     findings = [Finding(**{**f.__dict__, "captures": (int(step),)}) for f in findings]
