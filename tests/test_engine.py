@@ -586,3 +586,19 @@ def test_a_lone_comm_wait_is_no_network_finding_when_the_probe_measured_every_li
     assert any("link probe singled out no host" in n for n in diag.notes), diag.notes
     d = diagnose(copy.deepcopy(sums), step=meta["step"], trigger=meta["trigger"], world_size=4)
     assert [(f.category, f.host) for f in d.findings] == [("communication", sums[3]["host"])]
+
+
+def test_a_lone_comm_wait_is_no_network_finding_when_the_probe_names_another_host() -> None:
+    """The fault bench's link case, its baseline capture before the fault (run at 9e2422b): rank 3
+    (host h3) waited ~20 ms a step longer than its peers, and the probe's one outlier was h2 (87 us
+    latency against 28), where none of the waiting ranks runs; the engine named h2. The two disagree:
+    a note, no finding."""
+    from eroica_runtime.pipeline import Pipeline
+
+    data = (DATA / "healthy-4hosts-probe-elsewhere.msgpack").read_bytes()
+    meta, sums, _ = summary.decode_capture(data)
+    probe = meta["extra"]["link_probe"]
+    assert max(probe, key=lambda h: probe[h]["latency_us"]).endswith("-h2") and sums[3]["host"].endswith("-h3")
+    diag = Pipeline(world_size=4).analyse(data, origin="baseline").diagnosis
+    assert diag.healthy, [f.title for f in diag.findings]
+    assert any("where none of them runs" in n for n in diag.notes), diag.notes
