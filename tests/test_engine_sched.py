@@ -30,6 +30,10 @@ Fixtures under data/engine/, all real captures recorded on this 2-core machine:
   the spike capture at step 56: rank 1 waited for a CPU 37 ms a step in the 8 steps before the
   window against its peers' 19, and 23 ms a step more than they did in the window; 24% of the step,
   under the 25% a 4-rank group asks of one window.
+- ``contended-lowz-rank1.msgpack`` with its ``-baseline``: fault bench "contend" (run 17, 080e6c3), the
+  spike capture at step 58: rank 1 queued 39 ms a step before the window against 9-18 (29% of the
+  step, but z 2.8: its peers spread widely) and ~23 ms more than they did in the window; reported as
+  a job-wide communication wait.
 """
 
 from __future__ import annotations
@@ -324,3 +328,15 @@ def test_a_rank_starved_before_and_in_the_window_is_named_below_the_small_group_
             row["runq"] = 10.0
     d = diagnose(sums, step=meta["step"], trigger=meta["trigger"], world_size=4)
     assert not any(f.rank == 1 for f in d.findings), [f.title for f in d.findings]
+
+
+def test_persistent_contention_is_named_though_the_peers_spread_widely() -> None:
+    """Run 17's contend: the peers' own run-queue waits spread so widely (9-18 ms) that rank 1's 39 ms
+    was z 2.8 over the steps before the window, under the small-group z of 3, and the job-wide wait
+    against the baseline became the finding ("communication", on a one-host job). The window shows the
+    same rank queued: host contention on rank 1, and no communication finding."""
+    meta, sums, _ = summary.decode_capture((FIXTURE.parent / "contended-lowz-rank1.msgpack").read_bytes())
+    _, base, _ = summary.decode_capture((FIXTURE.parent / "contended-lowz-rank1-baseline.msgpack").read_bytes())
+    d = diagnose(sums, step=meta["step"], trigger=meta["trigger"], world_size=4, baseline=base)
+    assert [(f.category, f.rank) for f in d.findings] == [("host", 1)], [f.title for f in d.findings]
+    assert d.findings[0].evidence["cpu_starved"] is True
