@@ -34,6 +34,11 @@ Fixtures under data/engine/, all real captures recorded on this 2-core machine:
   spike capture at step 58: rank 1 queued 39 ms a step before the window against 9-18 (29% of the
   step, but z 2.8: its peers spread widely) and ~23 ms more than they did in the window; reported as
   a job-wide communication wait.
+- ``contended-hostmates-rank1.msgpack`` with its ``-baseline``: fault bench "contend-int" (run 18,
+  bfaf952), the spike capture at step 57: rank 1 named from the steps before the window, and the other
+  ranks' own work +21.8 ms/step against the baseline, of it +3.8 CPU time and +17 run-queue wait (the
+  hogs are not pinned away from them on this 2-core machine); reported as a second finding,
+  "REGRESSION: all ranks".
 """
 
 from __future__ import annotations
@@ -340,3 +345,15 @@ def test_persistent_contention_is_named_though_the_peers_spread_widely() -> None
     d = diagnose(sums, step=meta["step"], trigger=meta["trigger"], world_size=4, baseline=base)
     assert [(f.category, f.rank) for f in d.findings] == [("host", 1)], [f.title for f in d.findings]
     assert d.findings[0].evidence["cpu_starved"] is True
+
+
+def test_host_mates_waiting_for_a_cpu_beside_a_starved_culprit_are_no_regression() -> None:
+    """Run 18's contend-int: beside the starved rank 1, its host-mates' own work grew against the
+    baseline, almost all of it waiting for a CPU (the hogs took cores from them too). That is the
+    host's contention, a note, not a second finding "all ranks slower than the baseline"."""
+    meta, sums, _ = summary.decode_capture((FIXTURE.parent / "contended-hostmates-rank1.msgpack").read_bytes())
+    _, base, _ = summary.decode_capture((FIXTURE.parent / "contended-hostmates-rank1-baseline.msgpack").read_bytes())
+    d = diagnose(sums, step=meta["step"], trigger=meta["trigger"], world_size=4, baseline=base)
+    assert [(f.category, f.rank) for f in d.findings] == [("host", 1)], [f.title for f in d.findings]
+    assert any("CPU time (the rest waiting for a CPU)" in n and "shared-host contention" in n
+               for n in d.notes), d.notes
