@@ -19,6 +19,7 @@ Sources, in order of trust:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -171,23 +172,35 @@ def _absences_are_real(table: Table, cols: np.ndarray, step_ms: float, margin: f
     """
     if len(cols) == 0:
         return np.zeros(0, dtype=bool)
-    listed = (table.fn_count > 0) | (table.fn_ms > 0)
+    def listed(rows: Any, columns: Any) -> np.ndarray:
+        return (table.fn_count[rows][:, columns] > 0) | (table.fn_ms[rows][:, columns] > 0)
+
+    absent = ~listed(slice(None), cols)                  # (R, len(cols)): only the candidates, at scale
+    keep = np.ones(len(cols), dtype=bool)
+    gaps = np.flatnonzero(absent.any(axis=0))
+    if len(gaps) == 0:
+        return keep
+    # the table cut of the ranks that lack a candidate: their smallest listed function of each share
+    rows = np.flatnonzero(absent[:, gaps].any(axis=1))
     other = np.asarray([name == "<other>" for name in table.fn_names], dtype=bool)
-    cut_off = listed[:, other].any(axis=1) if other.any() else np.zeros(table.n, dtype=bool)
     device = np.asarray([k in _DEVICE_KINDS for k in table.fn_kind], dtype=bool)
+    mine = listed(rows, slice(None))
+    cut_off = mine[:, other].any(axis=1) if other.any() else np.zeros(len(rows), dtype=bool)
+    ms = table.fn_ms[rows]
     cut = {}
     for is_dev in (False, True):
         share = ~other & (device == is_dev)
-        smallest = np.where(listed & share[None, :], table.fn_ms, np.inf).min(axis=1) if share.any() \
-            else np.full(table.n, np.inf)
+        smallest = np.where(mine & share[None, :], ms, np.inf).min(axis=1) if share.any() \
+            else np.full(len(rows), np.inf)
         cut[is_dev] = np.where(cut_off & np.isfinite(smallest), smallest, 0.0)
-    keep = np.ones(len(cols), dtype=bool)
-    for i, j in enumerate(cols.tolist()):
-        absent = ~listed[:, j]
-        if absent.any():
-            lowest = float(table.fn_ms[~absent, j].min()) if (~absent).any() else 0.0
-            keep[i] = lowest >= STAGE_MARKER_SHARE * step_ms and \
-                lowest > margin * float(cut[bool(device[j])][absent].max())
+    at = {int(r): i for i, r in enumerate(rows.tolist())}
+    for i in gaps.tolist():
+        j = int(cols[i])
+        lacking = [at[int(r)] for r in np.flatnonzero(absent[:, i]).tolist()]
+        present = ~absent[:, i]
+        lowest = float(table.fn_ms[present, j].min()) if present.any() else 0.0
+        keep[i] = lowest >= STAGE_MARKER_SHARE * step_ms and \
+            lowest > margin * float(cut[bool(device[j])][lacking].max())
     return keep
 
 
