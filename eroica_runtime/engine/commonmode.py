@@ -146,16 +146,12 @@ def _comm_finding(table: Table, hosts: list[str], impact: float, step_ms: float,
     own action: sending an SRE to NICs and switch ports that carry none of its collectives is wrong
     (a healthy single-host fault-bench job whose cores were shared with other work once read
     "no host could be singled out ... check the NICs, links and switch ports")."""
-    action = ACTIONS["communication"]
-    one_host = len(table.hosts) == 1 and not ev.get("localized_by")
-    if one_host:
-        hosts = list(table.hosts)
-        ev = {**ev, "one_host": True}
-        action = ACTIONS["communication_one_host"]
+    action, suffix = ACTIONS["communication"], ""
+    if len(table.hosts) == 1 and not ev.get("localized_by"):
+        hosts, ev = list(table.hosts), {**ev, "one_host": True}
+        action, suffix = ACTIONS["communication_one_host"], ", the job's only host (no network link between its ranks)"
     host = hosts[0] if len(hosts) == 1 else (",".join(hosts) if hosts else None)
-    where = f" on {host}" if host else " (no host could be singled out)"
-    if one_host:
-        where += ", the job's only host (no network link between its ranks)"
+    where = (f" on {host}" if host else " (no host could be singled out)") + suffix
     return Finding(category="communication", rank=None, host=host, function="(comm)", phase="comm",
                    impact_ms_per_step=impact, what_if_step_ms=max(step_ms - impact, 0.0),
                    evidence={**ev, "hosts": hosts}, action=action, title=title + where)
