@@ -6,12 +6,19 @@ tools, so reading one is careful work. ``inspect`` takes a cheap first look (the
 before the expensive read; ``read`` streams the events with ijson (never the whole document in memory)
 into a ``summary.chrome.Reader``. Long reads report progress; anything that is not a Kineto/chrome
 trace is a ``TraceError``: one line naming the file.
+
+Kineto writes event names into the JSON without escaping their quotes (pytorch/pytorch#146900): a
+``record_function("load \"batch\"")`` range, or any Python frame whose file name holds a quote under
+``with_stack=True``, makes the whole file invalid JSON, and one stray frame is enough to lose a rank's
+trace. A trace that does not parse is therefore read once more through ``_Reescaped``, which escapes
+the ``"name"`` values that are not valid JSON strings, and nothing else; a valid trace is never touched.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gzip
+import json
 import os
 import re
 import stat
@@ -33,6 +40,14 @@ _HEADER_KEYS = frozenset(("distributedInfo", "host_name", "deviceProperties", "s
 _STEP_RE = re.compile(rb'"ProfilerStep#(\d+)"')
 _RANK_RES = (re.compile(r"rank[-_]?(\d+)", re.IGNORECASE), re.compile(r"[-_](\d+)\.json(?:\.gz)?$", re.IGNORECASE))
 _BAD_INPUT = (ijson.JSONError, OSError, EOFError, zlib.error, UnicodeDecodeError)
+# A "name" value holding a quote, backslash or control character, laid out as Kineto writes it: alone
+# on its line, ending the line (`    "name": "...",`, torch >= 2.1), or third on an event's first line,
+# the pid after it (`  "ph": "X", "cat": "cpu_op", "name": "...", "pid": 7,`, older torch). Anchored at
+# the line's start, so JSON that another tool wrote on one line is never rewritten.
+_SUSPECT_NAME = re.compile(
+    rb'^([ \t]*"name": ")([^\n]*?["\\\x00-\x09\x0b-\x1f][^\n]*)("[ \t]*,?[ \t]*\r?)$'
+    rb'|^([ \t]*"ph": "[^"\n]*", "cat": "[^"\n]*", "name": ")([^\n]*?["\\\x00-\x09\x0b-\x1f][^\n]*?)(", "pid": )',
+    re.MULTILINE)
 
 
 class TraceError(ValueError):
@@ -96,6 +111,41 @@ def _open(path: Path, label: str = "", say: Say | None = None) -> Iterator[Any]:
                 yield gz
         else:
             yield counted
+
+
+class _Reescaped:
+    """A binary stream of a Kineto trace's text with each ``"name"`` value that is not a valid JSON
+    string escaped (``fixed`` counts them); everything else passes through byte for byte."""
+
+    CHUNK = 4 << 20
+
+    def __init__(self, raw: Any) -> None:
+        self.raw, self.fixed = raw, 0
+        self._out, self._tail, self._eof = bytearray(), b"", False
+
+    def _escape(self, m: re.Match[bytes]) -> bytes:
+        head, body, end = m.group(1, 2, 3) if m.group(1) is not None else m.group(4, 5, 6)
+        try:
+            json.loads(b'"' + body + b'"')
+            return m.group(0)                     # escaped already (a newer torch, or another writer)
+        except ValueError:
+            self.fixed += 1
+            return head + json.dumps(body.decode("utf-8", "replace"))[1:-1].encode() + end
+
+    def read(self, n: int = -1) -> bytes:
+        while not self._eof and (n < 0 or len(self._out) < n):
+            chunk = self.raw.read(self.CHUNK)
+            text = self._tail + chunk
+            if chunk:
+                cut = text.rfind(b"\n") + 1      # whole lines only: a name never spans two reads
+                text, self._tail = text[:cut], text[cut:]
+            else:
+                self._eof, self._tail = True, b""
+            self._out += _SUSPECT_NAME.sub(self._escape, text)
+        size = len(self._out) if n < 0 else min(n, len(self._out))
+        data = bytes(self._out[:size])
+        del self._out[:size]
+        return data
 
 
 def _why(exc: BaseException) -> str:
@@ -185,14 +235,32 @@ def inspect(path: Path, say: Say | None = None) -> TraceFile:
                      host=str(host)[:255] if isinstance(host, str) else "", device_names=names, steps=steps)
 
 
+def _events(trace: TraceFile, say: Say | None, *, reescape: bool) -> tuple[Reader, int]:
+    """One streaming pass over the trace's events: (the reader, names re-escaped)."""
+    reader = Reader()
+    with _open(trace.path, f"eroica: analyze: reading {trace.name}", say) as fh:
+        stream = _Reescaped(fh) if reescape else fh
+        for event in ijson.items(stream, trace.prefix, use_float=True):
+            reader.add(event)
+    return reader, stream.fixed if isinstance(stream, _Reescaped) else 0
+
+
 def read(trace: TraceFile, say: Say | None = None) -> Reader:
     """Stream every event of the trace into a Reader (the expensive pass); raises TraceError."""
-    reader = Reader()
     t0 = time.monotonic()
     try:
-        with _open(trace.path, f"eroica: analyze: reading {trace.name}", say) as fh:
-            for event in ijson.items(fh, trace.prefix, use_float=True):
-                reader.add(event)
+        reader, _ = _events(trace, say, reescape=False)
+    except ijson.JSONError as exc:
+        first = exc                                # kept: the re-escaped read may fail the same way
+        try:
+            reader, fixed = _events(trace, say, reescape=True)
+        except _BAD_INPUT:
+            fixed = 0
+        if not fixed:
+            raise TraceError(f"{trace.path}: not a readable chrome trace ({_why(first)})") from None
+        if say is not None:
+            say(f"eroica: analyze: {trace.name}: {fixed:,} event name{'s' if fixed > 1 else ''} with unescaped "
+                "quotes (torch.profiler's export, pytorch/pytorch#146900); read with them escaped")
     except _BAD_INPUT as exc:
         raise TraceError(f"{trace.path}: not a readable chrome trace ({_why(exc)})") from None
     reader.finish()

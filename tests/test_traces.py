@@ -257,6 +257,65 @@ def test_long_reads_report_progress(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert said[-1].startswith("eroica: analyze: read hta-sampled_rank-0.json.gz: rank 0, ")
 
 
+def _torch_trace(path: Path, *, quoted: bool, steps: int = 6) -> Path:
+    """A real torch.profiler trace of a few matmul steps. ``quoted`` names what Kineto writes into the JSON
+    without escaping (pytorch/pytorch#146900): a record_function range with quotes in its name, and a
+    Python frame (``with_stack``) from code compiled under a file name holding quotes, as dynamo makes."""
+    import torch
+    from torch.profiler import ProfilerAction, ProfilerActivity
+
+    ns: dict[str, Any] = {}
+    filename = '<generated {"device": "cpu"}>' if quoted else "<generated>"
+    exec(compile("def work(x):\n    return x @ x\n", filename, "exec"), ns)  # noqa: S102 - our own source
+    x = torch.ones(64, 64)
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU], with_stack=True,
+                                schedule=lambda _: ProfilerAction.RECORD) as prof:
+        for _ in range(steps):
+            with torch.profiler.record_function('load "batch" 7' if quoted else "load batch 7"):
+                ns["work"](x)
+            prof.step()
+    prof.export_chrome_trace(str(path))
+    return path
+
+
+def test_names_torch_wrote_unescaped_are_read_not_refused(tmp_path: Path) -> None:
+    """One stray quote in one event name made torch's whole file invalid JSON and cost the rank's trace."""
+    quoted = _torch_trace(tmp_path / "trace-rank1.json", quoted=True)
+    said: list[str] = []
+    reader = tracefile.read(tracefile.inspect(quoted), said.append)
+    assert any("trace-rank1.json: 12 event names with unescaped quotes" in s for s in said), \
+        (said, "torch now escapes them (pytorch/pytorch#146900 fixed?): the re-escaping read is unused")
+    assert set(range(6)) <= set(reader.steps)   # 6 ranges and 6 frames; the steps torch marked
+    assert sum(ev.name == 'load "batch" 7' for ev in reader.events) == 6
+
+    plain = _torch_trace(tmp_path / "trace-rank0.json", quoted=False)
+    said.clear()
+    tracefile.read(tracefile.inspect(plain), said.append)
+    assert not any("unescaped" in s for s in said), said
+    res = _analyze("--traces", plain, quoted, "--out", tmp_path / "out")
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["captures"]
+
+
+def test_older_torch_layout_is_reescaped_and_one_line_json_never_rewritten(tmp_path: Path) -> None:
+    """Torch < 2.1 wrote an event's ph, cat, name and pid on one line; the quoted name there is read too.
+    JSON another tool wrote on one line is not Kineto's layout: a bad quote in it stays an error."""
+    head = '{\n  "schemaVersion": 1,\n  "traceEvents": [\n'
+    ev = '  {{\n    "ph": "X", "cat": "{}", "name": "{}", "pid": 1, "tid": 1,\n    "ts": {}, "dur": 5,\n    "args": {{}}\n  }}'
+    names = [("user_annotation", "ProfilerStep#1"), ("cpu_op", 'torch/cuda/__init__.py(219): "lazy"'),
+             ("cpu_op", "aten::mm")]
+    old = tmp_path / "old-rank0.json"
+    old.write_text(head + ",\n".join(ev.format(c, n, 100 + i) for i, (c, n) in enumerate(names)) + "\n]}\n")
+    reader = tracefile.read(tracefile.inspect(old))
+    assert [e.name for e in reader.events] == [n for _, n in names]
+
+    one_line = tmp_path / "tool-rank0.json"
+    one_line.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "QUOTE", "pid": 1,
+                                                     "tid": 1, "ts": 1.0, "dur": 2.0}]}).replace("QUOTE", 'a"b'))
+    with pytest.raises(tracefile.TraceError, match="tool-rank0.json: not a readable chrome trace"):
+        tracefile.read(tracefile.inspect(one_line))
+
+
 @pytest.mark.parametrize("name,rank", [("trace-rank3.json", 3), ("rank-12.json.gz", 12), ("RANK_4.json", 4),
                                        ("worker_5.json", 5), ("job-7.json.gz", 7),
                                        ("host_123.1700000000.pt.trace.json", None), ("trace.json", None)])
