@@ -174,8 +174,9 @@ def _analyze_traces(paths: tuple[Path, ...], out: Path | None, step_ranges: tupl
               help="With --traces: the report directory to write (new or empty).")
 @click.option("--steps", "step_ranges", multiple=True, metavar="FIRST-LAST",
               help="With --traces: the ProfilerStep numbers of one capture, e.g. 100-103 (repeat for more "
-                   "captures). Default: one capture over the steps every trace holds, less the first and "
-                   "the last when six or more are shared.")
+                   "captures; each within one profiling cycle). Default: one capture per profiling cycle "
+                   "over the steps every rank's traces hold, less the first and the last when six or more "
+                   "are shared.")
 @click.option("--baseline-steps", metavar="FIRST-LAST", default=None,
               help="With --traces: steps of a healthy stretch; their capture is the job's baseline for the "
                    "later ones (finds slowdowns that hit every rank alike).")
@@ -194,14 +195,17 @@ def analyze_cmd(paths: tuple[Path, ...], from_traces: bool, out: Path | None, st
 
     With --traces, each trace is one rank's. Its rank, world size and process groups come from the
     trace's distributedInfo, else the rank from its file name (trace-rank3.json, rank_3.json.gz,
-    worker_3.json); then the files must be ranks 0..n-1. Traces of fewer ranks than their
+    worker_3.json); then the files must be ranks 0..n-1. A rank may have one trace per profiling
+    cycle (schedule(wait, warmup, active, repeat) with tensorboard_trace_handler writes them so): each
+    cycle is then a capture, built from that cycle's trace of every rank. Traces of fewer ranks than their
     distributedInfo's world size are analysed as a job of their own (said on stderr). Steps are the
     ProfilerStep#N annotations (profile with a schedule and call prof.step() every step). Each
     trace is read as a stream (ijson: memory follows its event count, not its JSON size; progress
     on stderr) and boiled down by the runtime's own summary builder into DIR/captures/<step>.msgpack;
     then DIR is analysed as above. GPU kernels, NCCL kernels, copies and CPU ops are read; GC
     pauses only from traces recorded with with_stack=True and record_python_gc_info (else they
-    count as host gaps). A file that is not a chrome trace, a rank missing or twice, or traces of
+    count as host gaps). A file that is not a chrome trace, a rank missing, two traces of a rank's
+    same steps, or traces of
     different jobs (world size, backend, process groups, no common step) is refused with one line
     naming the file.
 

@@ -1,9 +1,14 @@
 """Which traces make one job, and which steps become captures (the checks of `eroica analyze --traces`).
 
 Why apart from the reading and building: these are the decisions a user must be able to predict
-and that must fail early, before minutes of reading: two traces of one rank, a missing rank, traces
-of different jobs (world size, backend, NCCL version, process groups, no common step), steps a trace
-does not hold. Each refusal is a TraceError, one line naming the file.
+and that must fail early, before minutes of reading: two traces of one rank's same steps, a missing
+rank, traces of different jobs (world size, backend, NCCL version, process groups, no common step),
+steps a trace does not hold. Each refusal is a TraceError, one line naming the file.
+
+A rank may have several traces: torch's own recipe, ``schedule(wait, warmup, active, repeat)`` with
+``tensorboard_trace_handler``, writes one file per profiling cycle (``host_pid.<ns>.pt.trace.json``,
+the rank in distributedInfo). Their steps do not overlap; each cycle becomes a capture, built from
+the one file of each rank that holds its steps.
 """
 
 from __future__ import annotations
@@ -64,26 +69,42 @@ def _pg_key(pg: Any) -> tuple[str, str, Any]:
     return (str(pg.get("pg_desc", "")), str(pg.get("backend_config", "")), pg.get("pg_size"))
 
 
+def rank_groups(traces: Sequence[TraceFile]) -> list[list[TraceFile]]:
+    """Each rank's traces in step order (one, or one per profiling cycle), ranks in order. A trace
+    whose rank is unknown is a group of its own (``check_job`` refuses it; tools may pass one alone)."""
+    groups: dict[tuple[int, int], list[TraceFile]] = {}
+    for i, t in enumerate(traces):
+        groups.setdefault((0, t.rank) if t.rank is not None else (1, i), []).append(t)
+    for files in groups.values():
+        files.sort(key=lambda t: (t.steps[:1], t.name))
+    return [groups[k] for k in sorted(groups)]
+
+
 def check_job(traces: list[TraceFile]) -> tuple[int, int, str | None]:
     """Refuse traces that cannot be one job's ranks; return (the job's world size, the world the
     captures describe, a note for the user or None).
 
-    Ranks come from distributedInfo, else the file name; two traces of one rank, different world
-    sizes, backends, NCCL versions or process-group configs are different jobs. Without any
+    Ranks come from distributedInfo, else the file name. A rank's several traces are its profiling
+    cycles and must hold different steps (the same step twice is the same trace twice); different
+    world sizes, backends, NCCL versions or process-group configs are different jobs. Without any
     distributedInfo the files are the whole job, so ranks 0..n-1 must all be there. With it, fewer
-    traces than the world size are a sample of the job, analysed as a job of its own (the note says so);
-    a lone trace keeps the job's world, so that its capture reads "not diagnosed", never "healthy".
+    ranks than the world size are a sample of the job, analysed as a job of its own (the note says so);
+    a lone rank keeps the job's world, so that its capture reads "not diagnosed", never "healthy".
     """
     first = traces[0]
-    by_rank: dict[int, TraceFile] = {}
-    for t in traces:
-        if t.rank is None:
-            raise TraceError(f"{t.path}: cannot tell which rank this trace is from: no distributedInfo.rank "
-                             "in it and no rank in its file name (name it like trace-rank3.json)")
-        if t.rank in by_rank:
-            raise TraceError(f"{t.path}: rank {t.rank} twice: this trace and {by_rank[t.rank].path} "
-                             f"(rank from {t.rank_from} and {by_rank[t.rank].rank_from})")
-        by_rank[t.rank] = t
+    unknown = next((t for t in traces if t.rank is None), None)
+    if unknown is not None:
+        raise TraceError(f"{unknown.path}: cannot tell which rank this trace is from: no distributedInfo.rank "
+                         "in it and no rank in its file name (name it like trace-rank3.json)")
+    ranked = rank_groups(traces)
+    for files in ranked:
+        seen: dict[int, TraceFile] = {}
+        for t in files:
+            again = next((seen[n] for n in t.steps if n in seen), None)
+            if again is not None:
+                raise TraceError(f"{t.path}: rank {t.rank} twice: this trace and {again.path} "
+                                 f"(rank from {t.rank_from} and {again.rank_from}) hold the same steps")
+            seen.update((n, t) for n in t.steps)
     with_info = [t for t in traces if t.dist]
     ref = with_info[0] if with_info else first
     pgs: dict[str, tuple[tuple[str, str, Any], TraceFile]] = {}
@@ -101,22 +122,22 @@ def check_job(traces: list[TraceFile]) -> tuple[int, int, str | None]:
                                  f"{seen[0]}: traces from different jobs")
             pgs.setdefault(str(pg["pg_name"]), (key, t))
     world = ref.world_size if with_info and ref.world_size else None
-    ranks = sorted(by_rank)
+    ranks, n = [int(files[0].rank or 0) for files in ranked], len(ranked)
     if world is None:
-        missing = sorted(set(range(len(traces))) - set(ranks))
+        missing = sorted(set(range(n)) - set(ranks))
         if missing:
-            raise TraceError(f"no trace for rank {missing[0]}: the {len(traces)} traces (ranks from their file "
-                             f"names: {_ranks(ranks)}) must be ranks 0..{len(traces) - 1}, one file per rank")
-        return len(traces), len(traces), (_LONE if len(traces) == 1 else None)
+            raise TraceError(f"no trace for rank {missing[0]}: the traces of {n} ranks (ranks from their file "
+                             f"names: {_ranks(ranks)}) must be ranks 0..{n - 1}")
+        return n, n, (_LONE if n == 1 else None)
     outside = [t for t in traces if t.rank is not None and t.rank >= world]
     if outside:
         raise TraceError(f"{outside[0].path}: rank {outside[0].rank} is outside the job's world size {world}")
-    if len(traces) == 1 and world > 1:
+    if n == 1 and world > 1:
         return world, world, _LONE
-    if len(traces) < world:
-        return world, len(traces), (f"{len(traces)} of the job's {world} ranks have traces ({_ranks(ranks)}): "
-                                    "they are analysed as a job of their own; culprits and victims are named "
-                                    "among them only")
+    if n < world:
+        return world, n, (f"{n} of the job's {world} ranks have traces ({_ranks(ranks)}): "
+                          "they are analysed as a job of their own; culprits and victims are named "
+                          "among them only")
     return world, world, None
 
 
@@ -126,28 +147,32 @@ def _ranks(ranks: list[int]) -> str:
 
 def choose_windows(traces: list[TraceFile], ranges: Sequence[tuple[int, int]],
                    baseline: tuple[int, int] | None) -> list[Window]:
-    """The captures to build: one per --steps range (and the baseline range), every step in every
-    trace; by default one capture over the steps all traces share, less the first and the last when
-    at least four remain (a trace's edge steps hold the profiler's start-up, set-up or teardown)."""
-    common = set(traces[0].steps)
-    for t in traces[1:]:
-        common &= set(t.steps)
+    """The captures to build: one per --steps range (and the baseline range), every step in one trace
+    of every rank; by default one capture per profiling cycle over the steps all ranks share, less the
+    first and the last when at least four remain (a trace's edge steps hold the profiler's start-up,
+    set-up or teardown)."""
     if not any(t.steps for t in traces):
         raise TraceError(f"{traces[0].path}: no ProfilerStep#N annotations (profile with a schedule, e.g. "
                          "torch.profiler.schedule(...), and call prof.step() every training step)")
     for t in traces:
         if not t.steps:
             raise TraceError(f"{t.path}: no ProfilerStep#N annotations, unlike {traces[0].path}")
-    if not common:
-        a, b = traces[0], next(t for t in traces if not set(t.steps) & set(traces[0].steps))
-        raise TraceError(f"{b.path}: no step in common with {a.path} (steps {_span(b.steps)} vs "
-                         f"{_span(a.steps)}): traces from different jobs or different profiling windows")
+    ranked = rank_groups(traces)
+    holder = [{n: t for t in files for n in t.steps} for files in ranked]   # per rank: step -> its trace
+    common = set(holder[0])
+    for files, steps in zip(ranked[1:], holder[1:], strict=True):
+        if not common & set(steps):
+            raise TraceError(f"{files[0].path}: no step in common with {ranked[0][0].path} (steps "
+                             f"{_span(sorted(steps))} vs {_span(sorted(common))}): traces from different jobs "
+                             "or different profiling windows")
+        common &= set(steps)
     wanted = [(r, TRIGGER) for r in ranges] + ([(baseline, "baseline")] if baseline else [])
     if not wanted:
-        steps = sorted(common)
-        if len(steps) >= 6:   # four or more left once the edges go
-            steps = steps[1:-1]
-        return [Window(tuple(steps), TRIGGER)]
+        cycles: dict[tuple[int, ...], list[int]] = {}     # the same file on every rank: one cycle
+        for n in sorted(common):
+            cycles.setdefault(tuple(id(steps[n]) for steps in holder), []).append(n)
+        # four or more steps left once the edges go: drop them
+        return [Window(tuple(c[1:-1] if len(c) >= 6 else c), TRIGGER) for c in cycles.values()]
     windows: list[Window] = []
     taken: dict[int, tuple[int, int]] = {}
     for (a, b), trigger in wanted:
@@ -156,11 +181,22 @@ def choose_windows(traces: list[TraceFile], ranges: Sequence[tuple[int, int]],
                 raise TraceError(f"step {n} is in two step ranges ({taken[n][0]}-{taken[n][1]} and {a}-{b}); "
                                  "captures must not overlap")
             taken[n] = (a, b)
-            lacking = next((t for t in traces if n not in t.steps), None)
-            if lacking is not None:
-                raise TraceError(f"{lacking.path}: no ProfilerStep#{n} (its steps: {_span(lacking.steps)})")
+            for files, steps in zip(ranked, holder, strict=True):
+                if n not in steps:
+                    where = files[0].path if len(files) == 1 else f"rank {files[0].rank}'s {len(files)} traces"
+                    raise TraceError(f"{where}: no ProfilerStep#{n} (its steps: {_span(sorted(steps))})")
+                if steps[n] is not steps[a]:
+                    raise TraceError(f"{steps[n].path}: steps {a}-{b} are split between this trace and "
+                                     f"{steps[a].path} (two profiling cycles of rank {files[0].rank}); a "
+                                     "capture's steps must come from one trace of each rank")
         windows.append(Window(tuple(range(a, b + 1)), trigger))
     return sorted(windows, key=lambda w: w.first)
+
+
+def holds(trace: TraceFile, window: Window) -> bool:
+    """Whether this trace holds the window's steps (a rank's one trace for this capture)."""
+    steps = set(trace.steps)
+    return all(n in steps for n in window.steps)
 
 
 def _span(steps: list[int]) -> str:

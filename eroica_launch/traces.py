@@ -8,7 +8,8 @@ steps, the summaries are written as ``captures/<step>.msgpack``, and the offline
 
 The order of work keeps memory to one trace at a time: first a cheap look at every file (rank, job,
 step numbers) so a wrong file or a mixed-up job is refused before the expensive read; then each
-trace is read, summarised for every window and dropped.
+trace is read, summarised for every window it holds and dropped. A rank with one trace per
+profiling cycle has each capture built from the cycle's trace; a trace no capture uses is not read.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from eroica_launch.tracefile import Say, TraceError, TraceFile, inspect, read
-from eroica_launch.tracejob import Window, check_job, choose_windows, trace_paths
+from eroica_launch.tracejob import Window, check_job, choose_windows, holds, trace_paths
 from eroica_runtime import __version__, reportdir
 from eroica_runtime import summary as summary_mod
 from eroica_runtime.summary import chrome
@@ -117,21 +118,24 @@ def plan(paths: Sequence[Path], ranges: Sequence[tuple[int, int]] = (), baseline
     windows = choose_windows(traces, ranges, baseline)
     ranks = {t.rank for t in traces}
     missing = [r for r in range(analysed) if r not in ranks] if analysed == world else []
-    return Plan(sorted(traces, key=lambda t: t.rank or 0), windows, world, analysed, note, missing)
+    return Plan(sorted(traces, key=lambda t: (t.rank or 0, t.steps[:1])), windows, world, analysed, note, missing)
 
 
 def write_captures(out: Path, job: Plan, say: Say | None = None) -> list[Path]:
-    """Summarise every trace (one in memory at a time) and write one capture file per window into ``out``."""
-    per_window: list[list[bytes]] = [[] for _ in job.windows]
+    """Summarise every trace (one in memory at a time) and write one capture file per window into ``out``:
+    each window's summaries come from the one trace of each rank that holds its steps."""
+    per_window: list[dict[int, bytes]] = [{} for _ in job.windows]
     for t in job.traces:
-        for i, blob in enumerate(summarise(t, job.windows, job.world, say)):
-            per_window[i].append(blob)
-    ranks = [int(t.rank or 0) for t in job.traces]
+        mine = [i for i, w in enumerate(job.windows) if holds(t, w)]
+        if mine:
+            for i, blob in zip(mine, summarise(t, [job.windows[i] for i in mine], job.world, say), strict=True):
+                per_window[i][int(t.rank or 0)] = blob
     reportdir.ensure_directory(out)
     written = []
     for w, blobs in zip(job.windows, per_window, strict=True):
+        ranks = sorted(blobs)
         data = summary_mod.encode_capture(step=w.first, trigger=w.trigger, world_size=job.analysed, ranks=ranks,
-                                          summaries=blobs, missing=job.missing,
+                                          summaries=[blobs[r] for r in ranks], missing=job.missing,
                                           extra={"source": "chrome traces", "job_world_size": job.world,
                                                  "steps": [w.first, w.steps[-1]]})
         written.append(reportdir.atomic_write(reportdir.capture_path(out, w.first), data))

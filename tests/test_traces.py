@@ -3,9 +3,10 @@
 Why: the traces teams already have must get the diagnosis eroica would have printed live. Real NCCL GPU
 traces (tests/data/traces, HolisticTraceAnalysis test data) prove the GPU reading: NCCL kernels are
 communication, never compute; phases and device time are there; two sampled ranks of a 128-rank job
-are compared as peers. Small synthetic traces pin the bad-input errors. The multi-rank test runs the
-fault bench's jobs twice, live under eroica and under an always-on profiler, and checks that the
-traces name the culprit and category the live capture named.
+are compared as peers. Small synthetic traces pin the bad-input errors. The multi-rank tests run the
+fault bench's job live under eroica and under an always-on profiler, and check that the traces name
+the culprit and category the live capture named; and under torch's documented recipe (a schedule that
+repeats, a file per cycle), whose cycles become one capture each.
 """
 
 from __future__ import annotations
@@ -228,6 +229,41 @@ def test_steps_pick_the_captures_and_the_baseline(tmp_path: Path) -> None:
     assert [st["step"] for st in sums[0]["steps"]] == [6, 7, 8] and sums[0]["profile"]["steps"] == 3
 
 
+def test_a_rank_may_have_one_trace_per_profiling_cycle(tmp_path: Path) -> None:
+    """schedule(..., repeat=N) with tensorboard_trace_handler writes a file per cycle per rank. Each cycle
+    is a capture built from that cycle's file of every rank (rank 1 is slow in the second cycle only,
+    and only the second capture names it); a capture may not straddle two cycles; a file holding steps
+    another file of its rank holds is the same trace twice."""
+    d = tmp_path / "traces"
+    d.mkdir()
+    for r in range(4):
+        for c, steps in enumerate((range(0, 6), range(6, 12))):
+            slow = 30.0 if (r, c) == (1, 1) else 0.0
+            _mini_trace(d / f"host_{100 + r}.{c}.pt.trace.json", rank=r, world=4, pg_size=4, steps=steps,
+                        slow_ms=slow, job_slow_ms=30.0 if c == 1 else 0.0)
+    res = _analyze("--traces", d, "--out", tmp_path / "r")
+    assert res.exit_code == 0, res.output
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert [c["step"] for c in report["captures"]] == [1, 7]     # each cycle less its edge steps
+    named = [[(f["rank"], f["category"]) for f in c["findings"]] for c in report["captures"]]
+    assert named == [[], [(1, "compute")]], named
+    _, sums, _ = summary_mod.decode_capture((tmp_path / "r" / "captures" / "7.msgpack").read_bytes())
+    assert sorted(s["rank"] for s in sums) == [0, 1, 2, 3]
+    assert all([st["step"] for st in s["steps"]] == [7, 8, 9, 10] for s in sums)
+
+    said: list[str] = []
+    job = traces.plan([d], [(8, 9)], None, said.append)
+    traces.write_captures(tmp_path / "one", job, said.append)
+    read = sorted(m.split()[3].rstrip(":") for m in said if m.startswith("eroica: analyze: read "))
+    assert read == [f"host_{100 + r}.1.pt.trace.json" for r in range(4)]   # the first cycle's files unread
+
+    res = _analyze("--traces", d, "--out", tmp_path / "split", "--steps", "4-7")
+    assert res.exit_code == 2 and "steps 4-7 are split between this trace and" in res.stderr, res.stderr
+    shutil.copy(d / "host_102.1.pt.trace.json", d / "copy.json")
+    res = _analyze("--traces", d, "--out", tmp_path / "twice")
+    assert res.exit_code == 2 and "rank 2 twice" in res.stderr and "hold the same steps" in res.stderr, res.stderr
+
+
 def test_process_groups_become_peer_hints(tmp_path: Path) -> None:
     """distributedInfo.pg_config -> the summary's groups, named as the live runtime names them (a
     DeviceMesh dim "mesh_pp" is "pp"); the default group and groups without this rank are left out."""
@@ -437,3 +473,26 @@ def test_fault_bench_traces_name_the_live_culprit_and_category(tmp_path: Path) -
     for c in caps:   # the victims are the culprit's peers, not culprits of their own
         assert sorted(c["findings"][0]["victims"]) == sorted({0, 1, 2, 3} - {c["findings"][0]["rank"]}), c
     shutil.rmtree(tmp_path / "traces")   # ~170 MB; pytest keeps its last three runs' directories
+
+
+@pytest.mark.multirank
+def test_torchs_profiling_cycles_of_a_real_job_are_one_capture_each(tmp_path: Path) -> None:
+    """The faulty job once, profiled as torch's documentation teaches: schedule(wait=4, warmup=1, active=3,
+    repeat=3) with tensorboard_trace_handler, one file per cycle per rank named <host>_<pid>.<ns>, the
+    rank only in its distributedInfo. The directory as it is gives a capture per cycle, and each names
+    the fault active in its cycle. About 15 s here (one 4-rank job of 30 steps)."""
+    d = tmp_path / "traces"
+    proc = eroica_run("--nproc-per-node", "4", "--no-eroica", "--report-dir", tmp_path / "profiled",
+                      PROFILE_WRAP, "--steps", "30", timeout=120,
+                      env={"EROICA_BENCH_FAULT": FAULTS, "EROICA_BENCH_TRACE_DIR": str(d),
+                           "EROICA_BENCH_TRACE_GC": "1",
+                           "EROICA_BENCH_TRACE_SCHEDULE": "wait=4,warmup=1,active=3,repeat=3"})
+    assert proc.returncode == 0, explain(proc)
+    files = sorted(p.name for p in d.iterdir())
+    assert len(files) == 12 and all(f.endswith(".pt.trace.json") for f in files), files
+    res = _analyze("--traces", d, "--out", tmp_path / "out")
+    assert res.exit_code == 0, res.output
+    caps = json.loads((tmp_path / "out" / "report.json").read_text())["captures"]
+    assert [c["step"] for c in caps] == [5, 13, 21], res.output      # the cycles' active steps 5-7, 13-15, 21-23
+    named = [[(f["rank"], f["category"]) for f in c["findings"]][:1] for c in caps]
+    assert named == [[e] for e in EXPECTED], (named, res.output)
