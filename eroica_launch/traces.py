@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from eroica_launch.tracefile import Say, TraceError, TraceFile, inspect, read
-from eroica_launch.tracejob import Window, check_job, choose_windows, holds, trace_paths
+from eroica_launch.tracejob import Window, check_job, choose_windows, holds, rank_groups, trace_paths
 from eroica_runtime import __version__, reportdir
 from eroica_runtime import summary as summary_mod
 from eroica_runtime.summary import chrome
@@ -118,7 +118,8 @@ def plan(paths: Sequence[Path], ranges: Sequence[tuple[int, int]] = (), baseline
     windows = choose_windows(traces, ranges, baseline)
     ranks = {t.rank for t in traces}
     missing = [r for r in range(analysed) if r not in ranks] if analysed == world else []
-    return Plan(sorted(traces, key=lambda t: (t.rank or 0, t.steps[:1])), windows, world, analysed, note, missing)
+    in_order = [t for files in rank_groups(traces) for t in files]     # by rank, then by cycle
+    return Plan(in_order, windows, world, analysed, note, missing)
 
 
 def write_captures(out: Path, job: Plan, say: Say | None = None) -> list[Path]:

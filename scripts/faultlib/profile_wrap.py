@@ -52,8 +52,13 @@ def _cycles(out: Path) -> dict[str, Any]:
     spec = os.environ.get("EROICA_BENCH_TRACE_SCHEDULE", "")
     if not spec:
         return {"schedule": _always_record}
-    args = {k.strip(): int(v) for k, _, v in (part.partition("=") for part in spec.split(","))}
-    return {"schedule": torch.profiler.schedule(**args),
+    try:
+        args = {k.strip(): int(v) for k, _, v in (part.partition("=") for part in spec.split(","))}
+        schedule = torch.profiler.schedule(**args)
+    except (ValueError, TypeError) as exc:
+        raise SystemExit(f"profile_wrap: EROICA_BENCH_TRACE_SCHEDULE={spec!r}: expected name=int pairs of "
+                         f"torch.profiler.schedule, e.g. wait=4,warmup=1,active=3,repeat=3 ({exc})") from None
+    return {"schedule": schedule,
             "on_trace_ready": torch.profiler.tensorboard_trace_handler(str(out))}
 
 
