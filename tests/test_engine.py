@@ -18,6 +18,7 @@ import pytest
 from eroica_runtime import summary, synth
 from eroica_runtime.engine import Thresholds, build_table, consolidate, diagnose, parse_topology
 from eroica_runtime.engine.peers import form_peers
+from eroica_runtime.report import format_finding
 
 DATA = Path(__file__).parent / "data" / "engine"
 SCENARIOS = json.loads((DATA / "scenarios.json").read_text())["scenarios"]
@@ -90,6 +91,26 @@ def test_regression_names_grown_function(tmp_path: Path) -> None:
     # without the baseline capture there is nothing to compare with: no finding
     caps = load_dir(tmp_path)
     assert not diagnose(caps["slow_step"][1], step=500, trigger="slow_step", world_size=24).findings
+
+
+def test_a_real_job_wide_regression_shows_the_extra_calls_and_no_collective_as_grown_work() -> None:
+    """The fault bench's everyone-slower captures (every rank runs 230 extra matmuls a step): the
+    regression names the matmul with its calls then and now (more work per step, not slower work),
+    and the collective every rank waited longer in is not listed as work that grew."""
+    (_, base, _), (meta, spike, errors) = (
+        summary.decode_capture(p.read_bytes())
+        for p in sorted((DATA.parent / "faultbench" / "everyone-slower" / "captures").glob("*.msgpack"),
+                        key=lambda p: int(p.stem)))
+    assert not errors and meta["step"] == 56
+    d = diagnose(spike, step=56, trigger=meta["trigger"], world_size=4, baseline=base)
+    assert [(f.category, f.rank) for f in d.findings] == [("regression", None)], [f.title for f in d.findings]
+    f = d.findings[0]
+    assert f.function in ("aten::matmul", "aten::mm")
+    top = f.evidence["functions"][0]
+    assert top["now_calls"] >= 200 and top["baseline_calls"] <= 5, top
+    assert all(fn["name"] != "gloo:all_reduce" for fn in f.evidence["functions"]), f.evidence["functions"]
+    grew = next(line for line in format_finding(f) if "grew most:" in line)
+    assert f"{top['now_calls']:.0f} vs {top['baseline_calls']:.0f} calls" in grew, grew
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -379,6 +400,12 @@ def test_real_gloo_summaries(scenario: str) -> None:
     assert sorted(f.victims) == sorted(set(range(4)) - {expected})
     if cat == "compute":
         assert f.function in ("aten::matmul", "aten::mm")
+        # the planted matmuls are extra calls: this rank does more work, which no node drain fixes
+        rank_calls, peers_calls = f.evidence["calls"]
+        assert f.evidence["work"] == "more" and rank_calls >= peers_calls + 30, f.evidence
+        assert "more work" in f.action and "drain" not in f.action, f.action
+        grew = next(line for line in format_finding(f) if "grew most:" in line)
+        assert f"{rank_calls:.0f} vs {peers_calls:.0f} calls" in grew, grew
     if cat == "dataloader":
         assert "DataLoader" in (f.function or "")
 

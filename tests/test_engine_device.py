@@ -20,7 +20,8 @@ BASE = json.loads((DATA / "summary_gpu_rank0.json").read_text())
 
 
 def _rank(rank: int, *, compute: float = 13.0, exposed: float = 27.0, transfer: float = 0.5,
-          gemm: float = 9.0, htod_mb: float = 4.0, pageable_mb: float = 0.0, data: float = 0.2) -> dict:
+          gemm: float = 9.0, gemm_calls: int = 40, htod_mb: float = 4.0, pageable_mb: float = 0.0,
+          data: float = 0.2) -> dict:
     s = copy.deepcopy(BASE)
     s["rank"], s["world_size"], s["host"] = rank, 4, f"gpu-host{rank // 2}"
     step = 45.0
@@ -37,8 +38,9 @@ def _rank(rank: int, *, compute: float = 13.0, exposed: float = 27.0, transfer: 
                           "htod_pageable_ms": transfer if pageable_mb else 0.0}
     s["functions"] = [
         {"name": "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", "kind": "kernel", "phase": "forward",
-         "launcher": "aten::mm", "count": 40, "ms": gemm, "mean": gemm / 40, "p50": gemm / 40, "p90": gemm / 40,
-         "p99": gemm / 40, "max": gemm / 40, "std": 0.0},
+         "launcher": "aten::mm", "count": gemm_calls, "ms": gemm, "mean": gemm / gemm_calls,
+         "p50": gemm / gemm_calls, "p90": gemm / gemm_calls, "p99": gemm / gemm_calls, "max": gemm / gemm_calls,
+         "std": 0.0},
         {"name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "kind": "collective", "phase": "comm", "count": 1,
          "ms": exposed + 2, "mean": exposed + 2, "p50": exposed + 2, "p90": exposed + 2, "p99": exposed + 2,
          "max": exposed + 2, "std": 0.0},
@@ -57,7 +59,8 @@ def _diagnose(summaries: list[dict]):  # type: ignore[no-untyped-def]
 
 def test_gpu_straggler_is_named_from_the_device_timeline_not_communication() -> None:
     ranks = [_rank(r) for r in range(4)]
-    ranks[2] = _rank(2, compute=40.0, exposed=1.0, gemm=36.0)   # 120 extra GEMMs: its peers' NCCL spins
+    # 120 extra GEMMs: its peers' NCCL kernels spin
+    ranks[2] = _rank(2, compute=40.0, exposed=1.0, gemm=36.0, gemm_calls=160)
     d = _diagnose(ranks)
     assert [f.category for f in d.findings] == ["compute"], [f.title for f in d.findings]
     top = d.findings[0]
@@ -65,6 +68,22 @@ def test_gpu_straggler_is_named_from_the_device_timeline_not_communication() -> 
     assert top.function == "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n"
     assert top.evidence["compared_on"] == "device"
     assert top.impact_ms_per_step > 20
+    # more launches of the kernel: this rank does more work; its GPU is not to blame
+    assert top.evidence["work"] == "more" and top.evidence["calls"] == [160.0, 40.0]
+    assert "160 times a step" in top.action and "drain" not in top.action
+
+
+def test_a_throttled_gpu_runs_the_same_kernels_slower_and_keeps_the_hardware_action() -> None:
+    ranks = [_rank(r) for r in range(4)]
+    ranks[2] = _rank(2, compute=40.0, exposed=1.0, gemm=36.0)     # the same 40 GEMMs, each 4x longer
+    gpu = ranks[2]["telemetry"]["end"]["gpu"]
+    gpu["sm_mhz"], gpu["throttle"] = 700, ["hw_slowdown"]
+    top = _diagnose(ranks).findings[0]
+    assert (top.rank, top.category, top.function) == (2, "compute", "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n")
+    assert top.evidence["work"] == "slower" and top.evidence["calls"] == [40.0, 40.0]
+    assert top.evidence["per_call_ms"] == [0.9, 0.225]
+    assert top.evidence["hardware_throttle"] == ["hw_slowdown"]
+    assert "each slower" in top.action and "throttling" in top.action and "drain the node" in top.action
 
 
 def test_pageable_copies_are_a_transfer_finding_with_the_pinned_memory_action() -> None:

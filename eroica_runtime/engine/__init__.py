@@ -45,7 +45,13 @@ import numpy as np
 
 from eroica_runtime.engine.attribution import Culprit, attribute, find_culprits, find_victims
 from eroica_runtime.engine.baseline import Thresholds
-from eroica_runtime.engine.categories import ACTIONS, telemetry_refinement, transfer_evidence
+from eroica_runtime.engine.categories import (
+    ACTIONS,
+    telemetry_refinement,
+    transfer_evidence,
+    work_action,
+    work_evidence,
+)
 from eroica_runtime.engine.commonmode import comm_before_window, common_mode, hang_findings, local_comm_excess
 from eroica_runtime.engine.history import history_culprits
 from eroica_runtime.engine.impact import culprit_what_if
@@ -108,6 +114,10 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float,
         (ACTIONS.get(c.category, "") + (" Also: " + hint if hint else ""))
     if "throttling" in hint and "hardware_throttle" in tele_ev:
         action = hint + " " + ACTIONS.get(c.category, "")
+    if c.category == "compute" and c.function_col is not None:
+        work_ev, work = work_evidence(table, row, peers.groups[c.group], c.function_col)
+        ev.update(work_ev)
+        action = work_action(work_ev, work, action, hint)
     title = (f"rank {rank} on {host}: {c.category} in {c.function} "
              f"(+{c.excess_ms:.1f} ms/step own work, {len(c.victims)} ranks waiting on it)")
     return Finding(category=c.category, rank=rank, host=host, function=c.function, phase=c.phase,

@@ -46,6 +46,7 @@ class Culprit:
     category: str = "compute"
     phase: str = "forward"
     function: str | None = None
+    function_col: int | None = None   # the named function's column in the table, when one is named
     functions: list[dict] = field(default_factory=list)
     victims: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     device: bool = False        # compared on the device timeline (a GPU job)
@@ -188,30 +189,35 @@ def scheduler_luck(table: Table, rows: np.ndarray, row: int) -> dict[str, Any] |
 
 
 def grown_functions(table: Table, row: int, ref: np.ndarray, category: str, excess_ms: float,
-                    th: Thresholds) -> tuple[str | None, str | None, list[dict[str, Any]]]:
-    """(function, its phase, top grown functions) of a rank against its peers' reference ``ref``
-    (``column_reference`` of their function table): the function that can explain an excess of
-    ``category`` and grew most, when it grew by at least ``th.fn_share`` of the excess."""
+                    th: Thresholds, rows: np.ndarray) -> tuple[int | None, str | None, list[dict[str, Any]]]:
+    """(column of the function, its phase, top grown functions) of a rank against its peers ``rows``,
+    whose function table's ``column_reference`` is ``ref``: the function that can explain an excess of
+    ``category`` and grew most, when it grew by at least ``th.fn_share`` of the excess. The phase is
+    None when the category's own phase should stand (an allocator call named for a compute excess).
+    Each listed function carries the rank's calls per step and its peers' (``column_reference``),
+    which tell more work (more calls) from the same work done slower."""
     if not table.fn_names:
         return None, None, []
     delta = table.fn_ms[row] - ref
     listable = np.asarray([k not in ("annotation", "collective") and p != "comm"
                            for k, p in zip(table.fn_kind, table.fn_phase, strict=True)], dtype=bool)
     shown = np.where(listable, delta, -np.inf)
-    top = np.argsort(-shown)[: th.top_functions]
+    top = [j for j in np.argsort(-shown)[: th.top_functions].tolist()
+           if shown[j] >= max(0.5 * th.abs_ms, 0.05 * excess_ms)]
+    calls_ref = column_reference(table.fn_count[:, top], rows) if top else np.zeros(0)
     functions = [{"name": table.fn_names[j], "phase": table.fn_phase[j], "kind": table.fn_kind[j],
                   "rank_ms": float(table.fn_ms[row, j]), "peers_ms": float(ref[j]),
-                  "rank_calls": float(table.fn_count[row, j])} for j in top.tolist()
-                 if shown[j] >= max(0.5 * th.abs_ms, 0.05 * excess_ms)]
+                  "rank_calls": float(table.fn_count[row, j]), "peers_calls": float(calls_ref[i])}
+                 for i, j in enumerate(top)]
     cols = function_candidates(table, category)
     if len(cols):
         best = int(cols[np.argmax(delta[cols])])
         if delta[best] >= th.fn_share * excess_ms:
-            return table.fn_names[best], table.fn_phase[best], functions
+            return best, table.fn_phase[best], functions
     if category == "compute":
         best = int(np.argmax(delta))
         if delta[best] >= th.fn_share * excess_ms and is_memory_function(table.fn_names[best]):
-            return table.fn_names[best], None, functions
+            return best, None, functions
     return None, None, functions
 
 
@@ -224,7 +230,10 @@ def attribute(table: Table, peers: Peers, culprits: list[Culprit], th: Threshold
             ref = fn_ref_cache.get(c.group)
             if ref is None:
                 ref = fn_ref_cache[c.group] = column_reference(table.fn_ms, peers.groups[c.group])
-            c.function, phase, c.functions = grown_functions(table, c.row, ref, c.category, c.excess_ms, th)
+            c.function_col, phase, c.functions = grown_functions(table, c.row, ref, c.category, c.excess_ms, th,
+                                                                 peers.groups[c.group])
+            if c.function_col is not None:
+                c.function = table.fn_names[c.function_col]
             if phase in c.phase_excess:
                 c.phase = phase
             if c.category == "compute" and is_memory_function(c.function):

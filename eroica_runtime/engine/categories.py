@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from eroica_runtime.engine.baseline import column_reference
 from eroica_runtime.engine.table import Table
 
 # phase of own work -> category (forward/backward/optimizer are compared as one compute bucket)
@@ -163,6 +164,58 @@ def telemetry_refinement(table: Table, row: int, peer_rows: np.ndarray,
                 hints.append(f"The process got {share:.2f} CPU-s per second vs peers' {peer_share:.2f}: "
                              "CPU throttling (cgroup quota / frequency) or contention.")
     return ev, " ".join(hints)
+
+
+MORE_CALLS = 1.2     # calls per step at least this x the peers' (and one more) is more work
+SAME_CALLS = 0.1     # calls within this share of the peers' (and half a call) are the same work
+SLOWER_CALL = 1.2    # each call at least this x the peers' time is the same work done slower
+
+
+def work_evidence(table: Table, row: int, peer_rows: np.ndarray, col: int) -> tuple[dict[str, Any], str]:
+    """More work, or the same work slower? Calls per step of the named function on the culprit vs its
+    peers (median), and the time per call. A rank that runs more calls (an extra code path, a loop over
+    a rank-dependent count) needs a code or data fix; the same calls each slower point at the hardware
+    or co-located load (or larger inputs: shapes are not recorded). Draining a node for the first
+    would be the wrong action. Returns (evidence, a sentence for the action; '' when neither holds)."""
+    calls, ms = float(table.fn_count[row, col]), float(table.fn_ms[row, col])
+    peers_calls = float(column_reference(table.fn_count[:, [col]], peer_rows)[0])
+    peers_ms = float(column_reference(table.fn_ms[:, [col]], peer_rows)[0])
+    if not all(math.isfinite(v) for v in (calls, ms, peers_calls, peers_ms)) or calls <= 0:
+        return {}, ""
+    per_call = ms / calls
+    peers_per_call = peers_ms / peers_calls if peers_calls > 0 else float("nan")
+    ev: dict[str, Any] = {"calls": [calls, peers_calls],
+                          "per_call_ms": [per_call, peers_per_call if math.isfinite(peers_per_call) else None]}
+    name = table.fn_names[col]
+    # the extra calls need not be the peers' size (a rank-only loop over bigger matrices): their count
+    # is the evidence; slower hardware or a co-located job does not add calls of the function that grew
+    if calls >= MORE_CALLS * peers_calls + 1.0 and ms > peers_ms:
+        ev["work"] = "more"
+        return ev, (f"{name} ran {_count(calls)} times a step on this rank vs {_count(peers_calls)} on its peers: it does "
+                    "more work than they do, not the same work slower. Look for work only this rank does or gets "
+                    "more of: a code path taken on this rank alone (logging, metrics, evaluation, checkpoint "
+                    "helpers), a loop whose count depends on the rank or its data (micro-batches, experts routed "
+                    "to it), leftover debug code.")
+    if abs(calls - peers_calls) <= SAME_CALLS * peers_calls + 0.5 and math.isfinite(peers_per_call) \
+            and per_call >= SLOWER_CALL * peers_per_call:
+        ev["work"] = "slower"
+        return ev, (f"The same {_count(calls)} calls of {name} a step as its peers, each slower ({per_call:.3g} vs "
+                    f"{peers_per_call:.3g} ms): the same work runs slower on this rank (throttled or slower "
+                    "hardware, another job on its GPU/CPU) or on larger inputs (shapes are not recorded).")
+    return ev, ""
+
+
+def _count(calls: float) -> str:
+    """Calls per step (a window's mean: 0.33 when once in three steps)."""
+    return f"{calls:.0f}" if calls >= 10 or calls == int(calls) else f"{calls:.2g}"
+
+
+def work_action(ev: dict[str, Any], sentence: str, action: str, hint: str = "") -> str:
+    """The action for a compute finding given ``work_evidence``: more work is not the node's fault (no
+    "drain the node"; telemetry's ``hint`` still added), the same work slower keeps ``action``."""
+    if ev.get("work") == "more":
+        return sentence + (" Also: " + hint if hint else "")
+    return (sentence + " " + action) if sentence else action
 
 
 def transfer_evidence(table: Table, row: int, peer_rows: np.ndarray) -> dict[str, Any]:

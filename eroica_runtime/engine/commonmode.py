@@ -434,11 +434,15 @@ def _cpu_contention(cur: Table, base: Table, rc: np.ndarray, rb: np.ndarray,
 
 def _function_growth(cur: Table, base: Table, rc: np.ndarray, rb: np.ndarray,
                      th: Thresholds) -> list[dict[str, Any]]:
-    """Functions whose median ms per step grew most against the baseline (matched by name and phase)."""
+    """Functions whose median ms per step grew most against the baseline (matched by name and phase),
+    with their median calls per step then and now (more calls: more work per step, not slower work)."""
     bidx = {k: i for i, k in enumerate(zip(base.fn_names, base.fn_phase, strict=True))}
     ckeys = list(zip(cur.fn_names, cur.fn_phase, strict=True))
-    pairs = [(i, bidx[k]) for i, k in enumerate(ckeys) if k in bidx and k[0] != "<other>"]
-    new = [i for i, k in enumerate(ckeys) if k not in bidx]
+    # own work only, as for a culprit (attribution.grown_functions): a collective that grew is a wait
+    own = [k not in ("annotation", "collective") and ph != "comm" and name != "<other>"
+           for name, ph, k in zip(cur.fn_names, cur.fn_phase, cur.fn_kind, strict=True)]
+    pairs = [(i, bidx[k]) for i, k in enumerate(ckeys) if k in bidx and own[i]]
+    new = [i for i, k in enumerate(ckeys) if k not in bidx and own[i]]
     out: list[tuple[float, dict[str, Any]]] = []
     if pairs:
         ci = np.asarray([p[0] for p in pairs])
@@ -447,14 +451,17 @@ def _function_growth(cur: Table, base: Table, rc: np.ndarray, rb: np.ndarray,
         was = np.median(base.fn_ms[np.ix_(rb, bi)], axis=0)
         for k in np.argsort(-(now - was))[: th.top_functions].tolist():
             if now[k] - was[k] > th.abs_ms:
-                j = int(ci[k])
-                out.append((float(now[k] - was[k]), {"name": cur.fn_names[j], "phase": cur.fn_phase[j],
-                                                      "now_ms": float(now[k]), "baseline_ms": float(was[k])}))
+                j, b = int(ci[k]), int(bi[k])
+                out.append((float(now[k] - was[k]), {
+                    "name": cur.fn_names[j], "phase": cur.fn_phase[j], "now_ms": float(now[k]),
+                    "baseline_ms": float(was[k]), "now_calls": float(np.median(cur.fn_count[rc, j])),
+                    "baseline_calls": float(np.median(base.fn_count[rb, b]))}))
     for j in new:
         now_j = float(np.median(cur.fn_ms[rc, j]))
         if now_j > th.abs_ms:
             out.append((now_j, {"name": cur.fn_names[j], "phase": cur.fn_phase[j], "now_ms": now_j,
-                                "baseline_ms": 0.0}))
+                                "baseline_ms": 0.0, "now_calls": float(np.median(cur.fn_count[rc, j])),
+                                "baseline_calls": 0.0}))
     out.sort(key=lambda x: -x[0])
     return [d for _, d in out[: th.top_functions]]
 

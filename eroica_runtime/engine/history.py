@@ -18,7 +18,7 @@ import numpy as np
 
 from eroica_runtime.engine.attribution import grown_functions
 from eroica_runtime.engine.baseline import Thresholds, center, column_reference, significant
-from eroica_runtime.engine.categories import ACTIONS
+from eroica_runtime.engine.categories import ACTIONS, work_action, work_evidence
 from eroica_runtime.engine.model import Finding
 from eroica_runtime.engine.peers import Peers
 from eroica_runtime.engine.table import HISTORY_RECENT, Table
@@ -178,10 +178,15 @@ def _finding(table: Table, rows: np.ndarray, row: int, excess: float, step_ref: 
         # a steady fault: the window shows it as well, and what the rank ran there names the function
         ev["seen_in"] = f"the window (+{steady:.1f} ms/step) and {seen_in}"
         ev["window_excess_ms"] = steady
-        named, fn_phase, ev["functions"] = grown_functions(
-            table, row, column_reference(table.fn_ms, rows), category, steady, th)
-        function, phase = (named, fn_phase or phase) if named is not None else (f"({phase})", phase)
-        action = (f"This rank was {what}, in the window and the steps before it. " + ACTIONS.get(category, ""))
+        col, fn_phase, ev["functions"] = grown_functions(
+            table, row, column_reference(table.fn_ms, rows), category, steady, th, rows)
+        function, phase = (table.fn_names[col], fn_phase or phase) if col is not None else (f"({phase})", phase)
+        action = ACTIONS.get(category, "")
+        if category == "compute" and col is not None:
+            work_ev, work = work_evidence(table, row, rows, col)
+            ev.update(work_ev)
+            action = work_action(work_ev, work, action)
+        action = f"This rank was {what}, in the window and the steps before it. " + action
         title = (f"rank {rank} on {host}: {category} in {function} (+{excess:.1f} ms/step busy in the window "
                  f"and the {HISTORY_RECENT} steps before it, {len(victims)} ranks waiting on it)")
     return Finding(category=category, rank=rank, host=host, function=function, phase=phase,
