@@ -76,6 +76,17 @@ def _read_ahead(files: list[Path]) -> Iterator[tuple[Path, bytes | Exception]]:
             del got
 
 
+def _traced_steps(meta: dict[str, Any]) -> list[list[int]]:
+    """[[first, last]] of a capture written from chrome traces (its ``extra``), else []."""
+    extra = meta.get("extra")
+    if not isinstance(extra, dict) or extra.get("source") != "chrome traces":
+        return []
+    steps = extra.get("steps")
+    if isinstance(steps, list) and len(steps) == 2 and all(type(n) is int for n in steps):
+        return [[steps[0], steps[1]]]
+    return []
+
+
 def run_analysis(root: Path, *, topology: str | None = None) -> tuple[list[Diagnosis], dict[str, Any], list[str]]:
     """Analyse every capture under ``root`` in step order through the live analyst's pipeline;
     return (diagnoses, report doc, problems)."""
@@ -87,6 +98,7 @@ def run_analysis(root: Path, *, topology: str | None = None) -> tuple[list[Diagn
     diagnoses: list[Diagnosis] = []
     drill: dict[int, dict[str, Any]] = {}
     world = 0
+    traced: list[list[int]] = []
     for path, data in _read_ahead(files):
         origin = f"{path.parent.name}/{path.name}"
         try:
@@ -99,6 +111,7 @@ def run_analysis(root: Path, *, topology: str | None = None) -> tuple[list[Diagn
             continue
         problems.extend(f"{origin}: {e}" for e in result.errors)
         world = max(world, int(result.meta["world_size"]))
+        traced.extend(_traced_steps(result.meta))
         diagnoses.append(result.diagnosis)
         drill[result.diagnosis.step] = report.drill_down(result.summaries)
     if not diagnoses:
@@ -107,6 +120,8 @@ def run_analysis(root: Path, *, topology: str | None = None) -> tuple[list[Diagn
     steps = _history_steps(root, max((d.step for d in diagnoses), default=0) + 1)
     job = _old_report(root).get("job")
     job = job if isinstance(job, dict) else {}
+    if traced:   # no step history in traces: the report says which steps were traced, not a job length
+        job = {**job, "source": "chrome traces", "traced_steps": sorted(traced)}
     for d in diagnoses:
         report.write_capture(root, d, drill.get(d.step))
     doc = report.write_job(root, diagnoses=diagnoses, world_size=world, steps=steps, job=job, drill=drill)

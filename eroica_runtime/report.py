@@ -304,24 +304,36 @@ def format_capture(diagnosis: Diagnosis | dict[str, Any]) -> str:
     return "\n".join(lines + tail)
 
 
+def _steps_text(report: dict[str, Any]) -> str:
+    """"140 steps"; for a report from chrome traces, which hold no job length, the traced steps."""
+    job = report.get("job")
+    traced = job.get("traced_steps") if isinstance(job, dict) else None
+    if isinstance(traced, list) and traced and all(
+            isinstance(r, list) and len(r) == 2 and all(type(n) is int for n in r) for r in traced):
+        shown = ", ".join(f"{a}-{b}" if b != a else f"{a}" for a, b in traced[:8])
+        return f"traced steps {shown}" + (f" and {len(traced) - 8} more windows" if len(traced) > 8 else "")
+    return f"{_text(report.get('steps'))} steps"
+
+
 def format_job(report: dict[str, Any], report_dir: str | os.PathLike[str] | None = None) -> str:
     """Text block at job end (also what `eroica show` prints)."""
     findings = report.get("findings") or []
     caps = report.get("captures") or []
     where = f" — {Path(report_dir) / 'report.html'}" if report_dir else ""
+    steps = _steps_text(report)
     head = (f"eroica: job report: {len(findings)} finding(s) over {len(caps)} capture(s), "
-            f"world size {report.get('world_size')}, {report.get('steps')} steps{where}")
+            f"world size {report.get('world_size')}, {steps}{where}")
     looked = [c for c in caps if c.get("trigger") == "hang"
               or conclusive(int(c.get("ranks_analysed") or 0), int(report.get("world_size") or 0))]
     if not findings and not caps:
         head = (f"eroica: job report: no capture was taken, so nothing was diagnosed — world size "
-                f"{report.get('world_size')}, {report.get('steps')} steps{where}")
+                f"{report.get('world_size')}, {steps}{where}")
     elif not findings and not looked:
         head = (f"eroica: job report: not diagnosed — none of the {len(caps)} capture(s) had enough usable "
-                f"summaries, world size {report.get('world_size')}, {report.get('steps')} steps{where}")
+                f"summaries, world size {report.get('world_size')}, {steps}{where}")
     elif not findings:
         head = (f"eroica: job report: healthy — no findings over {len(looked)} capture(s), world size "
-                f"{report.get('world_size')}, {report.get('steps')} steps{where}")
+                f"{report.get('world_size')}, {steps}{where}")
     lines = [head]
     for i, f in enumerate(findings, 1):
         lines.extend(format_finding(f, i))

@@ -245,6 +245,9 @@ def test_a_rank_may_have_one_trace_per_profiling_cycle(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     assert [c["step"] for c in report["captures"]] == [1, 7]     # each cycle less its edge steps
+    # traces hold no job length: the job line names the traced steps, not "11 steps"
+    assert report["job"]["traced_steps"] == [[1, 4], [7, 10]], report["job"]
+    assert "world size 4, traced steps 1-4, 7-10 — " in res.stdout, res.stdout
     named = [[(f["rank"], f["category"]) for f in c["findings"]] for c in report["captures"]]
     assert named == [[], [(1, "compute")]], named
     _, sums, _ = summary_mod.decode_capture((tmp_path / "r" / "captures" / "7.msgpack").read_bytes())
