@@ -157,7 +157,7 @@ def _ms(x: Any) -> str:
     return f"{x:.1f}" if isinstance(x, (int, float)) else "?"
 
 
-def _calls(rank: Any, peers: Any) -> str:
+def calls_text(rank: Any, peers: Any) -> str:
     """", 133 vs 2 calls" when a function's calls per step differ from its peers' (or the baseline's):
     more work, not slower work; nothing when they are about the same or unknown (an older report)."""
     if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in (rank, peers)):
@@ -236,10 +236,10 @@ def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
         for fn in fns[:3]:
             if "rank_ms" in fn:
                 parts.append(f"{_text(fn.get('name'))} {_ms(fn['rank_ms'])} vs {_ms(fn.get('peers_ms'))} ms"
-                             + _calls(fn.get("rank_calls"), fn.get("peers_calls")))
+                             + calls_text(fn.get("rank_calls"), fn.get("peers_calls")))
             elif "now_ms" in fn:
                 parts.append(f"{_text(fn.get('name'))} {_ms(fn['now_ms'])} vs baseline {_ms(fn.get('baseline_ms'))} ms"
-                             + _calls(fn.get("now_calls"), fn.get("baseline_calls")))
+                             + calls_text(fn.get("now_calls"), fn.get("baseline_calls")))
         lines.append("     grew most: " + "; ".join(parts))
     if ev.get("ranks"):
         lines.append(f"     ranks: {_ranks(ev['ranks'])}")

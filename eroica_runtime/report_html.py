@@ -8,6 +8,8 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from eroica_runtime.report import calls_text
+
 _CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1200px}
 h1{font-size:20px}h2{font-size:17px;margin-top:28px}h3{font-size:15px}
 table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}
@@ -103,15 +105,17 @@ def _bars(fns: list[dict[str, Any]], width: int = 900) -> str:
     items = []
     for f in fns[:8]:
         if "rank_ms" in f:
-            items.append((f["name"], float(f["rank_ms"]), float(f["peers_ms"]), "rank", "peer median"))
+            items.append((f["name"], float(f["rank_ms"]), float(f["peers_ms"]), "rank", "peer median",
+                          calls_text(f.get("rank_calls"), f.get("peers_calls"))))
         elif "now_ms" in f:
-            items.append((f["name"], float(f["now_ms"]), float(f["baseline_ms"]), "now", "baseline"))
+            items.append((f["name"], float(f["now_ms"]), float(f["baseline_ms"]), "now", "baseline",
+                          calls_text(f.get("now_calls"), f.get("baseline_calls"))))
     if not items:
         return ""
-    top = max(max(a, b) for _, a, b, _, _ in items) or 1.0
-    lw, bw, rh = 360, width - 500, 30
+    top = max(max(a, b) for _, a, b, _, _, _ in items) or 1.0
+    lw, bw, rh = 360, width - 600, 30   # room after the longest bar for "48.4 vs 3.3 ms, 162 vs 2 calls"
     out = [f'<svg width="{width}" height="{rh * len(items) + 10}" role="img" aria-label="function bars">']
-    for i, (name, a, b, la, lb) in enumerate(items):
+    for i, (name, a, b, la, lb, calls) in enumerate(items):
         y = i * rh + 4
         short = name if len(name) <= 56 else name[:26] + "…" + name[-28:]
         out.append(f'<text x="0" y="{y + 14}"><title>{_e(name)}</title>{_e(short)}</text>'
@@ -119,7 +123,7 @@ def _bars(fns: list[dict[str, Any]], width: int = 900) -> str:
                    f'<title>{_e(la)} {a:.2f} ms</title></rect>'
                    f'<rect x="{lw}" y="{y + 12}" width="{bw * b / top:.1f}" height="11" fill="#95a5a6">'
                    f'<title>{_e(lb)} {b:.2f} ms</title></rect>'
-                   f'<text x="{lw + bw * max(a, b) / top + 4:.1f}" y="{y + 16}">{a:.1f} vs {b:.1f} ms</text>')
+                   f'<text x="{lw + bw * max(a, b) / top + 4:.1f}" y="{y + 16}">{a:.1f} vs {b:.1f} ms{_e(calls)}</text>')
     out.append("</svg>")
     return "".join(out)
 

@@ -160,3 +160,19 @@ def test_odd_values_in_a_named_ranks_summary_do_not_cost_the_diagnosis_file(tmp_
     assert "\x1b" not in text and len(drill["0"]["functions"]) == min(report.DRILL_FUNCTIONS, len(s["functions"]))
     d = diagnose(_job(), step=7, trigger="manual", world_size=8)
     assert "drill_down" in json.loads(report.write_capture(tmp_path, d, drill).read_text())
+
+
+def test_html_function_bars_show_calls_when_they_differ(tmp_path: Path) -> None:
+    """Real 4-rank summaries whose rank 3 ran 40 extra matmuls a step: the bars say "40 vs 0 calls"
+    (more work, not slower work); a function called as often as on its peers shows no call count."""
+    from eroica_runtime import summary
+    real = DATA / "real-4rank"
+    docs = [summary.decode((real / f"compute.rank{r}.msgpack").read_bytes(), origin=f"rank {r}") for r in range(4)]
+    d = diagnose(docs, step=1, trigger="slow_step", world_size=4)
+    report.write_job(tmp_path, diagnoses=[d], world_size=4, steps=10)
+    html = (tmp_path / "report.html").read_text()
+    fns = d.findings[0].evidence["functions"]
+    grown = next(f for f in fns if f["name"] == "aten::matmul")
+    assert f"{grown['rank_ms']:.1f} vs {grown['peers_ms']:.1f} ms, 40 vs 0 calls</text>" in html
+    same = [f for f in fns if f["rank_calls"] == f["peers_calls"]]
+    assert same and all(f"{f['rank_ms']:.1f} vs {f['peers_ms']:.1f} ms</text>" in html for f in same)
