@@ -99,8 +99,9 @@ class Capture:
     def start(self, step: int, trigger: str, k: int) -> None:
         """Start profiling one lead-in step before ``step``; steps step..step+k-1 are the window.
 
-        The lead-in absorbs what differs between ranks at a window's edge (barrier exit skew, the
-        profiler's own start-up), so that no rank looks slow just because it started first. Its host
+        The lead-in absorbs what differs between ranks at a window's edge (when each reached the
+        agreed step boundary, the profiler's own start-up), so that no rank looks slow just because it
+        started first. Its host
         ops are not recorded (collection is toggled off until the window's first boundary): the
         summary leaves them out anyway, and ``prof.stop()``, the one piece of a capture's close that
         must run in the closing step, costs time per recorded event (a quarter less with k = 3).

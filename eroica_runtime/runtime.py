@@ -255,7 +255,10 @@ class Runtime:
                 # a new window may not open with a summary still unsent (its building would be
                 # profiled): every rank has this decision at this boundary, so all finish and gather
                 self._gather_pending(step)
-            self.side.barrier(cfg.deadline_s, f"capture start barrier (step {decision.start_step})")
+            # no barrier here: every rank has this decision at this same step boundary (the vote), and
+            # the lead-in step absorbs how far apart in time they reach it. A world barrier cost every
+            # rank 22-52 ms in this step on 4 ranks sharing 2 cores (docs/benchmarks.md §6), and a
+            # rank that stopped answering is caught by the next vote's deadline as before.
             # per-host link latency/bandwidth between node leaders (a no-op on one node): the only way
             # to name the host of a slow link, since a slow link slows every rank's collectives alike.
             # Run now, while the slowdown that opened the window is going on: at the gather, after the

@@ -66,9 +66,10 @@ def job_round(args: argparse.Namespace, out: Path) -> list[dict[str, float]]:
         first = int(meta["step"])
         k = int(sums[0]["capture"]["k"]) if sums else 3
         close = first + k - 1            # its boundary closes the window (step_ms[s] is eroica's step s)
-        extra_close, extra_next, extra_after = [], [], []
+        extra_open, extra_close, extra_next, extra_after = [], [], [], []
         refs = [statistics.median(ms[first - 14:first - 2]) for ms in ranks]   # before the lead-in step
         for ms, ref in zip(ranks, refs, strict=True):
+            extra_open.append(ms[first - 2] - ref)   # its boundary starts the profiler (the lead-in follows)
             extra_close.append(ms[close] - ref)
             extra_next.append(ms[close + 1] - ref)
             extra_after.append(sum(m - ref for m in ms[close + 1:close + 1 + AFTER]))
@@ -77,7 +78,7 @@ def job_round(args: argparse.Namespace, out: Path) -> list[dict[str, float]]:
         floor = statistics.median(max(ms[s] - ref for ms, ref in zip(ranks, refs, strict=True))
                                   for s in range(first - 14, first - 2))
         rows.append({"step": first, "ref": statistics.median(refs), "floor": floor,
-                     "close": max(extra_close), "next": max(extra_next), "after": max(extra_after),
+                     "open": max(extra_open), "close": max(extra_close), "next": max(extra_next), "after": max(extra_after),
                      "events": statistics.median(s["profile"]["events"] for s in sums) if sums else 0,
                      "build_ms": statistics.median(s["profile"]["build_ms"] for s in sums) if sums else 0})
     return rows
@@ -90,11 +91,11 @@ def job(args: argparse.Namespace) -> None:
             rows = job_round(args, Path(tmp))
         for row in rows:
             print(f"round {r} capture {row['step']:4d}: step {row['ref']:.1f} ms, {row['events']:.0f} events, "
-                  f"build {row['build_ms']:.0f} ms; closing step +{row['close']:.0f} ms, next +{row['next']:.0f} ms, "
+                  f"build {row['build_ms']:.0f} ms; opening step +{row['open']:.0f} ms, closing step +{row['close']:.0f} ms, next +{row['next']:.0f} ms, "
                   f"next {AFTER} steps +{row['after']:.0f} ms (slowest rank; a normal step +{row['floor']:.0f})",
                   flush=True)
         every += rows
-    for key in ("close", "next", "after", "floor"):
+    for key in ("open", "close", "next", "after", "floor"):
         vals = sorted(row[key] for row in every)
         print(f"{key}: median {statistics.median(vals):.0f} ms, min {vals[0]:.0f}, max {vals[-1]:.0f} "
               f"({len(vals)} captures)")
