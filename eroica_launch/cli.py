@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 from argparse import REMAINDER, Action, ArgumentParser
+from dataclasses import fields
 
 from eroica_runtime.config import Config, ConfigError, env_name, flag_fields, parse
 
@@ -201,6 +202,12 @@ def config_from_args(args: argparse.Namespace) -> Config:
     line naming it (``--deadline (EROICA_DEADLINE_S)='abc': expected a number``).
     """
     values: dict[str, object] = {}
+    # settings that are no flag (EROICA_VOTE_LAG, EROICA_LOG_LEVEL, EROICA_KEEP_RAW_EVENTS...) come from
+    # the environment as they are: the ranks get the whole Config back as variables, defaults included
+    for f in fields(Config):
+        var = env_name(f.name)
+        if not f.metadata.get("help") and os.environ.get(var):
+            values[f.name] = parse(f.name, os.environ[var])
     for f in flag_fields():
         raw = getattr(args, f.name)
         if raw is None:

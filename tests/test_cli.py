@@ -68,6 +68,21 @@ def test_eroica_flags_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
         5, (10, 20), 2.5, 7.0, False)
 
 
+def test_settings_without_a_flag_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """EROICA_* settings that are no eroica-run flag reach the ranks as the user set them: the launcher
+    exports the whole Config, and used to export their defaults over the user's values."""
+    monkeypatch.setenv("EROICA_KEEP_RAW_EVENTS", "1")
+    monkeypatch.setenv("EROICA_VOTE_LAG", "5")
+    monkeypatch.setenv("EROICA_LOG_LEVEL", "debug")
+    cfg = config_from_args(parse_args(["--window-steps", "4", "train.py"]))
+    assert (cfg.keep_raw_events, cfg.vote_lag, cfg.log_level, cfg.window_steps) == (True, 5, "debug", 4)
+    ranks = _plan(["train.py"]).env          # what every rank gets
+    assert (ranks["EROICA_KEEP_RAW_EVENTS"], ranks["EROICA_VOTE_LAG"], ranks["EROICA_LOG_LEVEL"]) == ("1", "5", "debug")
+    monkeypatch.setenv("EROICA_VOTE_LAG", "0")
+    with pytest.raises(ConfigError, match=r"^EROICA_VOTE_LAG=0: must be >= 1$"):
+        config_from_args(parse_args(["train.py"]))
+
+
 def _plan(argv: list[str], env: dict[str, str] | None = None):
     args = parse_args(argv)
     return plan_launch(args, config_from_args(args), env=env or {"PATH": "/usr/bin"})
