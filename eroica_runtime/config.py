@@ -90,6 +90,9 @@ class Config:
                                          "to rank 0).",
                                  metavar="auto|on|off", choices=("auto", "on", "off"))
     log_level: str = setting("info", choices=("debug", "info", "warning", "error"))
+    # EROICA_KEEP_RAW_EVENTS=1: every rank also writes its window's raw profiler events beside the capture
+    # (raw/<step>/rank<r>.msgpack, summary/rawevents.py): fixtures for the builder, or a bug report
+    keep_raw_events: bool = setting(False)
 
     def reduces(self, world_size: int) -> bool:
         """Whether node leaders pre-reduce a capture of a ``world_size``-rank job (see REDUCE_AUTO_RANKS)."""

@@ -26,6 +26,7 @@ import threading
 from pathlib import Path
 
 CAPTURES = "captures"
+RAW = "raw"
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
 STEPS = "steps.msgpack"
@@ -50,6 +51,11 @@ def capture_path(root: str | os.PathLike[str], step: int) -> Path:
 
 def diagnosis_path(root: str | os.PathLike[str], step: int) -> Path:
     return Path(root) / f"diagnosis-{int(step)}.json"
+
+
+def raw_events_path(root: str | os.PathLike[str], step: int, rank: int) -> Path:
+    """A rank's raw profiler events of one capture (EROICA_KEEP_RAW_EVENTS=1; summary/rawevents.py)."""
+    return Path(root) / RAW / str(int(step)) / f"rank{int(rank)}.msgpack"
 
 
 def hang_path(root: str | os.PathLike[str], step: int) -> Path:

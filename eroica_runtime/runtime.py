@@ -38,6 +38,7 @@ from eroica_runtime.gather import gather_capture, gather_job_end
 from eroica_runtime.pgkeeper import REFRESH_EVERY, GroupKeeper
 from eroica_runtime.sidechannel import DeadlineMissed, SideChannel, leave_mpi
 from eroica_runtime.stepclock import StepClock
+from eroica_runtime.summary import rawevents
 from eroica_runtime.trigger import Trigger
 
 TRIGGER_FILE_EVERY_S = 1.0
@@ -91,6 +92,7 @@ class Runtime:
         self.groups: list[dict[str, Any]] = []
         self._window: dict[str, Any] = {}
         self._pending: _Pending | None = None
+        self._raw_failed = False   # EROICA_KEEP_RAW_EVENTS: a failed write was said once
         self._quiet_until = -1   # steps up to this one are eroica's own disturbance: detectors skip them
         self._next_file_check = 0.0
         self._own_s = 0.0
@@ -328,6 +330,8 @@ class Runtime:
         gc_count0, gc_ms0 = self._window["gc_start"]
         gc_count1, gc_ms1 = self.gc.snapshot()
         events = cap.stop()
+        if self.cfg.keep_raw_events:
+            self._keep_raw(events, first)
         steps, history = self._step_records(first, step)
         n = max(len(steps), 1)
         ident = {"rank": self.rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
@@ -340,6 +344,18 @@ class Runtime:
             telemetry={"start": self._window["tele_start"], "end": telemetry.sample()}, records=summary_mod.RECORDS)
         self._pending = _Pending(first, trigger, step, summary_mod.Resumable(build),  # type: ignore[arg-type]
                                  self._window.get("probe"))
+
+    def _keep_raw(self, events: Any, first: int) -> None:
+        """EROICA_KEEP_RAW_EVENTS=1: write the window's raw events (a debugging aid; its cost, ~6 µs an
+        event, lands in this closing step). A file that cannot be written is said once; eroica goes on."""
+        path = reportdir.raw_events_path(self.report_dir, first, self.rank)
+        try:
+            reportdir.ensure_directory(path.parent)
+            reportdir.atomic_write(path, rawevents.dump(events, rank=self.rank, step=first))
+        except OSError as exc:
+            if not self._raw_failed:
+                self._raw_failed = True
+                self._warn(f"cannot keep the raw profiler events in {path}: {exc.strerror or exc}")
 
     def _step_records(self, first: int, last: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         """The window's steps (wall, and the training thread's CPU and run-queue ms) and the same

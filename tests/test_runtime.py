@@ -10,10 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import BIN, DATA, RANK_ENV, eroica_run, explain
+from conftest import BIN, DATA, RANK_ENV, eroica_run, explain, rebuilt_summary
 
 from eroica_runtime import report as report_mod
 from eroica_runtime import summary as summary_mod
+from eroica_runtime.summary import rawevents
 
 pytestmark = pytest.mark.multirank
 TRAIN = DATA / "runtime" / "train.py"
@@ -78,7 +79,9 @@ def test_healthy_run_captures_only_after_a_real_slowdown_and_finds_nothing(tmp_p
 
 
 def test_sigusr1_to_one_rank_captures_on_all_ranks(tmp_path) -> None:
-    env = {**os.environ, **RANK_ENV, "STEPS": "150", "STEP_SLEEP": "0.02"}
+    """Also: with EROICA_KEEP_RAW_EVENTS=1 every rank keeps the window's raw profiler events, and the
+    summary built again from them, read back on their own, is the one the rank sent."""
+    env = {**os.environ, **RANK_ENV, "STEPS": "150", "STEP_SLEEP": "0.02", "EROICA_KEEP_RAW_EVENTS": "1"}
     proc = subprocess.Popen([str(BIN / "eroica-run"), "--nproc-per-node", "3", "--report-dir", str(tmp_path),
                              "--no-baseline", "--drift-pct", "0", "--spike-ratio", "100", str(TRAIN)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -98,6 +101,13 @@ def test_sigusr1_to_one_rank_captures_on_all_ranks(tmp_path) -> None:
     assert [meta["trigger"] for meta, _, _ in caps.values()] == ["manual"], err[-4000:]
     (_, sums, _), = caps.values()
     assert sorted(s["rank"] for s in sums) == [0, 1, 2]
+    step = next(iter(caps))
+    for sent in sums:
+        path = tmp_path / "raw" / str(step) / f"rank{sent['rank']}.msgpack"
+        meta, events = rawevents.load(path.read_bytes(), origin=str(path))
+        assert (meta["rank"], meta["step"]) == (sent["rank"], step) and meta["n"] > 500
+        again, as_sent = rebuilt_summary(sent, events)
+        assert again == as_sent, sent["rank"]
 
 
 def test_rank_killed_inside_a_window_does_not_hang_the_others(tmp_path) -> None:

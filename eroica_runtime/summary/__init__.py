@@ -1,7 +1,8 @@
 """Behaviour summaries: one rank's profiled window boiled down to a small msgpack document.
 
 One job per module: ``schema`` (the format, validation, encoding of summaries and capture files),
-``events`` (reading and classifying profiler events), ``resumable`` (work run in time-budgeted slices), ``chrome`` (chrome-trace events read into the
+``events`` (reading and classifying profiler events), ``rawevents`` (a window's raw events kept as
+data and read back, for fixtures), ``resumable (work run in time-budgeted slices), ``chrome`` (chrome-trace events read into the
 same records, for ``eroica analyze --traces``), ``intervals`` (interval arithmetic) and ``build``
 (events -> summary). Everything callers use is re-exported here.
 """

@@ -15,7 +15,7 @@ from typing import Any
 from eroica_runtime.summary.resumable import CHUNK, Steps, drain
 
 STEP_PREFIX = "ProfilerStep"
-_GPU_DEVICE_TYPES = ("CUDA", "HIP", "XPU", "PrivateUse1", "MTIA")
+GPU_DEVICE_TYPES = ("CUDA", "HIP", "XPU", "PrivateUse1", "MTIA")
 # (DDP's own reducer ops, "torch.distributed.ddp.reducer::copy_bucket_to_grad" and friends, are
 # local copies after the allreduce, not collectives: they keep the phase they run in.)
 _COLLECTIVE_PREFIXES = ("gloo:", "nccl:", "c10d::", "c10d_functional::", "_c10d_functional::",
@@ -141,7 +141,7 @@ RECORDS = Records()   # the runtime's pool: one summary is built at a time
 _DEVICE_NAMES: dict[Any, str] = {}
 
 
-def _device_type_name(value: Any) -> str:
+def device_type_name(value: Any) -> str:
     """'CUDA' for DeviceType.CUDA (or the string form a raw kineto event gives); cached per value."""
     try:
         return _DEVICE_NAMES[value]
@@ -164,7 +164,7 @@ _FILTERED_NAMES = frozenset(("[memory]", "[OutOfMemory]", "profiler::_record_fun
 _DEMANGLED: dict[str, str] = {}
 
 
-def _demangle(name: str) -> str:
+def demangle(name: str) -> str:
     """C++ kernel names as prof.events() shows them (torch's demangler, only if torch is loaded)."""
     if not name.startswith("_Z"):
         return name
@@ -217,8 +217,8 @@ def normalize_raw_steps(events: Any, window_start: str | None = None, lease: Lea
         if cpu_type is not None and dtype == cpu_type:
             gpu = False
         else:
-            gpu = _device_type_name(dtype) in _GPU_DEVICE_TYPES
-            if not gpu and _device_type_name(dtype) == "CPU":
+            gpu = device_type_name(dtype) in GPU_DEVICE_TYPES
+            if not gpu and device_type_name(dtype) == "CPU":
                 cpu_type = dtype
         start = ke.start_ns()
         if t0 is None and name == window_start:
@@ -226,7 +226,7 @@ def normalize_raw_steps(events: Any, window_start: str | None = None, lease: Lea
         starts.append(start)
         if gpu:
             activity = str(ke.activity_type()) if has_activity else ""
-            ev = make(_demangle(name), start, ke.end_ns(), ("gpu", ke.device_index(), ke.device_resource_id()), True,
+            ev = make(demangle(name), start, ke.end_ns(), ("gpu", ke.device_index(), ke.device_resource_id()), True,
                     bool(ke.is_user_annotation()) or activity.endswith("user_annotation"), 0,
                     int(ke.correlation_id() or 0), int(ke.linked_correlation_id() or 0))
             ev.activity = activity
@@ -289,7 +289,7 @@ def normalize(events: Any) -> list[Ev]:
             name = fe.trace_name or fe.name
             tr = fe.time_range
             start, end = tr.start / 1000.0, tr.end / 1000.0
-            dev = _device_type_name(fe.device_type)
+            dev = device_type_name(fe.device_type)
             thread = fe.thread
             annotation, scope = fe.is_user_annotation, fe.scope
             corr, linked = fe.id, fe.linked_correlation_id
@@ -299,13 +299,13 @@ def normalize(events: Any) -> list[Ev]:
             if tr is None:
                 continue
             start, end = float(tr.start) / 1000.0, float(tr.end) / 1000.0
-            dev = _device_type_name(getattr(fe, "device_type", "CPU"))
+            dev = device_type_name(getattr(fe, "device_type", "CPU"))
             thread = getattr(fe, "thread", 0)
             annotation, scope = getattr(fe, "is_user_annotation", False), getattr(fe, "scope", 0)
             corr, linked = getattr(fe, "id", 0), getattr(fe, "linked_correlation_id", 0)
         if name in _MEMORY_NAMES:
             continue
-        gpu = dev in _GPU_DEVICE_TYPES
+        gpu = dev in GPU_DEVICE_TYPES
         if gpu:  # streams share small ids with CPU threads: keep them apart
             thread = ("gpu", getattr(fe, "device_index", 0), getattr(fe, "device_resource_id", thread))
         out.append(Ev(str(name), start, end, thread, gpu, bool(annotation), int(scope or 0),

@@ -1,0 +1,95 @@
+"""Raw profiler events kept as data (EROICA_KEEP_RAW_EVENTS): read back, they are the events the builder
+read, and a file that is not one is refused in one line. (That a real job's kept events rebuild the
+very summary each rank sent is tests/test_runtime.py's SIGUSR1 test.)"""
+
+from __future__ import annotations
+
+import zlib
+
+import msgpack
+import pytest
+
+from eroica_runtime import summary
+from eroica_runtime.summary import rawevents
+from eroica_runtime.summary.events import normalize_raw
+
+
+class _Kineto:
+    """The methods of a raw kineto event the builder calls, with a GPU's values (pure logic: the real
+    GPU events are the fixtures a GPU session records)."""
+
+    def __init__(self, name: str, dtype: str, start: int, end: int, **kw: object) -> None:
+        self.values = {"name": name, "device_type": dtype, "start_ns": start, "end_ns": end, "device_index": 0,
+                       "device_resource_id": 7 if dtype == "CUDA" else 0, "start_thread_id": 11,
+                       "correlation_id": 0, "linked_correlation_id": 0, "scope": 0, "is_user_annotation": False,
+                       "is_hidden_event": False, "activity_type": "kernel" if dtype == "CUDA" else "cpu_op",
+                       "metadata_json": "", **kw}
+
+    def __getattr__(self, method: str):  # type: ignore[no-untyped-def]
+        try:
+            value = self.__dict__["values"][method]
+        except KeyError:
+            raise AttributeError(method) from None
+        return lambda: value
+
+
+def _gpu_window() -> list[_Kineto]:
+    ms = 1_000_000
+    return [
+        _Kineto("ProfilerStep#5", "CPU", 0, 30 * ms, is_user_annotation=True),
+        _Kineto("aten::mm", "CPU", 1 * ms, 3 * ms, correlation_id=1),
+        _Kineto("cudaLaunchKernel", "CPU", 2 * ms, 2 * ms + 5000, correlation_id=2, linked_correlation_id=1,
+                start_thread_id=12),
+        _Kineto("_Z14gemm_kernelPfS_", "CUDA", 4 * ms, 9 * ms, correlation_id=2, linked_correlation_id=1),
+        _Kineto("aten::copy_", "CPU", 10 * ms, 11 * ms, correlation_id=3),
+        _Kineto("Memcpy HtoD (Pageable -> Device)", "CUDA", 12 * ms, 20 * ms, correlation_id=3,
+                activity_type="gpu_memcpy", metadata_json='"bytes": 268435456, "memory bandwidth (GB/s)": 33.5'),
+        _Kineto("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "CUDA", 21 * ms, 28 * ms, correlation_id=4),
+        _Kineto("ProfilerStep#5", "CUDA", 0, 30 * ms, activity_type="gpu_user_annotation",
+                is_user_annotation=True),
+    ]
+
+
+def _fields(ev: summary.events.Ev) -> tuple:
+    return (ev.name, ev.start, ev.end, ev.thread, ev.gpu, ev.annotation, ev.scope, ev.corr, ev.linked, ev.nbytes,
+            ev.activity)
+
+
+def test_kept_events_read_back_as_the_builder_read_them() -> None:
+    window = _gpu_window()
+    meta, back = rawevents.load(rawevents.dump(window, rank=3, step=5), origin="rank3.msgpack")
+    assert meta == {"schema": rawevents.SCHEMA, "rank": 3, "step": 5, "n": len(window)}
+    assert [_fields(e) for e in normalize_raw(back)] == [_fields(e) for e in normalize_raw(window)]
+    copy = next(e for e in normalize_raw(back) if e.name.startswith("Memcpy"))
+    assert copy.nbytes == 268435456 and copy.activity == "gpu_memcpy"
+    assert back[2].start_thread_id() == 12 and back[6].device_resource_id() == 7
+
+
+def _doc(window: list[_Kineto] | None = None) -> dict:
+    return msgpack.unpackb(zlib.decompress(rawevents.dump(window or _gpu_window(), rank=0, step=5)),
+                           raw=False, strict_map_key=False)
+
+
+def _spoiled(change) -> bytes:  # type: ignore[no-untyped-def]
+    doc = _doc()
+    change(doc)
+    return zlib.compress(msgpack.packb(doc, use_bin_type=True))
+
+
+@pytest.mark.parametrize("data,says", [
+    (b"not zlib at all", "cannot be read (error)"),
+    (zlib.compress(msgpack.packb([1, 2, 3])), "schema 'list'"),
+    (_spoiled(lambda d: d.update(schema="eroica.summary/1")), "schema 'eroica.summary/1'"),
+    (_spoiled(lambda d: d.update(n=-1)), "event count -1"),
+    (_spoiled(lambda d: d.update(rank="0")), "rank '0'"),
+    (_spoiled(lambda d: d["cols"].pop("corr")), "columns"),
+    (_spoiled(lambda d: d["cols"].update(start_ns=d["cols"]["start_ns"][:-8])), "column start_ns does not hold 8"),
+    (_spoiled(lambda d: d.update(strings=d["strings"][:2])), "points outside the string table"),
+    (_spoiled(lambda d: d.update(meta={99: "x"})), "meta"),
+])
+def test_a_file_that_is_not_kept_events_is_refused_in_one_line(data: bytes, says: str) -> None:
+    with pytest.raises(rawevents.RawEventsError) as err:
+        rawevents.load(data, origin="raw/5/rank0.msgpack")
+    text = str(err.value)
+    assert text.startswith("raw/5/rank0.msgpack: not an eroica.rawevents/1 document: ") and says in text, text
+    assert "\n" not in text
