@@ -88,6 +88,8 @@ def test_regression_names_grown_function(tmp_path: Path) -> None:
     assert f.rank is None and f.function == "aten::bmm" and f.phase == "forward"
     assert f.impact_ms_per_step > 20
     assert f.evidence["functions"][0]["now_ms"] > f.evidence["functions"][0]["baseline_ms"]
+    # synth's regression makes the same bmm calls slower: not more work
+    assert f.action.startswith("The same 20 calls of aten::bmm a step as in the baseline, each slower"), f.action
     # without the baseline capture there is nothing to compare with: no finding
     caps = load_dir(tmp_path)
     assert not diagnose(caps["slow_step"][1], step=500, trigger="slow_step", world_size=24).findings
@@ -111,6 +113,8 @@ def test_a_real_job_wide_regression_shows_the_extra_calls_and_no_collective_as_g
     assert all(fn["name"] != "gloo:all_reduce" for fn in f.evidence["functions"]), f.evidence["functions"]
     grew = next(line for line in format_finding(f) if "grew most:" in line)
     assert f"{top['now_calls']:.0f} vs {top['baseline_calls']:.0f} calls" in grew, grew
+    assert f.action.startswith(f"{top['name']} runs {top['now_calls']:.0f} times a step now vs "
+                               f"{top['baseline_calls']:.0f} in the baseline: every rank does more work"), f.action
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -171,38 +171,70 @@ SAME_CALLS = 0.1     # calls within this share of the peers' (and half a call) a
 SLOWER_CALL = 1.2    # each call at least this x the peers' time is the same work done slower
 
 
+def work_verdict(calls: float, ms: float, ref_calls: float, ref_ms: float) -> str | None:
+    """'more' (more calls per step than the reference: more work), 'slower' (the same calls, each
+    slower) or None (neither clearly), for one function against its peers or the job's baseline.
+    The extra calls need not be the reference's size (a rank-only loop over bigger matrices): their
+    count is the evidence; slower hardware or a co-located job does not add calls of a function."""
+    if not all(math.isfinite(v) for v in (calls, ms, ref_calls, ref_ms)) or calls <= 0:
+        return None
+    if calls >= MORE_CALLS * ref_calls + 1.0 and ms > ref_ms:
+        return "more"
+    if ref_calls > 0 and abs(calls - ref_calls) <= SAME_CALLS * ref_calls + 0.5 \
+            and ms / calls >= SLOWER_CALL * ref_ms / ref_calls:
+        return "slower"
+    return None
+
+
 def work_evidence(table: Table, row: int, peer_rows: np.ndarray, col: int) -> tuple[dict[str, Any], str]:
     """More work, or the same work slower? Calls per step of the named function on the culprit vs its
-    peers (median), and the time per call. A rank that runs more calls (an extra code path, a loop over
-    a rank-dependent count) needs a code or data fix; the same calls each slower point at the hardware
-    or co-located load (or larger inputs: shapes are not recorded). Draining a node for the first
-    would be the wrong action. Returns (evidence, a sentence for the action; '' when neither holds)."""
+    peers (median), and the time per call (``work_verdict``). A rank that runs more calls (an extra code
+    path, a loop over a rank-dependent count) needs a code or data fix; the same calls each slower point
+    at the hardware or co-located load (or larger inputs: shapes are not recorded). Draining a node for
+    the first would be the wrong action. Returns (evidence, a sentence for the action; '' when neither)."""
     calls, ms = float(table.fn_count[row, col]), float(table.fn_ms[row, col])
     peers_calls = float(column_reference(table.fn_count[:, [col]], peer_rows)[0])
     peers_ms = float(column_reference(table.fn_ms[:, [col]], peer_rows)[0])
     if not all(math.isfinite(v) for v in (calls, ms, peers_calls, peers_ms)) or calls <= 0:
         return {}, ""
     per_call = ms / calls
-    peers_per_call = peers_ms / peers_calls if peers_calls > 0 else float("nan")
-    ev: dict[str, Any] = {"calls": [calls, peers_calls],
-                          "per_call_ms": [per_call, peers_per_call if math.isfinite(peers_per_call) else None]}
+    peers_per_call = peers_ms / peers_calls if peers_calls > 0 else None
+    ev: dict[str, Any] = {"calls": [calls, peers_calls], "per_call_ms": [per_call, peers_per_call]}
     name = table.fn_names[col]
-    # the extra calls need not be the peers' size (a rank-only loop over bigger matrices): their count
-    # is the evidence; slower hardware or a co-located job does not add calls of the function that grew
-    if calls >= MORE_CALLS * peers_calls + 1.0 and ms > peers_ms:
+    verdict = work_verdict(calls, ms, peers_calls, peers_ms)
+    if verdict == "more":
         ev["work"] = "more"
-        return ev, (f"{name} ran {_count(calls)} times a step on this rank vs {_count(peers_calls)} on its peers: it does "
-                    "more work than they do, not the same work slower. Look for work only this rank does or gets "
-                    "more of: a code path taken on this rank alone (logging, metrics, evaluation, checkpoint "
+        return ev, (f"{name} ran {_count(calls)} times a step on this rank vs {_count(peers_calls)} on its peers: it "
+                    "does more work than they do, not the same work slower. Look for work only this rank does or "
+                    "gets more of: a code path taken on this rank alone (logging, metrics, evaluation, checkpoint "
                     "helpers), a loop whose count depends on the rank or its data (micro-batches, experts routed "
                     "to it), leftover debug code.")
-    if abs(calls - peers_calls) <= SAME_CALLS * peers_calls + 0.5 and math.isfinite(peers_per_call) \
-            and per_call >= SLOWER_CALL * peers_per_call:
+    if verdict == "slower":
         ev["work"] = "slower"
         return ev, (f"The same {_count(calls)} calls of {name} a step as its peers, each slower ({per_call:.3g} vs "
                     f"{peers_per_call:.3g} ms): the same work runs slower on this rank (throttled or slower "
                     "hardware, another job on its GPU/CPU) or on larger inputs (shapes are not recorded).")
     return ev, ""
+
+
+def regression_work(fn: dict[str, Any]) -> str:
+    """A sentence for a job-wide regression from its top grown function's calls now and in the baseline
+    (``_function_growth``), or '' when they do not tell."""
+    try:
+        now_calls, was_calls = float(fn["now_calls"]), float(fn["baseline_calls"])
+        now_ms, was_ms = float(fn["now_ms"]), float(fn["baseline_ms"])
+    except (KeyError, TypeError, ValueError):
+        return ""
+    verdict = work_verdict(now_calls, now_ms, was_calls, was_ms)
+    if verdict == "more":
+        return (f"{fn['name']} runs {_count(now_calls)} times a step now vs {_count(was_calls)} in the baseline: "
+                "every rank does more work per step (a code, configuration or data change), not the same work "
+                "slower.")
+    if verdict == "slower":
+        return (f"The same {_count(now_calls)} calls of {fn['name']} a step as in the baseline, each slower "
+                f"({now_ms / now_calls:.3g} vs {was_ms / was_calls:.3g} ms): clocks or thermals on every node, a "
+                "library version, or larger inputs.")
+    return ""
 
 
 def _count(calls: float) -> str:

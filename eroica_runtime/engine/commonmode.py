@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from eroica_runtime.engine.baseline import Thresholds, center, group_bars
-from eroica_runtime.engine.categories import ACTIONS, COMPUTE_PHASES
+from eroica_runtime.engine.categories import ACTIONS, COMPUTE_PHASES, regression_work
 from eroica_runtime.engine.history import TRIGGERED
 from eroica_runtime.engine.model import Finding
 from eroica_runtime.engine.peers import Peers
@@ -302,7 +302,8 @@ def common_mode(cur: Table, base: Table, th: Thresholds, culprit_excess: float,
         findings.append(Finding(
             category="regression", rank=None, host=None, function=top, phase=phase,
             impact_ms_per_step=m_own, what_if_step_ms=max(now_step - m_own, 0.0), evidence=ev,
-            action=ACTIONS["regression"] + (" Grew most: " + ", ".join(f["name"] for f in fns[:3]) if fns else ""),
+            action=(regression_work(fns[0]) + " " if fns else "") + ACTIONS["regression"]
+            + (" Grew most: " + ", ".join(f["name"] for f in fns[:3]) if fns else ""),
             title=f"All ranks slower than the baseline capture: own work +{m_own:.1f} ms/step"))
     # with a culprit, the residual wait is a small difference of big numbers: judge it against the
     # current step as well (a 270 ms culprit on a 13 ms baseline step leaves a few ms of slack)
