@@ -347,15 +347,17 @@ class Runtime:
 
     def _keep_raw(self, events: Any, first: int) -> None:
         """EROICA_KEEP_RAW_EVENTS=1: write the window's raw events (a debugging aid; its cost, ~6 µs an
-        event, lands in this closing step). A file that cannot be written is said once; eroica goes on."""
+        event, lands in this closing step). A debugging aid must not switch eroica off: a file that
+        cannot be written (or events that cannot be read) is said once, and the capture goes on."""
         path = reportdir.raw_events_path(self.report_dir, first, self.rank)
         try:
             reportdir.ensure_directory(path.parent)
             reportdir.atomic_write(path, rawevents.dump(events, rank=self.rank, step=first))
-        except OSError as exc:
+        except Exception as exc:
             if not self._raw_failed:
                 self._raw_failed = True
-                self._warn(f"cannot keep the raw profiler events in {path}: {exc.strerror or exc}")
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+                self._warn(f"cannot keep the raw profiler events in {path}: {why}")
 
     def _step_records(self, first: int, last: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         """The window's steps (wall, and the training thread's CPU and run-queue ms) and the same

@@ -93,3 +93,32 @@ def test_a_file_that_is_not_kept_events_is_refused_in_one_line(data: bytes, says
     text = str(err.value)
     assert text.startswith("raw/5/rank0.msgpack: not an eroica.rawevents/1 document: ") and says in text, text
     assert "\n" not in text
+
+
+def test_raw_events_that_cannot_be_kept_are_said_once_and_the_capture_goes_on(
+        tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A debugging aid must not switch eroica off: a report directory that cannot hold the file, or
+    events that cannot be read, give one line on stderr, however many windows close."""
+    from eroica_runtime.config import Config
+    from eroica_runtime.runtime import Runtime
+
+    class Unreadable:
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            raise RuntimeError("profiler results already freed")
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    unwritable = Runtime(Config(report_dir=str(blocker / "report"), keep_raw_events=True))
+    unwritable._keep_raw(_gpu_window(), 10)
+    unwritable._keep_raw(_gpu_window(), 20)
+    unreadable = Runtime(Config(report_dir=str(tmp_path / "report"), keep_raw_events=True))
+    unreadable._keep_raw(Unreadable(), 10)
+    unreadable._keep_raw(Unreadable(), 20)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2, lines
+    assert "cannot keep the raw profiler events in" in lines[0] and str(blocker) in lines[0]
+    assert lines[1].endswith("RuntimeError: profiler results already freed"), lines[1]
+    # and where it can, it does
+    Runtime(Config(report_dir=str(tmp_path / "ok"), keep_raw_events=True))._keep_raw(_gpu_window(), 10)
+    meta, _ = rawevents.load((tmp_path / "ok" / "raw" / "10" / "rank0.msgpack").read_bytes())
+    assert meta["n"] == len(_gpu_window())
