@@ -18,6 +18,7 @@ import msgpack
 
 from eroica_runtime import reportdir
 from eroica_runtime.engine import Diagnosis, Finding, consolidate
+from eroica_runtime.engine.categories import SAME_CALLS
 from eroica_runtime.engine.model import conclusive
 
 REPORT_SCHEMA = "eroica.report/1"
@@ -162,7 +163,7 @@ def calls_text(rank: Any, peers: Any) -> str:
     more work, not slower work; nothing when they are about the same or unknown (an older report)."""
     if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in (rank, peers)):
         return ""
-    if abs(rank - peers) <= 0.1 * peers + 0.5:
+    if abs(rank - peers) <= SAME_CALLS * peers + 0.5:   # the engine's 'same calls' (work_verdict)
         return ""
     return f", {rank:.0f} vs {peers:.0f} calls" if max(rank, peers) >= 10 else f", {rank:.1f} vs {peers:.1f} calls"
 
