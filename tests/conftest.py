@@ -38,18 +38,3 @@ def eroica_run(*args: str | Path, timeout: float = 180, env: dict[str, str] | No
 def explain(proc: subprocess.CompletedProcess[str]) -> str:
     return f"rc={proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-6000:]}"
 
-
-def rebuilt_summary(sent: dict, events: list) -> tuple[dict, dict]:
-    """(the summary ``summary.build`` makes of ``events`` with everything else as in ``sent``, ``sent``),
-    both through encode/decode and without their build times: equal when the events are the window
-    the rank summarised (kept raw events, tests/test_runtime.py; GPU fixtures)."""
-    from eroica_runtime import summary
-
-    identity = {k: sent[k] for k in ("rank", "local_rank", "world_size", "pid", "host", "device", "groups",
-                                     "versions")}
-    again = summary.build(events, identity=identity, capture=sent["capture"], steps=sent["steps"],
-                          history=sent.get("history"), gc=sent["gc"], telemetry=sent["telemetry"])
-    docs = summary.decode(summary.encode(again)), summary.decode(summary.encode(sent))
-    for doc in docs:
-        doc["profile"].pop("build_ms")
-    return docs

@@ -122,3 +122,17 @@ def test_raw_events_that_cannot_be_kept_are_said_once_and_the_capture_goes_on(
     Runtime(Config(report_dir=str(tmp_path / "ok"), keep_raw_events=True))._keep_raw(_gpu_window(), 10)
     meta, _ = rawevents.load((tmp_path / "ok" / "raw" / "10" / "rank0.msgpack").read_bytes())
     assert meta["n"] == len(_gpu_window())
+
+
+def test_differences_allow_the_rounding_of_the_inputs_and_nothing_more() -> None:
+    """A summary rebuilt from kept events takes the sent summary's rounded step and GC times as inputs,
+    so its numbers may move in the last places; anything beyond that, or any other change, is named."""
+    sent = {"phases": {"host_gap": 18.0561, "gc": 0.0}, "functions": [{"name": "aten::mm", "count": 3}],
+            "rank": 0}
+    assert rawevents.differences({**sent, "phases": {"host_gap": 18.056, "gc": 0.0}}, sent) == []
+    assert rawevents.differences({**sent, "phases": {"host_gap": 18.066, "gc": 0.0}}, sent) == [
+        "phases.host_gap (18.066 vs 18.0561)"]
+    assert rawevents.differences({**sent, "functions": [{"name": "aten::bmm", "count": 3}]}, sent) == [
+        "functions[0].name ('aten::bmm' vs 'aten::mm')"]
+    assert rawevents.differences({**sent, "functions": []}, sent) == ["functions (length 0 vs 1)"]
+    assert rawevents.differences({"phases": sent["phases"], "functions": sent["functions"]}, sent) == ["rank"]

@@ -175,3 +175,40 @@ def load(data: bytes, origin: str = "raw events") -> tuple[dict[str, Any], list[
     events = [Recorded((nm, dt, act, s, e, di, rid, th, co, li, sc, bool(an), bool(hi), meta.get(i, "")))
               for i, (nm, dt, act, s, e, di, rid, th, co, li, sc, an, hi) in enumerate(rows)]
     return {"schema": SCHEMA, "rank": doc["rank"], "step": doc["step"], "n": n}, events
+
+
+
+def rebuild(sent: dict[str, Any], events: list[Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the summary ``build`` makes of ``events`` with every other input taken from ``sent``, ``sent``),
+    both through encode/decode and without their build times. The inputs taken from ``sent`` (step
+    times, GC ms) are its rounded values, so numbers may differ in the last places: compare with
+    ``differences``. How kept raw events are checked (tests/test_runtime.py, scripts/gpu-check, the GPU
+    fixtures' tests)."""
+    from eroica_runtime.summary.build import build
+    from eroica_runtime.summary.schema import decode, encode
+
+    identity = {k: sent[k] for k in ("rank", "local_rank", "world_size", "pid", "host", "device", "groups",
+                                     "versions")}
+    again = build(events, identity=identity, capture=sent["capture"], steps=sent["steps"],
+                  history=sent.get("history"), gc=sent["gc"], telemetry=sent["telemetry"])
+    docs = decode(encode(again)), decode(encode(sent))
+    for doc in docs:
+        doc["profile"].pop("build_ms")
+    return docs
+
+
+def differences(a: Any, b: Any, where: str = "", tol_ms: float = 1e-3) -> list[str]:
+    """Where two summaries differ (paths like ``phases.host_gap``): numbers beyond ``tol_ms`` (plus a
+    millionth of their size), anything else when not equal."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b), key=str)
+                for d in (differences(a[k], b[k], f"{where}.{k}".lstrip("."), tol_ms) if k in a and k in b
+                          else [f"{where}.{k}".lstrip(".")])]
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return [f"{where} (length {len(a)} vs {len(b)})"]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in differences(x, y, f"{where}[{i}]", tol_ms)]
+    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (a, b))
+    if numbers and abs(a - b) <= tol_ms + 1e-6 * max(abs(a), abs(b)):
+        return []
+    return [] if a == b else [f"{where} ({a!r} vs {b!r})"]
