@@ -346,7 +346,7 @@ class Runtime:
                                  self._window.get("probe"))
 
     def _keep_raw(self, events: Any, first: int) -> None:
-        """EROICA_KEEP_RAW_EVENTS=1: write the window's raw events (a debugging aid; its cost, ~6 µs an
+        """EROICA_KEEP_RAW_EVENTS=1: write the window's raw events (a debugging aid; its cost, ~7 µs an
         event, lands in this closing step). A debugging aid must not switch eroica off: a file that
         cannot be written (or events that cannot be read) is said once, and the capture goes on."""
         path = reportdir.raw_events_path(self.report_dir, first, self.rank)

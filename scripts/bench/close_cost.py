@@ -40,6 +40,11 @@ from eroica_runtime.capture import Capture  # noqa: E402
 from eroica_runtime.runtime import slice_budget_s  # noqa: E402
 from eroica_runtime.summary.events import normalize_raw  # noqa: E402
 
+try:   # the tree under test may be older than EROICA_KEEP_RAW_EVENTS (PYTHONPATH=<an older tree>)
+    from eroica_runtime.summary import rawevents  # noqa: E402
+except ImportError:
+    rawevents = None  # type: ignore[assignment]
+
 ROOT = Path(__file__).resolve().parents[2]
 AFTER = 40   # steps after the closing one whose extra time is summed
 
@@ -182,6 +187,8 @@ def pieces(args: argparse.Namespace) -> None:
     normal = statistics.median(timed(30))
     budget = slice_budget_s(normal / 1e3)
     stop, listing, read, build, closing, after, n_after, extra_after = [], [], [], [], [], [], [], []
+    dump: list[float] = []
+    dump_bytes: list[int] = []
     slices: list[float] = []   # each slice's own ms (the budget, or one piece longer than it)
     per_window_gc: list[tuple[int, float]] = []   # full collections in the steps after each close: (count, ms)
 
@@ -229,6 +236,11 @@ def pieces(args: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         summary.build(listed, **kw)
         build.append((time.perf_counter() - t0) * 1e3)
+        if rawevents is not None:   # EROICA_KEEP_RAW_EVENTS's cost in the closing step, and its size
+            t0 = time.perf_counter()
+            kept = rawevents.dump(raw, rank=0, step=10)
+            dump.append((time.perf_counter() - t0) * 1e3)
+            dump_bytes.append(len(kept))
         del raw
         # the runtime's way: the closing step, then a slice of the build after each following step
         ms, job = window()
@@ -252,6 +264,10 @@ def pieces(args: argparse.Namespace) -> None:
     print(f"events {n_events} (lead-in step included); normal step {normal:.1f} ms; over {args.reps} windows:")
     print(f"  prof.stop() {med(stop)}; listing the raw events {med(listing)}; reading them {med(read)}; "
           f"summary.build {med(build)}")
+    if dump:
+        print(f"  keeping the raw events (EROICA_KEEP_RAW_EVENTS) {med(dump)}: "
+              f"{statistics.median(dump) * 1e3 / n_events:.1f} µs and "
+              f"{statistics.median(dump_bytes) / n_events:.1f} bytes an event")
     print(f"  closing step +{med(closing)} over a normal step; then {statistics.median(n_after):.0f} steps with a "
           f"{budget * 1e3:.0f} ms slice each: the longest +{med(after)}, all of them +{med(extra_after)}")
     slices.sort()
