@@ -94,6 +94,14 @@ class Analyst:
             self.captures.append({"step": step, "trigger": "hang", "missing": list(diagnosis.missing)})
         self._write_partial()
 
+    def first_finding_step(self) -> int | None:
+        """The first step of the earliest capture, other than the baseline, whose diagnosis named
+        something (None without one): where a job's measured time lost starts (engine.timelost)."""
+        with self._lock:
+            steps = [d.step for d in self.diagnoses
+                     if d.findings and d.trigger not in ("baseline", "hang")]
+        return min(steps, default=None)
+
     def wait(self, timeout_s: float) -> bool:
         """Let queued analyses finish (bounded); True when the queue drained."""
         done = threading.Event()

@@ -168,6 +168,20 @@ def calls_text(rank: Any, peers: Any) -> str:
     return f", {rank:.0f} vs {peers:.0f} calls" if max(rank, peers) >= 10 else f", {rank:.1f} vs {peers:.1f} calls"
 
 
+def format_time_lost(doc: Any) -> str:
+    """The job summary's line for ``engine.timelost.TimeLost.to_json()``: measured, next to the
+    findings' estimates, so a reader sees how much of the slowdown they account for. Empty for a
+    value that is not one (report.json is read back from disk by ``eroica analyze``)."""
+    try:
+        first, last = (int(x) for x in doc["before_steps"])
+        since, end, steps = int(doc["since_step"]), int(doc["last_step"]), int(doc["steps"])
+        mean, before, per_step, total = (float(doc[k]) for k in ("mean_ms", "before_ms", "per_step_ms", "total_s"))
+    except (KeyError, TypeError, ValueError):
+        return ""
+    lost = "none measured" if per_step <= 0 else f"{total:.1f} s, +{per_step:.1f} ms a step over {steps} steps"
+    return (f"  time lost from step {since} (first finding) to {end}: {lost} (mean step {mean:.1f} ms vs "
+            f"{before:.1f} ms in steps {first}-{last}; rank 0's step times, profiled steps left out)")
+
 def _num3(x: Any) -> str:
     return f"{x:.3g}" if isinstance(x, (int, float)) else "?"
 
@@ -341,6 +355,9 @@ def format_job(report: dict[str, Any], report_dir: str | os.PathLike[str] | None
         if f.get("captures"):
             one = len(f["captures"]) == 1
             lines.append(f"     seen in {'the capture at step' if one else 'captures at steps'} {_ranks(f['captures'])}")
+    lost = format_time_lost((report.get("job") or {}).get("time_lost")) if findings else ""
+    if lost:
+        lines.append(lost)
     errors = sum(len(c.get("errors") or []) for c in caps)
     missing = sum(len(c.get("missing") or []) for c in caps)
     if errors or missing:

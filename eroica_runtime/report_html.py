@@ -8,7 +8,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from eroica_runtime.report import calls_text
+from eroica_runtime.report import calls_text, format_time_lost
 
 _CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1200px}
 h1{font-size:20px}h2{font-size:17px;margin-top:28px}h3{font-size:15px}
@@ -193,6 +193,9 @@ def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
         parts.append("<h3>Job</h3><table>" + "".join(
             f"<tr><th>{_e(k)}</th><td>{_e(_short(v))}</td></tr>" for k, v in list(scalars.items())[:40])
             + "</table>")
+        lost = format_time_lost(job.get("time_lost"))
+        if lost:
+            parts.append(f"<p>{_e(lost.strip())}</p>")
         caps = job.get("captures_taken") or []
         if caps:
             parts.append("<p>Captures: " + ", ".join(f"step {_e(c.get('step'))} ({_e(c.get('trigger'))})"

@@ -96,6 +96,7 @@ class Runtime:
         self._quiet_until = -1   # steps up to this one are eroica's own disturbance: detectors skip them
         self._next_file_check = 0.0
         self._own_s = 0.0
+        self._windows: list[tuple[int, int]] = []   # every capture's (first step, k): profiled steps
         self._job_end_done = False
         self.watchdog: Any = None
         self._world_broken = False   # a peer missed a deadline: never wait for it again
@@ -271,6 +272,7 @@ class Runtime:
                             "own_start": self._own_s, "probe": probe}
             # the agreed step is the lead-in; the window proper starts one step later
             self.capture.start(decision.start_step + 1, decision.trigger, decision.k)
+            self._windows.append((decision.start_step + 1, decision.k))
 
     def _check_trigger_file(self) -> None:
         taken = reportdir.take_trigger(self.report_dir)
@@ -572,10 +574,17 @@ class Runtime:
     def _write_job_end(self, stats: dict[str, Any]) -> None:
         """Rank 0: wait (bounded) for the analyst, write report.json/html, then print the job report."""
         from eroica_runtime.analyst import format_job_stats
+        from eroica_runtime.engine import timelost
         from eroica_runtime.report import format_job
 
         if not self.analyst.wait(max(30.0, self.cfg.deadline_s)):
             self._warn("job end: analysis still running after 30s; writing the report without it")
+        since = self.analyst.first_finding_step()
+        lost = None if since is None else timelost.time_lost(
+            self.clock.all_ms, self._windows, since, warmup=self.cfg.warmup_steps,
+            lookback=self.cfg.spike_steps + self.cfg.vote_lag + 2)
+        if lost is not None:
+            stats = {**stats, "time_lost": lost.to_json()}
         rep = self.analyst.write_job(steps=stats["steps"], job=stats, history=self.clock.all_ms)
         print(format_job_stats(stats, self.analyst.captures), file=sys.stderr)
         print(format_job(rep, self.report_dir), file=sys.stderr, flush=True)

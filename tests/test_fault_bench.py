@@ -45,6 +45,13 @@ def test_compute_fault_named_rank_and_category(tmp_path: Path) -> None:
     assert 1 not in s["top"]["victims"] and set(s["top"]["victims"]) <= {0, 2, 3}
     assert s["ttd_steps"] is not None and s["ttd_steps"] >= 0
     assert s["summary_bytes"]["n"] >= 4 and 0 < s["summary_bytes"]["median"] < 1_000_000
+    # what the job lost from the finding on, measured on rank 0's step times, is printed and kept: about
+    # the 150 ms a step planted (its compute shares 2 cores with 3 other ranks: generous bounds)
+    lost = json.loads((tmp_path / "compute" / "report" / "report.json").read_text())["job"]["time_lost"]
+    assert lost["since_step"] >= 50 and 45 < s["cost"]["measured_ms"] == lost["per_step_ms"] < 450, (lost, s["cost"])
+    assert s["cost"]["estimated_ms"] == s["top"]["impact_ms_per_step"]
+    full = (tmp_path / "compute" / "launcher.log").read_text()
+    assert f"time lost from step {lost['since_step']} (first finding)" in full, log
 
 
 @pytest.mark.multirank
@@ -82,6 +89,9 @@ def test_scoring_on_stored_reports(tmp_path: Path) -> None:
     res.score = s
     text = bench.table([res], None)
     assert "| compute |" in text and "precision 1.0, recall 1.0" in text
+    # a report from before job.time_lost: the estimate alone, the measurement unknown
+    assert s["cost"] == {"estimated_ms": s["top"]["impact_ms_per_step"], "measured_ms": None}
+    assert f"| {s['top']['impact_ms_per_step']:.0f} / – ms |" in text
     doc = tmp_path / "doc.md"
     doc.write_text("intro\n")
     bench.write_doc(doc, text)

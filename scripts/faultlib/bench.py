@@ -246,6 +246,11 @@ def score_case(case: Case, res: CaseResult, report_dir: Path) -> dict[str, Any]:
         t = printed.get("hang" if hit.get("trigger") == "hang" else str(hit["step"]))
         out["ttd_s"] = round(t - res.onset_wall, 1) if t is not None and res.onset_wall else None
     out["ok"] = bool(out["detected"] and out["rank_ok"] and out["category_ok"])
+    # the top finding's estimated cost a step, and what the job measured from its first finding on
+    # (report.json job.time_lost, engine/timelost.py): how far the estimate is from what happened
+    lost = (rep.get("job") or {}).get("time_lost")
+    out["cost"] = {"estimated_ms": top.get("impact_ms_per_step") if top and top.get("category") != "hang" else None,
+                   "measured_ms": lost.get("per_step_ms") if isinstance(lost, dict) else None}
     return out
 
 
@@ -476,15 +481,16 @@ def precision_recall(results: list[CaseResult]) -> dict[str, Any]:
 
 def table(results: list[CaseResult], overhead: dict[str, Any] | None) -> str:
     rows = ["| case | fault (planted on rank 1 at the onset step) | detected | rank | category | host "
-            "| top finding | onset → diagnosis | summary bytes/rank (median, max) | false findings |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "| top finding | onset → diagnosis | cost a step, estimated / measured | summary bytes/rank (median, max) "
+            "| false findings |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     by_name = {c.name: c for c in CASES}
     for r in results:
         c = by_name.get(r.case)
         what = f"`{r.fault or '-'}`" + (f" + tbf {c.link_mbit:g} Mbit/s" if c and c.link_mbit else "") + (
             f" + delay {c.link_delay_ms:g} ms" if c and c.link_delay_ms else "")
         if r.skipped:
-            rows.append(f"| {r.case} | {what} | skipped: {r.skipped} | | | | | | | |")
+            rows.append(f"| {r.case} | {what} | skipped: {r.skipped} | | | | | | | | |")
             continue
         s = r.score or {}
         top = s.get("top")
@@ -493,12 +499,15 @@ def table(results: list[CaseResult], overhead: dict[str, Any] | None) -> str:
         if r.expected_host and top:
             topt += " @" + ",".join(h.split("-")[-1] for h in _hosts(top))
         ttd = (f"{s['ttd_steps']} steps, {s.get('ttd_s')} s" if s.get("ttd_steps") is not None else "–")
+        cost = s.get("cost") or {}
+        costs = "–" if cost.get("estimated_ms") is None else " / ".join(
+            "–" if x is None else f"{x:.0f}" for x in (cost.get("estimated_ms"), cost.get("measured_ms"))) + " ms"
         b = s.get("summary_bytes") or {}
         bytes_ = f"{b.get('median')}, {b.get('max')}" if b.get("n") else "–"
         fail = f" (exit {r.exit_code}{', timed out' if r.timed_out else ''})" if r.exit_code or r.timed_out else ""
         det = _yn(s.get("detected")) if s.get("detected") is not None else ("n/a" if s.get("scored") else "no report")
         rows.append(f"| {r.case}{fail} | {what} | {det} | {_yn(s.get('rank_ok'))} "
-                    f"| {_yn(s.get('category_ok'))} | {_yn(s.get('host_ok'))} | {topt} | {ttd} | {bytes_} "
+                    f"| {_yn(s.get('category_ok'))} | {_yn(s.get('host_ok'))} | {topt} | {ttd} | {costs} | {bytes_} "
                     f"| {s.get('false_findings', '–')} |")
     pr = precision_recall(results)
     lines = ["\n".join(rows), "",

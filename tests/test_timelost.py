@@ -1,0 +1,104 @@
+"""The job's measured time lost from its first finding on (engine/timelost.py) and its report line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from eroica_runtime import report
+from eroica_runtime.engine.timelost import profiled_steps, time_lost
+
+WARMUP, LOOKBACK = 10, 9
+
+
+def _job(n: int = 140, onset: int = 60, extra_ms: float = 40.0, every: int = 1, seed: int = 0) -> list[float]:
+    """A 50 ms job (noisy) whose steps from ``onset`` on take ``extra_ms`` more, every ``every``-th step."""
+    rng = np.random.default_rng(seed)
+    ms = 50.0 + rng.normal(0.0, 4.0, n)
+    for s in range(onset, n + 1):
+        if (s - onset) % every == 0:
+            ms[s - 1] += extra_ms
+    return ms.tolist()
+
+
+def test_steady_slowdown_is_measured_from_the_first_finding_on() -> None:
+    lost = time_lost(_job(), [(13, 3), (67, 3)], 67, warmup=WARMUP, lookback=LOOKBACK)
+    assert lost is not None
+    assert 36 < lost.per_step_ms < 44
+    # the reference ends before the steps the detectors were still looking at, and skips the baseline window
+    assert (lost.before_first, lost.before_last) == (11, 57)
+    assert lost.before_steps == 57 - 11 + 1 - 5   # the baseline's lead-in 12, window 13-15 and 16 left out
+    assert lost.steps == 140 - 67 + 1 - 4      # its window 67-69 and step 70 left out (lead-in 66 is before)
+    assert abs(lost.total_s - lost.per_step_ms * lost.steps / 1e3) < 1e-9
+
+
+def test_a_fault_in_bursts_is_counted_by_its_slow_steps_not_hidden_by_the_median() -> None:
+    """One step in four is 120 ms slower: the median step does not move, the job loses ~30 ms a step."""
+    history = _job(extra_ms=120.0, every=4)
+    lost = time_lost(history, [(13, 3), (70, 16)], 70, warmup=WARMUP, lookback=LOOKBACK)
+    assert lost is not None
+    after = [history[s - 1] for s in range(70, 141) if s not in profiled_steps([(70, 16)])]
+    assert np.median(after) < 60            # the median sees almost nothing ...
+    assert 20 < lost.per_step_ms < 40       # ... the mean sees the bursts
+
+
+def test_profiled_steps_count_on_neither_side() -> None:
+    """The profiler's own cost is eroica's, not the fault's: 500 ms windows change nothing."""
+    history = _job()
+    windows = [(13, 3), (67, 3), (100, 16)]
+    slowed = list(history)
+    for s in profiled_steps(windows):
+        slowed[s - 1] = 500.0
+    assert time_lost(slowed, windows, 67, warmup=WARMUP, lookback=LOOKBACK) == \
+        time_lost(history, windows, 67, warmup=WARMUP, lookback=LOOKBACK)
+
+
+def test_no_figure_without_healthy_steps_before_the_finding() -> None:
+    """A fault from the start (its first finding at the baseline's step, or right after warm-up) has no
+    healthy reference: no number rather than a wrong one."""
+    assert time_lost(_job(onset=1), [(13, 3)], 13, warmup=WARMUP, lookback=LOOKBACK) is None
+    assert time_lost(_job(), [(13, 3), (135, 3)], 137, warmup=WARMUP, lookback=LOOKBACK) is None  # 3 steps after
+
+
+def test_healthy_noise_after_a_finding_measures_about_nothing() -> None:
+    lost = time_lost(_job(extra_ms=0.0, seed=3), [(13, 3), (67, 3)], 67, warmup=WARMUP, lookback=LOOKBACK)
+    assert lost is not None and abs(lost.per_step_ms) < 3.0
+
+
+def test_report_line_says_the_loss_and_what_it_was_measured_on() -> None:
+    lost = time_lost(_job(), [(13, 3), (67, 3)], 67, warmup=WARMUP, lookback=LOOKBACK)
+    assert lost is not None
+    doc = json.loads(json.dumps(lost.to_json()))   # as report.json keeps it
+    line = report.format_time_lost(doc)
+    assert line.startswith(f"  time lost from step 67 (first finding) to 140: {lost.total_s:.1f} s, "
+                           f"+{lost.per_step_ms:.1f} ms a step over {lost.steps} steps")
+    assert "steps 11-57" in line and "profiled steps left out" in line
+    faster = dict(doc, mean_ms=40.0, per_step_ms=-10.0, total_s=0.0)
+    assert "none measured" in report.format_time_lost(faster)
+
+
+def test_report_line_of_a_spoiled_value_is_empty() -> None:
+    """report.json is read back by `eroica analyze`: a value that is not a TimeLost prints nothing."""
+    lost = time_lost(_job(), [(13, 3), (67, 3)], 67, warmup=WARMUP, lookback=LOOKBACK)
+    assert lost is not None
+    good = lost.to_json()
+    for bad in (None, 3, "x", {}, dict(good, before_steps=[1]), dict(good, mean_ms="fast"), dict(good, steps=None)):
+        assert report.format_time_lost(bad) == ""
+
+
+def test_job_report_ends_with_the_measured_loss_only_when_something_was_found() -> None:
+    """`eroica show` and the job-end block print it after the findings' estimates; a healthy job's
+    report has no finding to measure from."""
+    lost = time_lost(_job(), [(13, 3), (67, 3)], 67, warmup=WARMUP, lookback=LOOKBACK)
+    assert lost is not None
+    finding = {"title": "rank 2: compute", "category": "compute", "rank": 2, "host": "h", "function": "aten::mm",
+               "phase": "forward", "impact_ms_per_step": 40.0, "what_if_step_ms": 50.0, "victims": [0, 1, 3],
+               "evidence": {}, "action": "look", "captures": [67]}
+    doc = {"schema": report.REPORT_SCHEMA, "world_size": 4, "steps": 140, "job": {"time_lost": lost.to_json()},
+           "captures": [{"step": 67, "trigger": "spike", "ranks_analysed": 4, "findings": [finding]}],
+           "findings": [finding]}
+    text = report.format_job(doc).splitlines()
+    assert text[-1] == report.format_time_lost(lost.to_json())
+    healthy = dict(doc, findings=[], captures=[dict(doc["captures"][0], findings=[])])
+    assert "time lost" not in report.format_job(healthy)
