@@ -495,7 +495,8 @@ def table(results: list[CaseResult], overhead: dict[str, Any] | None) -> str:
         s = r.score or {}
         top = s.get("top")
         fn = str(top["function"]).rsplit("/", 1)[-1] if top else ""  # a hang's function is a file:line
-        topt = f"{top['category']} r{top['rank']} `{fn}`" if top else "none"
+        who = "" if not top else "job-wide" if top.get("rank") is None else f"r{top['rank']}"
+        topt = f"{top['category']} {who} `{fn}`" if top else "none"
         if r.expected_host and top:
             topt += " @" + ",".join(h.split("-")[-1] for h in _hosts(top))
         ttd = (f"{s['ttd_steps']} steps, {s.get('ttd_s')} s" if s.get("ttd_steps") is not None else "–")
