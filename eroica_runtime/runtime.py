@@ -496,7 +496,7 @@ class Runtime:
             from eroica_runtime.analyst import job_stats
 
             self.analyst.write_job(steps=self.clock.step, job={**job_stats({0: stats}, self.side.size),
-                                                               "flushed_by": why},
+                                                               **self._time_lost(), "flushed_by": why},
                                    history=self.clock.all_ms)
             self._warn(f"{why}: report flushed to {self.report_dir}")
         except Exception as exc:
@@ -571,20 +571,27 @@ class Runtime:
                 self._warn(f"job end: unreadable statistics from rank {r}")
         return job_stats(per_rank, side.size)
 
+    def _time_lost(self) -> dict[str, Any]:
+        """``{"time_lost": ...}``: what the job lost from its first finding on, measured on rank 0's
+        step times (engine/timelost.py); empty before a finding or without a healthy reference. For
+        the job-end report and a flushed one (SIGUSR2, Slurm's pre-timeout signal) alike."""
+        from eroica_runtime.engine import timelost
+
+        since = None if self.analyst is None else self.analyst.first_finding_step()
+        if since is None:
+            return {}
+        lost = timelost.time_lost(list(self.clock.all_ms), list(self._windows), since,
+                                  warmup=self.cfg.warmup_steps, lookback=self.cfg.spike_steps + self.cfg.vote_lag + 2)
+        return {} if lost is None else {"time_lost": lost.to_json()}
+
     def _write_job_end(self, stats: dict[str, Any]) -> None:
         """Rank 0: wait (bounded) for the analyst, write report.json/html, then print the job report."""
         from eroica_runtime.analyst import format_job_stats
-        from eroica_runtime.engine import timelost
         from eroica_runtime.report import format_job
 
         if not self.analyst.wait(max(30.0, self.cfg.deadline_s)):
             self._warn("job end: analysis still running after 30s; writing the report without it")
-        since = self.analyst.first_finding_step()
-        lost = None if since is None else timelost.time_lost(
-            self.clock.all_ms, self._windows, since, warmup=self.cfg.warmup_steps,
-            lookback=self.cfg.spike_steps + self.cfg.vote_lag + 2)
-        if lost is not None:
-            stats = {**stats, "time_lost": lost.to_json()}
+        stats = {**stats, **self._time_lost()}
         rep = self.analyst.write_job(steps=stats["steps"], job=stats, history=self.clock.all_ms)
         print(format_job_stats(stats, self.analyst.captures), file=sys.stderr)
         print(format_job(rep, self.report_dir), file=sys.stderr, flush=True)
