@@ -182,6 +182,7 @@ def format_time_lost(doc: Any) -> str:
     return (f"  time lost from step {since} (first finding) to {end}: {lost} (mean step {mean:.1f} ms vs "
             f"{before:.1f} ms in steps {first}-{last}; rank 0's step times, profiled steps left out)")
 
+
 def _num3(x: Any) -> str:
     return f"{x:.3g}" if isinstance(x, (int, float)) else "?"
 

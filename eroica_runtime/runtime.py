@@ -580,8 +580,8 @@ class Runtime:
         since = None if self.analyst is None else self.analyst.first_finding_step()
         if since is None:
             return {}
-        lost = timelost.time_lost(list(self.clock.all_ms), list(self._windows), since,
-                                  warmup=self.cfg.warmup_steps, lookback=self.cfg.spike_steps + self.cfg.vote_lag + 2)
+        lost = timelost.time_lost(list(self.clock.all_ms), list(self._windows), since, warmup=self.cfg.warmup_steps,
+                                  lookback=timelost.lookback(self.cfg.spike_steps, self.cfg.vote_lag))
         return {} if lost is None else {"time_lost": lost.to_json()}
 
     def _write_job_end(self, stats: dict[str, Any]) -> None:

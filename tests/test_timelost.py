@@ -7,9 +7,10 @@ import json
 import numpy as np
 
 from eroica_runtime import report
-from eroica_runtime.engine.timelost import profiled_steps, time_lost
+from eroica_runtime.config import Config
+from eroica_runtime.engine.timelost import lookback, profiled_steps, time_lost
 
-WARMUP, LOOKBACK = 10, 9
+WARMUP, LOOKBACK = Config().warmup_steps, lookback(Config().spike_steps, Config().vote_lag)   # 10, 9
 
 
 def _job(n: int = 140, onset: int = 60, extra_ms: float = 40.0, every: int = 1, seed: int = 0) -> list[float]:

@@ -14,7 +14,8 @@ steps are the job's.
   count on neither side: they may be healthy or slow. So the figure is a floor: the fault's steps
   before its capture are not counted as lost.
 
-Pure (no MPI, no torch): the runtime calls it at job end and keeps the result in report.json.
+Pure (no MPI, no torch): the runtime calls it at job end and for a flushed report, and keeps the
+result in report.json (``job.time_lost``).
 """
 
 from __future__ import annotations
@@ -54,6 +55,12 @@ class TimeLost:
                 "per_step_ms": round(self.per_step_ms, 3), "total_s": round(self.total_s, 3)}
 
 
+def lookback(spike_steps: int, vote_lag: int) -> int:
+    """The steps before a capture that count on neither side: those the spike rule and the vote took
+    to see the slowdown, and one on either side of them."""
+    return spike_steps + vote_lag + 2
+
+
 def profiled_steps(windows: Iterable[tuple[int, int]]) -> set[int]:
     """Steps that ran under the profiler: for each capture (first window step, k), its lead-in step,
     its k steps and the step after them."""
@@ -77,4 +84,3 @@ def time_lost(history: Sequence[float], windows: Iterable[tuple[int, int]], sinc
     return TimeLost(since_step=since, last_step=len(history), steps=len(after), mean_ms=sum(after) / len(after),
                     before_first=before[0][0], before_last=before[-1][0], before_steps=len(before),
                     before_ms=sum(ms for _, ms in before) / len(before))
-

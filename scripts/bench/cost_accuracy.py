@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from eroica_runtime.config import Config  # noqa: E402
-from eroica_runtime.engine.timelost import time_lost  # noqa: E402
+from eroica_runtime.engine.timelost import lookback, time_lost  # noqa: E402
 
 
 def measured(report_dir: Path, cfg: Config) -> dict[str, Any] | None:
@@ -41,7 +41,7 @@ def measured(report_dir: Path, cfg: Config) -> dict[str, Any] | None:
     since = min((int(c["step"]) for c in caps if c.get("findings") and c["trigger"] != "baseline"), default=None)
     if since is None:
         return None
-    lost = time_lost(history, windows, since, warmup=cfg.warmup_steps, lookback=cfg.spike_steps + cfg.vote_lag + 2)
+    lost = time_lost(history, windows, since, warmup=cfg.warmup_steps, lookback=lookback(cfg.spike_steps, cfg.vote_lag))
     return None if lost is None else lost.to_json()
 
 
