@@ -36,6 +36,8 @@ class Analyst:
         # decode -> validate -> baseline policy -> diagnose: the same as `eroica analyze` runs
         self.pipeline = Pipeline(world_size=world_size, topology=topology)
         self.history_source: Any = None   # callable -> rank 0's step history (set by the runtime)
+        # callable -> {"time_lost": ...} measured so far, or {} (set by the runtime: Runtime._time_lost)
+        self.time_lost_source: Any = None
         self._lock = threading.Lock()
         self._unexplained = threading.Event()   # a detector's capture found no culprit (take_unexplained)
         self._queue: queue.Queue[Gathered | None] = queue.Queue()
@@ -73,6 +75,10 @@ class Analyst:
         report.write_capture(self.report_dir, diagnosis, drill)   # on disk before it is printed
         self._write_partial()  # a job killed from now on still leaves a report.json
         say(report.format_capture(diagnosis))
+        lost = self._time_lost()
+        if diagnosis.findings and lost.get("since_step", diagnosis.step) < diagnosis.step:
+            # a later capture of a job already slowed: what the job has lost so far, measured
+            say(report.format_time_lost(lost))
         if g.trigger in DETECTED and not diagnosis.findings:
             self._unexplained.set()
 
@@ -123,10 +129,22 @@ class Analyst:
             return report.write_job(self.report_dir, diagnoses=diagnoses, world_size=self.world_size,
                                     steps=steps, job=job, drill=drill)
 
+    def _time_lost(self) -> dict[str, Any]:
+        """The time lost so far (engine/timelost.py's document), or {}: never fails an analysis."""
+        try:
+            got = self.time_lost_source() if self.time_lost_source else {}
+            return got.get("time_lost") or {}
+        except Exception as exc:
+            say(f"eroica: time lost so far not measured: {type(exc).__name__}: {exc}")
+            return {}
+
     def _write_partial(self) -> None:
-        """report.json/html with what is known so far (rank 0's own step history only)."""
+        """report.json/html with what is known so far (rank 0's own step history only), with the time
+        lost so far: a job killed from now on keeps it."""
         history = list(self.history_source()) if self.history_source else []
-        self.write_job(steps=len(history) + 1 if history else 0, job={"partial": True}, history=history)
+        lost = self._time_lost()
+        self.write_job(steps=len(history) + 1 if history else 0,
+                       job={"partial": True, **({"time_lost": lost} if lost else {})}, history=history)
 
     def stop(self) -> None:
         self._queue.put(None)

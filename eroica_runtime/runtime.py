@@ -150,6 +150,7 @@ class Runtime:
 
             self.analyst = Analyst(self.report_dir, self.side.size, self.cfg.topology)
             self.analyst.history_source = lambda: self.clock.all_ms
+            self.analyst.time_lost_source = self._time_lost
             # a report.json from the start: a job cancelled at any moment leaves one (rewritten
             # after every capture and at job end)
             self.analyst.write_job(steps=0, job={"partial": True}, history=[])

@@ -60,3 +60,49 @@ def test_the_job_summary_ranks_ranks_only_when_their_step_times_differ() -> None
     assert "median step alike on every rank (74.9-75.7 ms)" in text and "slowest" not in text, text
     text = format_job_stats(stats([75.7, 110.0, 75.2, 74.9]), [])
     assert "slowest ranks by median step: rank 1 (vm) 110.0 ms" in text, text
+
+
+def test_a_later_capture_says_what_the_job_has_lost_so_far_and_the_partial_report_keeps_it(
+        tmp_path: Path, capsys) -> None:
+    """A long job slowed at step 46 and captured again at 90: the SRE reading the log sees the time lost
+    so far under the second capture's finding, and a job killed then keeps it in report.json."""
+    import json
+
+    from eroica_runtime import report
+    from eroica_runtime.engine.timelost import time_lost
+
+    history = [50.0] * 45 + [90.0] * 60          # step 46 on: 40 ms slower a step
+    analyst = Analyst(str(tmp_path), world_size=4)
+
+    def source() -> dict:
+        since = analyst.first_finding_step()
+        lost = None if since is None else time_lost(history, [(12, 3), (46, 3), (90, 3)], since, warmup=10,
+                                                    lookback=9)
+        return {} if lost is None else {"time_lost": lost.to_json()}
+
+    analyst.time_lost_source = source
+    for g in (_gathered(12, "baseline"), _gathered(46, "spike")):
+        analyst.submit(g)
+    assert analyst.wait(60.0)
+    first = capsys.readouterr().err
+    assert analyst.diagnoses[-1].findings and "time lost" not in first   # the first finding: nothing to measure yet
+    analyst.submit(_gathered(46, "spike", as_step=90))
+    assert analyst.wait(60.0)
+    analyst.stop()
+    later = capsys.readouterr().err
+    lost = source()["time_lost"]
+    assert report.format_time_lost(lost) in later.splitlines(), later
+    assert 39.0 < lost["per_step_ms"] < 41.0
+    job = json.loads((tmp_path / "report.json").read_text())["job"]
+    assert job["partial"] and job["time_lost"] == lost
+
+
+def test_a_failing_time_lost_source_never_fails_the_analysis(tmp_path: Path, capsys) -> None:
+    analyst = Analyst(str(tmp_path), world_size=4)
+    analyst.time_lost_source = lambda: 1 / 0
+    for g in (_gathered(12, "baseline"), _gathered(46, "spike")):
+        analyst.submit(g)
+    assert analyst.wait(60.0)
+    analyst.stop()
+    assert analyst.diagnoses[-1].findings and (tmp_path / "diagnosis-46.json").exists()
+    assert "time lost so far not measured: ZeroDivisionError" in capsys.readouterr().err
