@@ -288,6 +288,23 @@ def _probe_figures(probe: Any) -> str:
     return (": " + "; ".join(parts)) if parts else ""
 
 
+def _unexplained(d: dict[str, Any]) -> bool:
+    """A capture slower than the baseline with nothing to blame (engine: step_ms.unexplained_ms)."""
+    sm = d.get("step_ms") or {}
+    return not d.get("findings") and all(isinstance(sm.get(k), (int, float)) and not isinstance(sm.get(k), bool)
+                                         for k in ("median", "baseline", "unexplained_ms"))
+
+
+def slower_text(d: dict[str, Any]) -> str:
+    """What a capture slower than the baseline with no culprit looked like ("" for any other capture):
+    the text line and report.html say it instead of "healthy"."""
+    if not _unexplained(d):
+        return ""
+    med, base = d["step_ms"]["median"], d["step_ms"]["baseline"]
+    return (f"median step {_ms(med)} ms vs {_ms(base)} ms in the baseline capture (+{_ms(med - base)} ms), and "
+            "neither own work nor communication wait explains it on most ranks")
+
+
 def format_capture(diagnosis: Diagnosis | dict[str, Any]) -> str:
     """Text block for one capture (one line when nothing is wrong)."""
     d = diagnosis.to_json() if isinstance(diagnosis, Diagnosis) else diagnosis
@@ -305,6 +322,10 @@ def format_capture(diagnosis: Diagnosis | dict[str, Any]) -> str:
         rejected, missing = len(d.get("errors") or []), len(d.get("missing") or [])
         line = (f"eroica: step {_text(d.get('step'))} ({_text(d.get('trigger'))}): not diagnosed — only "
                 f"{n}/{ws} ranks sent a usable summary ({rejected} rejected, {missing} missing)")
+        return "\n".join([line, *tail])
+    if slower_text(d):
+        line = (f"eroica: step {_text(d.get('step'))} ({_text(d.get('trigger'))}): slower, no culprit found — "
+                f"{slower_text(d)} ({n}/{ws} ranks analysed)")
         return "\n".join([line, *tail])
     if not findings:
         line = (f"eroica: step {_text(d.get('step'))} ({_text(d.get('trigger'))}): healthy — {n}/{ws} ranks "
@@ -341,12 +362,18 @@ def format_job(report: dict[str, Any], report_dir: str | os.PathLike[str] | None
             f"world size {report.get('world_size')}, {steps}{where}")
     looked = [c for c in caps if c.get("trigger") == "hang"
               or conclusive(int(c.get("ranks_analysed") or 0), int(report.get("world_size") or 0))]
+    slower = [c for c in looked if _unexplained(c)]   # slower than the baseline, no culprit found
     if not findings and not caps:
         head = (f"eroica: job report: no capture was taken, so nothing was diagnosed — world size "
                 f"{report.get('world_size')}, {steps}{where}")
     elif not findings and not looked:
         head = (f"eroica: job report: not diagnosed — none of the {len(caps)} capture(s) had enough usable "
                 f"summaries, world size {report.get('world_size')}, {steps}{where}")
+    elif not findings and slower:
+        head = (f"eroica: job report: no findings over {len(looked)} capture(s), but {len(slower)} of them "
+                f"(step{'s' if len(slower) > 1 else ''} {_ranks([c.get('step') for c in slower])}) "
+                f"{'were' if len(slower) > 1 else 'was'} slower than "
+                f"the baseline with no culprit found — world size {report.get('world_size')}, {steps}{where}")
     elif not findings:
         head = (f"eroica: job report: healthy — no findings over {len(looked)} capture(s), world size "
                 f"{report.get('world_size')}, {steps}{where}")

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import msgpack
+import pytest
 
 from eroica_runtime import report, synth
 from eroica_runtime.engine import diagnose
@@ -176,3 +177,33 @@ def test_html_function_bars_show_calls_when_they_differ(tmp_path: Path) -> None:
     assert f"{grown['rank_ms']:.1f} vs {grown['peers_ms']:.1f} ms, 40 vs 0 calls</text>" in html
     same = [f for f in fns if f["rank_calls"] == f["peers_calls"]]
     assert same and all(f"{f['rank_ms']:.1f} vs {f['peers_ms']:.1f} ms</text>" in html for f in same)
+
+
+def test_a_capture_slower_than_the_baseline_with_no_culprit_is_not_called_healthy(tmp_path: Path) -> None:
+    """A real 4-rank capture (step 300 of a job whose rank 2 ran 40 ms of extra matmuls a step from step
+    60, captured by --capture-at-steps) whose median step was 79.0 ms against the baseline's 50.6 ms, and
+    in which the engine named nobody: rank 0 also did more own work there (host_gap 22 ms, backward
+    21 ms), which hid rank 2's forward (50 vs 8-11 ms) in a group of four. Its line said "healthy — 4/4
+    ranks agree". It must say the step is slower and nothing was found to blame, and so must the job
+    report; the baseline itself is still healthy."""
+    from eroica_launch.offline import run_analysis
+
+    (tmp_path / "captures").mkdir()
+    for name in ("slower-no-culprit-baseline.msgpack", "slower-no-culprit.msgpack"):
+        (tmp_path / "captures" / name).write_bytes((DATA / name).read_bytes())
+    diagnoses, doc, problems = run_analysis(tmp_path, topology=None)
+    base, late = sorted(diagnoses, key=lambda d: d.step)
+    assert not problems and not base.findings and not late.findings
+    assert "unexplained_ms" not in base.step_ms and report.format_capture(base).split(":")[2].strip().startswith(
+        "healthy")
+    assert late.step_ms["baseline"] < late.step_ms["median"]
+    assert late.step_ms["unexplained_ms"] == pytest.approx(late.step_ms["median"] - late.step_ms["baseline"])
+    line = report.format_capture(late)
+    assert "healthy" not in line and "slower, no culprit found — median step 79.0 ms vs 50.6 ms in the baseline" \
+        in line, line
+    head = report.format_job(doc, tmp_path).splitlines()[0]
+    assert "healthy" not in head and "1 of them (step 300) was slower than the baseline" in head, head
+    page = (tmp_path / "report.html").read_text()
+    # the job's findings and the baseline's section; the step-300 section says what it was instead
+    assert page.count("No findings: ranks behaved like their peers.") == 2
+    assert page.count("Slower, no culprit found: median step 79.0 ms vs 50.6 ms") == 1

@@ -256,11 +256,12 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
         [int(f.rank) for f in findings if f.rank is not None and f.category == "host"
          and (f.evidence.get("cpu_starved") or "stopped" in f.evidence)])})
 
+    slower = None   # (median step now, at the baseline) when the step grew and nothing explains it
     if baseline is not None:
         base = baseline if isinstance(baseline, Table) else build_table(baseline)
         if base.n:
-            extra, more_notes = common_mode(table, base, th, max(excesses, default=0.0), link_probe,
-                                           np.asarray(sorted(named), dtype=np.int64))
+            extra, more_notes, slower = common_mode(table, base, th, max(excesses, default=0.0), link_probe,
+                                                   np.asarray(sorted(named), dtype=np.int64))
             findings.extend(_not_while_held(table, held, extra, notes))
             notes.extend(more_notes)
             if not findings:
@@ -277,6 +278,9 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
                "max": float(step_col.max()), "max_rank": int(table.rank[int(np.argmax(step_col))]),
                "what_if_all_fixed": max(step_med - max((f.impact_ms_per_step for f in findings
                                                         if f.category != "hang"), default=0.0), 0.0)}
+    if slower is not None and not findings:
+        # slower than the healthy reference with no culprit: "healthy" would be wrong (report.py)
+        step_ms["baseline"], step_ms["unexplained_ms"] = slower[1], slower[0] - slower[1]
     return Diagnosis(step=int(step), trigger=str(trigger), world_size=int(world_size),
                      ranks_analysed=table.n, findings=tuple(findings), missing=tuple(miss),
                      errors=tuple(errs), notes=tuple(notes), peers=peers.describe(), step_ms=step_ms,

@@ -236,8 +236,11 @@ def local_comm_excess(table: Table, peers: Peers, th: Thresholds,
 
 def common_mode(cur: Table, base: Table, th: Thresholds, culprit_excess: float,
                 link_probe: dict[str, Any] | None,
-                culprit_rows: np.ndarray | None = None) -> tuple[list[Finding], list[str]]:
-    """Regression / common-mode communication findings against the baseline capture.
+                culprit_rows: np.ndarray | None = None
+                ) -> tuple[list[Finding], list[str], tuple[float, float] | None]:
+    """Regression / common-mode communication findings against the baseline capture, notes, and
+    (median step now, at the baseline) when the step grew beyond noise and nothing explains it: the
+    report must not call such a capture healthy.
 
     Culprit rows are left out: their own growth is already a finding and must not leak into the
     job-wide medians (it would with two or three ranks).
@@ -253,7 +256,7 @@ def common_mode(cur: Table, base: Table, th: Thresholds, culprit_excess: float,
         culprit_growth = float(np.max(cur.own[rc[~keep]] - base.own[rb[~keep]])) if (~keep).any() else 0.0
         rc, rb = rc[keep], rb[keep]
     if len(rc) == 0:
-        return [], ["baseline capture shares no ranks with this capture; regression check skipped"]
+        return [], ["baseline capture shares no ranks with this capture; regression check skipped"], None
     step_c, step_b = cur.col("step")[rc], base.col("step")[rb]
     base_step = float(np.median(step_b))
     now_step = float(np.median(cur.col("step")))
@@ -286,7 +289,7 @@ def common_mode(cur: Table, base: Table, th: Thresholds, culprit_excess: float,
     if now_step - base_step < limit:
         # the job is not slower than its healthy reference: a phase that grew is not a problem to
         # report (per-rank deltas of a few ms on a faster step are noise)
-        return findings, notes
+        return findings, notes, None
     common = {"step_ms": [now_step, base_step], "baseline_step": base.capture_step,
               "ranks_compared": int(len(rc)), "step_delta_ms": float(np.median(step_c - step_b))}
     if m_own >= limit:
@@ -329,7 +332,8 @@ def common_mode(cur: Table, base: Table, th: Thresholds, culprit_excess: float,
     if not findings and now_step - base_step >= limit and culprit_excess == 0.0:
         notes.append(f"step {now_step:.1f} ms vs baseline {base_step:.1f} ms, but neither own work nor "
                      "communication wait explains it on most ranks")
-    return findings, notes
+        return findings, notes, (now_step, base_step)
+    return findings, notes, None
 
 
 # A slow link in bursts, seen in the steps before the window (comm_before_window): how far every
