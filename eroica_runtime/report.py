@@ -290,8 +290,8 @@ def _probe_figures(probe: Any) -> str:
 
 def _unexplained(d: dict[str, Any]) -> bool:
     """A capture slower than the baseline with nothing to blame (engine: step_ms.unexplained_ms)."""
-    sm = d.get("step_ms") or {}
-    return not d.get("findings") and all(isinstance(sm.get(k), (int, float)) and not isinstance(sm.get(k), bool)
+    sm = d.get("step_ms")
+    return isinstance(sm, dict) and not d.get("findings") and all(isinstance(sm.get(k), (int, float)) and not isinstance(sm.get(k), bool)
                                          for k in ("median", "baseline", "unexplained_ms"))
 
 

@@ -187,6 +187,11 @@ def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
              f"<h1>eroica report — world size {_e(report.get('world_size'))}, "
              f"{_e(report.get('steps'))} steps, {len(report.get('captures') or [])} capture(s)</h1>",
              "<h2>Findings (job, by impact)</h2>", _finding_rows(report.get("findings") or [])]
+    slower = [c.get("step") for c in report.get("captures") or [] if isinstance(c, dict) and slower_text(c)]
+    if slower and not report.get("findings"):
+        # the text report's head says the same: no culprit, but not healthy either
+        parts[-1] = (f'<p class="cat">No findings, but the capture(s) at step(s) {_e(", ".join(map(str, slower)))} '
+                     "were slower than the baseline with no culprit found (below).</p>")
     job = report.get("job") or {}
     if job:
         scalars = {k: v for k, v in job.items() if not isinstance(v, (list, dict))}
