@@ -31,11 +31,15 @@ CULPRIT = 11
 
 
 def _job(out: Path, reduce: str) -> dict[str, Any]:
+    # 10 ms a sample, 160 ms a step: 16 ranks on 2 cores spread their own work widely (a robust sigma of
+    # 17 ms), and among 16 peers a culprit needs z >= 4.33. With the default 4 ms (64 ms a step) a CI
+    # run saw rank 11's dataloader excess at 72 ms, z 4.32, and no finding; at 10 ms, z 18-29. This
+    # test is about the two gather paths agreeing, not the smallest fault found at 8 ranks a core.
     proc = eroica_run("--nproc-per-node", "16", "--report-dir", out, "--leader-reduce", reduce,
                       "--warmup-steps", "6", "--capture-at-steps", "22", "--cooldown-steps", "0",
                       "--spike-ratio", "100", "--drift-pct", "0", "--lost-pct", "0", TRAIN,
                       env={"EROICA_NODE_SPLIT": "8", "FAULT": "data", "FAULT_RANK": str(CULPRIT),
-                           "FAULT_FROM": "12", "STEPS": "30"}, timeout=1200)
+                           "FAULT_FROM": "12", "STEPS": "30", "DATA_SLEEP_S": "0.010"}, timeout=1200)
     assert proc.returncode == 0, explain(proc)
     report = json.loads((out / "report.json").read_text())
     assert report["world_size"] == 16 and report["findings"], explain(proc)

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 FAULT = os.environ.get("FAULT", "none")
 FAULT_RANK = int(os.environ.get("FAULT_RANK", "2"))
 FAULT_FROM = int(os.environ.get("FAULT_FROM", "40"))
+DATA_SLEEP_S = float(os.environ.get("DATA_SLEEP_S", "0.004"))   # data fault: per sample (16 a batch)
 STEPS = int(os.environ.get("STEPS", "80"))
 STEP_SLEEP = float(os.environ.get("STEP_SLEEP", "0"))       # seconds of (healthy) sleep per step
 KILL_RANK = int(os.environ.get("KILL_RANK", "-1"))           # this rank SIGKILLs itself ...
@@ -45,7 +46,7 @@ class Data(Dataset):
 
     def __getitem__(self, i: int):
         if self.slow:
-            time.sleep(0.004)
+            time.sleep(DATA_SLEEP_S)
         return self.x[i], self.y[i]
 
 
