@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from eroica_runtime import engine, report, reportdir
+from eroica_runtime.engine import timelost
 from eroica_runtime.engine.hang import hang_diagnosis
 from eroica_runtime.gather import Gathered
 from eroica_runtime.pipeline import Pipeline
@@ -104,9 +105,7 @@ class Analyst:
         """The first step of the earliest capture, other than the baseline, whose diagnosis named
         something (None without one): where a job's measured time lost starts (engine.timelost)."""
         with self._lock:
-            steps = [d.step for d in self.diagnoses
-                     if d.findings and d.trigger not in ("baseline", "hang")]
-        return min(steps, default=None)
+            return timelost.since_step([(d.step, d.trigger, bool(d.findings)) for d in self.diagnoses])
 
     def wait(self, timeout_s: float) -> bool:
         """Let queued analyses finish (bounded); True when the queue drained."""

@@ -8,7 +8,7 @@ import numpy as np
 
 from eroica_runtime import report
 from eroica_runtime.config import Config
-from eroica_runtime.engine.timelost import lookback, profiled_steps, time_lost
+from eroica_runtime.engine.timelost import lookback, profiled_steps, since_step, time_lost
 
 WARMUP, LOOKBACK = Config().warmup_steps, lookback(Config().spike_steps, Config().vote_lag)   # 10, 9
 
@@ -103,3 +103,11 @@ def test_job_report_ends_with_the_measured_loss_only_when_something_was_found() 
     assert text[-1] == report.format_time_lost(lost.to_json())
     healthy = dict(doc, findings=[], captures=[dict(doc["captures"][0], findings=[])])
     assert "time lost" not in report.format_job(healthy)
+
+
+def test_the_loss_is_counted_from_the_first_capture_that_named_something() -> None:
+    """Not from the baseline (a fault there has no healthy reference), a hang, or a capture that named
+    nobody."""
+    assert since_step([(13, "baseline", True), (40, "spike", False), (67, "drift", True), (90, "manual", True)]) == 67
+    assert since_step([(13, "baseline", True), (200, "hang", True)]) is None
+    assert since_step([]) is None

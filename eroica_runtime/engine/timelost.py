@@ -55,6 +55,13 @@ class TimeLost:
                 "per_step_ms": round(self.per_step_ms, 3), "total_s": round(self.total_s, 3)}
 
 
+def since_step(captures: Iterable[tuple[int, str, bool]]) -> int | None:
+    """Where the loss is counted from: the first step of the earliest capture, other than the
+    baseline or a hang, that named something; ``captures`` are (step, trigger, named anything)."""
+    return min((step for step, trigger, named in captures if named and trigger not in ("baseline", "hang")),
+               default=None)
+
+
 def lookback(spike_steps: int, vote_lag: int) -> int:
     """The steps before a capture that count on neither side: those the spike rule and the vote took
     to see the slowdown, and one on either side of them."""

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from eroica_runtime.config import Config  # noqa: E402
-from eroica_runtime.engine.timelost import lookback, time_lost  # noqa: E402
+from eroica_runtime.engine.timelost import lookback, since_step, time_lost  # noqa: E402
 
 
 def measured(report_dir: Path, cfg: Config) -> dict[str, Any] | None:
@@ -38,7 +38,7 @@ def measured(report_dir: Path, cfg: Config) -> dict[str, Any] | None:
     caps = [c for c in rep.get("captures") or [] if c.get("trigger") != "hang"]
     windows = [(int(c["step"]), cfg.burst_window_steps if c["trigger"] == "throughput" else cfg.window_steps)
                for c in caps]
-    since = min((int(c["step"]) for c in caps if c.get("findings") and c["trigger"] != "baseline"), default=None)
+    since = since_step((int(c["step"]), c["trigger"], bool(c.get("findings"))) for c in caps)
     if since is None:
         return None
     lost = time_lost(history, windows, since, warmup=cfg.warmup_steps, lookback=lookback(cfg.spike_steps, cfg.vote_lag))
