@@ -12,7 +12,8 @@ Fixtures under data/engine/, all real captures recorded on this 2-core machine:
 - ``bursty-contention-rank1.msgpack``: fault bench "contend-int" (2 hogs on rank 1's core, 8 steps
   on, 12 off), the spike capture whose window opened as the burst ended.
 - ``bursty-gc-rank1.msgpack``: fault bench "gc-int" (GC storms on rank 1 in bursts), a spike capture
-  whose window missed the burst; its history carries GC pause and batch-wait time per step.
+  whose window caught the end of a burst (rank 1's GC 67.6 ms a step, every rank's step wobbling by
+  56 ms); its history carries GC pause and batch-wait time per step.
 - ``throttled-rank1-late.msgpack`` / ``contended-rank1.msgpack`` with their ``-baseline`` captures:
   fault bench "throttle" (0.15-CPU quota) and "contend" (2 hogs) on rank 1, later spike captures.
 - ``contended-swinging-rank1.msgpack`` with its ``-baseline``: fault bench "contend" (2 hogs on rank
@@ -25,7 +26,8 @@ Fixtures under data/engine/, all real captures recorded on this 2-core machine:
 - ``demo-starved-peer.msgpack``: ``./scripts/demo`` (extra compute on rank 2 from step 60, steady),
   the spike capture at step 67 (cf45741): rank 2 on CPU 59 ms a step against its peers' 18-27, but
   rank 0 waited for a CPU 45-54 ms in two of the window's steps, so its own work (57 ms) hid rank 2's
-  (67 ms) from the window's comparison; the 8 steps before the window named rank 2.
+  (67 ms) from the window's whole own-work comparison; the 8 steps before the window named rank 2,
+  and so does its forward alone.
 - ``contended-persistent-rank1.msgpack``: fault bench "contend-int" (interleaved run 3 at a9f0998,
   2026-12-01 19:5x UTC, which named nobody), the spike capture at step 97: rank 1 waited for a CPU 37
   ms a step in the 8 steps before the window against its peers' 17-21, and ~9 ms a step more than
@@ -39,6 +41,18 @@ Fixtures under data/engine/, all real captures recorded on this 2-core machine:
   ranks' own work +21.8 ms/step against the baseline, of it +3.8 CPU time and +17 run-queue wait (the
   hogs are not pinned away from them on this 2-core machine); reported as a second finding,
   "REGRESSION: all ranks".
+- ``hidden-forward-rank2.msgpack`` with its ``-baseline``: a 400-step job (tests/data/runtime/train.py)
+  whose rank 2 ran 40 ms of extra matmuls a step from step 60, the --capture-at-steps capture at step
+  300: rank 2's forward 50 ms against 8-11 on its peers, but rank 0 waited 43 ms a step for a CPU, so
+  its own work (63.8 ms) hid rank 2's (67.5) from the whole own-work comparison; it was reported as
+  "healthy", later as "slower, no culprit found".
+- ``hidden-forward-starved-peer-rank2.msgpack``: the fault bench's train job with 40 ms of extra
+  matmuls on rank 2 from step 60 (240 steps, --capture-at-steps), the capture at step 190: rank 2's
+  forward 46.9 ms against 5.9-11.0, and it waited least (19.6 ms), but rank 0, starved of CPU (27 ms
+  run queue), waited only 28.1 ms: against the median of all four waits rank 2 waited 10 ms less.
+- ``healthy-runq-luck-optimizer.msgpack``: fault bench "compute-int" (run 24), the baseline capture at
+  step 13, before any fault: rank 0 waited for a CPU 18.6 ms a step (peers 6.5), most of it in its
+  optimizer step (+15.2 ms, 29% of the step, z 8.9), and waited 9.6 ms less than its peers.
 - ``bursty-contention-eight-steps-rank1.msgpack``: fault bench "contend-int" (run 19, 61e2256), the
   spike capture at step 58, after the burst: rank 1 busy 19.0 ms a step more than its peers in the 8
   steps before the window (25.0% of their 76 ms step, 0.01 ms under the quarter asked of a window).
@@ -47,12 +61,17 @@ Fixtures under data/engine/, all real captures recorded on this 2-core machine:
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from eroica_runtime import summary
-from eroica_runtime.engine import diagnose
+from eroica_runtime.engine import Thresholds, build_table, diagnose
+from eroica_runtime.engine.attribution import median_of_others, one_part_stragglers, views
+from eroica_runtime.engine.history import history_culprits
+from eroica_runtime.engine.peers import form_peers
 
 FIXTURE = Path(__file__).parent / "data" / "engine" / "healthy-runq-luck.msgpack"
 
@@ -242,16 +261,26 @@ def test_a_burst_the_window_missed_is_named_from_the_steps_before_it() -> None:
     assert manual.findings == ()
 
 
-def test_a_gc_burst_the_window_missed_is_named_gc_from_the_pauses_before_it() -> None:
+def test_a_gc_burst_is_named_gc_in_the_window_and_from_the_pauses_before_it() -> None:
+    """Rank 1 collected garbage 67.6 ms a step in the window (peers none), but the bursts made every
+    rank's step wobble by 56 ms, which its whole own work (+52 ms) did not clear: the window names it
+    on its GC alone. The steps before the window, the path taken when a window shows nothing, name it
+    too, from the GC pauses the step clock recorded."""
     meta, sums = _capture("bursty-gc-rank1.msgpack")
     d = _diagnose(meta, sums)
-    assert [(f.rank, f.category) for f in d.findings] == [(1, "gc")], [f.title for f in d.findings]
-    f = d.findings[0]
+    assert [(f.rank, f.category, f.function) for f in d.findings] == [(1, "gc", "(gc)")], [f.title for f in d.findings]
+    assert any(n.startswith("rank 1 named on its gc alone") for n in d.notes), d.notes
+    assert sorted(d.findings[0].victims) == [0, 2, 3]
+    table = build_table(sums)
+    peers = form_peers(table, world_size=4)
+    (f,) = history_culprits(table, peers, Thresholds(), meta["trigger"], set())
+    assert (f.rank, f.category) == (1, "gc"), f.title
     assert f.evidence["gc_ms"][0] > 0.5 * f.impact_ms_per_step and f.evidence["gc_ms"][1] < 5.0
     # the same capture read as an older eroica wrote it (no GC column): still rank 1, as CPU work
     for s in sums:
         s["history"].pop("gc", None)
-    assert [(f.rank, f.category) for f in _diagnose(meta, sums).findings] == [(1, "compute")]
+    (f,) = history_culprits(build_table(sums), peers, Thresholds(), meta["trigger"], set())
+    assert (f.rank, f.category) == (1, "compute"), f.title
 
 
 def test_a_rank_computing_more_on_a_loaded_host_is_compute_not_contention() -> None:
@@ -287,14 +316,27 @@ def test_a_cpu_starved_culprit_explains_everyone_elses_extra_wait_and_work(name:
     assert d.findings[0].evidence.get("cpu_starved")
 
 
-def test_steady_culprit_named_before_the_window_is_not_called_a_burst() -> None:
-    """The demo's steady compute fault, named from the steps before the window because a starved
-    peer hid it in the window's own-work comparison (1 demo run in 6). The window shows its CPU
-    excess too, so the finding says so and names what it computed there; it does not tell the user
-    that the fault came in bursts the window missed."""
+def test_a_straggler_hidden_by_a_starved_peer_is_named_on_its_forward_alone() -> None:
+    """The demo's steady compute fault, where a peer starved of CPU hid it from the window's whole
+    own-work comparison (1 demo run in 6): rank 0 waited for a CPU 45-54 ms in two of the window's
+    steps, so its own work (57 ms) was near rank 2's (67.6). Rank 2's forward alone (48.5 ms vs 14.6)
+    names it, with the function it computed."""
     meta, sums, _ = summary.decode_capture((FIXTURE.parent / "demo-starved-peer.msgpack").read_bytes())
     d = diagnose(sums, step=meta["step"], trigger=meta["trigger"], world_size=4)
     (f,) = d.findings
+    assert (f.category, f.rank, f.function, f.phase) == ("compute", 2, "aten::matmul", "forward"), f.title
+    assert {1, 3} <= set(f.victims) and 2 not in f.victims
+    assert f.evidence["phase_ms"]["forward"][0] > 3 * f.evidence["phase_ms"]["forward"][1]
+    assert any(n.startswith("rank 2 named on its forward alone") for n in d.notes), d.notes
+
+
+def test_steady_culprit_named_before_the_window_is_not_called_a_burst() -> None:
+    """The same capture through the steps before the window (what a window that shows nothing falls
+    back to): the window shows its CPU excess too, so the finding says so and names what it computed
+    there; it does not tell the user that the fault came in bursts the window missed."""
+    meta, sums, _ = summary.decode_capture((FIXTURE.parent / "demo-starved-peer.msgpack").read_bytes())
+    table = build_table(sums)
+    (f,) = history_culprits(table, form_peers(table, world_size=4), Thresholds(), meta["trigger"], set())
     assert (f.category, f.rank, f.function, f.phase) == ("compute", 2, "aten::matmul", "forward"), f.title
     assert sorted(f.victims) == [0, 1, 3]
     assert f.evidence["seen_in"].startswith("the window (+") and f.evidence["window_excess_ms"] > 30.0
@@ -303,7 +345,8 @@ def test_steady_culprit_named_before_the_window_is_not_called_a_burst() -> None:
     # the rank-0 log says where its time went (every rank's step is alike: the others waited)
     from eroica_runtime import report
 
-    text = report.format_capture(d)
+    d = diagnose(sums, step=meta["step"], trigger=meta["trigger"], world_size=4)
+    text = report.format_capture(dataclasses.replace(d, findings=(f,)))
     assert "before the window: on CPU 66.3 vs peers 17.3 ms" in text and "step 85.3 vs peers" not in text, text
 
 
@@ -376,3 +419,66 @@ def test_a_burst_over_the_eight_steps_before_the_window_needs_a_fifth_of_the_ste
     assert (f.category, f.rank, f.function) == ("host", 1, "(steps before the window)"), f.title
     step = f.evidence["step_ms"][1]
     assert HISTORY_SMALL_SHARE * step < f.impact_ms_per_step < 0.25 * step
+
+
+def _decode(name: str) -> tuple[dict, list[dict]]:
+    meta, sums, errors = summary.decode_capture((FIXTURE.parent / name).read_bytes(), origin=name)
+    assert not errors
+    return meta, sorted(sums, key=lambda s: s["rank"])
+
+
+def test_a_straggler_whose_peers_lost_cpu_to_it_is_named_on_the_phase_that_grew() -> None:
+    """Rank 2's extra matmuls took CPU from its peers on the shared cores, and rank 0's wait for a CPU
+    was booked as its own work: the whole own-work comparison saw rank 2 only 12 ms above the median,
+    inside the peers' spread. Its forward alone names it, with the function that grew; what it cost
+    is what its peers waited for it, not its whole forward excess."""
+    _, base = _decode("hidden-forward-rank2-baseline.msgpack")
+    meta, sums = _decode("hidden-forward-rank2.msgpack")
+    d = diagnose(sums, step=meta["step"], trigger=meta["trigger"], world_size=4, baseline=base)
+    assert [(f.rank, f.category, f.function, f.phase) for f in d.findings] == \
+        [(2, "compute", "aten::matmul", "forward")], [f.title for f in d.findings]
+    f = d.findings[0]
+    assert {1, 3} <= set(f.victims) and 2 not in f.victims
+    forward = f.evidence["phase_ms"]["forward"]
+    assert forward[0] > 4 * forward[1]
+    assert f.impact_ms_per_step < forward[0] - forward[1]
+    note = next(n for n in d.notes if n.startswith("rank 2 named on its forward alone"))
+    assert "did not stand out from the peers' spread" in note
+    assert "unexplained_ms" not in d.step_ms
+
+
+def test_a_straggler_is_named_when_a_starved_peer_also_waited_less() -> None:
+    """Rank 0, starved of CPU, arrived late too, so the median of all four waits was low; rank 2 still
+    waited least, 12 ms under the median of the others, for a forward 38 ms over theirs. The starved
+    rank is no culprit: its own work is a wait for a CPU."""
+    meta, sums = _decode("hidden-forward-starved-peer-rank2.msgpack")
+    d = _diagnose(meta, sums)
+    assert [(f.rank, f.category, f.function) for f in d.findings] == [(2, "compute", "aten::matmul")], \
+        [f.title for f in d.findings]
+    assert 1 in d.findings[0].victims and 3 in d.findings[0].victims
+
+
+def test_a_rank_preempted_in_one_phase_of_a_healthy_window_is_not_named_on_it() -> None:
+    """Before any fault, rank 0 waited for a CPU in its optimizer step: 29% of the step, z 8.9, and it
+    arrived last. One part alone would name it (the first assertion); the run queue shows the time
+    was a wait for a CPU, not work, and without the step clock's run queue no part is judged alone."""
+    meta, sums = _decode("healthy-runq-luck-optimizer.msgpack")
+    table = build_table(sums)
+    rows = np.arange(table.n)
+    own, wait, parts = views(table, rows)
+    matrix = np.stack(list(parts.values()), axis=1)
+    step_ref = float(np.median(table.col("step")))
+    found = one_part_stragglers(matrix, wait, 0.1 * step_ref, step_ref, Thresholds())
+    assert [list(parts)[found[k][2]] for k in found] == ["optimizer"] and list(found) == [0], found
+    d = _diagnose(meta, sums)
+    assert d.findings == (), [f.title for f in d.findings]
+    assert any("rank 0 +15.2 ms" in n and "run queue" in n for n in d.notes), d.notes
+    assert _diagnose(meta, [_without_scheduler_data(s) for s in sums]).findings == ()
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 17])
+def test_median_of_others_is_the_median_without_each_element(n: int) -> None:
+    rng = np.random.default_rng(n)
+    for _ in range(20):
+        x = rng.integers(0, 6, n).astype(float)
+        assert np.allclose(median_of_others(x), [np.median(np.delete(x, k)) for k in range(n)]), x

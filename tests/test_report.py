@@ -180,12 +180,12 @@ def test_html_function_bars_show_calls_when_they_differ(tmp_path: Path) -> None:
 
 
 def test_a_capture_slower_than_the_baseline_with_no_culprit_is_not_called_healthy(tmp_path: Path) -> None:
-    """A real 4-rank capture (step 300 of a job whose rank 2 ran 40 ms of extra matmuls a step from step
-    60, captured by --capture-at-steps) whose median step was 79.0 ms against the baseline's 50.6 ms, and
-    in which the engine named nobody: rank 0 also did more own work there (host_gap 22 ms, backward
-    21 ms), which hid rank 2's forward (50 vs 8-11 ms) in a group of four. Its line said "healthy — 4/4
-    ranks agree". It must say the step is slower and nothing was found to blame, and so must the job
-    report; the baseline itself is still healthy."""
+    """A real 4-rank capture (step 100 of a job whose rank 2 ran 15 ms of extra matmuls a step from step
+    60, captured by --capture-at-steps) whose median step was 91.0 ms against the baseline's 56.7 ms,
+    and in which the engine named nobody: rank 2's forward grew 20 ms, 22% of the step, under the
+    quarter of it a group of four must show, and the CPU its matmuls took slowed its peers' own work
+    too. It must not say "healthy — 4/4 ranks agree": it says the step is slower and nothing was found
+    to blame, and so does the job report; the baseline itself is still healthy."""
     from eroica_launch.offline import run_analysis
 
     (tmp_path / "captures").mkdir()
@@ -199,12 +199,12 @@ def test_a_capture_slower_than_the_baseline_with_no_culprit_is_not_called_health
     assert late.step_ms["baseline"] < late.step_ms["median"]
     assert late.step_ms["unexplained_ms"] == pytest.approx(late.step_ms["median"] - late.step_ms["baseline"])
     line = report.format_capture(late)
-    assert "healthy" not in line and "slower, no culprit found — median step 79.0 ms vs 50.6 ms in the baseline" \
+    assert "healthy" not in line and "slower, no culprit found — median step 91.0 ms vs 56.7 ms in the baseline" \
         in line, line
     head = report.format_job(doc, tmp_path).splitlines()[0]
-    assert "healthy" not in head and "1 of them (step 300) was slower than the baseline" in head, head
+    assert "healthy" not in head and "1 of them (step 100) was slower than the baseline" in head, head
     page = (tmp_path / "report.html").read_text()
-    # the baseline's section; the job's findings and the step-300 section say what it was instead
+    # the baseline's section; the job's findings and the step-100 section say what it was instead
     assert page.count("No findings: ranks behaved like their peers.") == 1
-    assert page.count("Slower, no culprit found: median step 79.0 ms vs 50.6 ms") == 1
-    assert "No findings, but the capture(s) at step(s) 300 were slower than the baseline" in page
+    assert page.count("Slower, no culprit found: median step 91.0 ms vs 56.7 ms") == 1
+    assert "No findings, but the capture(s) at step(s) 100 were slower than the baseline" in page

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from eroica_runtime.engine.baseline import Thresholds, center, column_reference, significant
+from eroica_runtime.engine.baseline import Thresholds, center, column_center, column_reference, significant
 from eroica_runtime.engine.categories import (
     function_candidates,
     is_memory_function,
@@ -25,6 +25,8 @@ from eroica_runtime.summary import OWN_WORK_PHASES
 
 LUCK_SHARE = 0.25   # scheduler luck is judged only when it is at least this share of the excess
 LUCK_SWING = 2.0    # run-queue excess up to this x the rank's excess before the window is contention, not luck
+WAIT_SHARE = 0.5         # a rank whose wait shrank by this share of its own-work excess is corroborated
+PART_WAIT_SHARE = 0.25   # ... and by this share of one part's excess (one_part_stragglers)
 
 
 @dataclass
@@ -116,31 +118,44 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
         # how much a K-step average wobbles on this machine: the peers' typical std error
         noise = th.noise_k * float(np.median(table.step_noise[rows]))
         limit = max(th.abs_ms, min(th.rel_step, th.small_rel_step) * step_ref, noise)
-        cand = np.flatnonzero(own - c_own.ref >= limit)
-        if len(cand) == 0:
-            continue
         c_comm = center(comm_all[rows], th.sigma_floor_rel)
         ph_ref = column_reference(part_matrix, rows)
-        for k in cand.tolist():
-            row = int(rows[k])
+        wait = comm_all[rows]
+        # (excess, its spread, the part it was found on or None for the whole own work, the wait it is
+        # corroborated by, and the share of the excess that wait must reach)
+        found: dict[int, tuple[float, float, int | None, float, float]] = {}
+        for k in np.flatnonzero(own - c_own.ref >= limit).tolist():
             excess = float(own[k] - c_own.ref)
+            d_wait = float(wait[k]) - _wait_ref(wait, c_comm.ref, k)
             z = excess / c_own.sigma if c_own.sigma > 0 else float("inf")
-            comm_ref = c_comm.ref
-            if len(rows) == 2:            # the reference is simply the other rank
-                comm_ref = float(comm_all[rows[1 - k]])
-            d_comm = float(comm_all[row] - comm_ref)
-            corroborated = d_comm <= -0.5 * excess
-            if excess < noise or not significant(excess, z, step_ref, th, len(rows), corroborated) \
-                    or d_comm >= excess:
-                continue
+            if excess >= noise and d_wait < excess and \
+                    significant(excess, z, step_ref, th, len(rows), d_wait <= -WAIT_SHARE * excess):
+                found[k] = (excess, c_own.sigma, None, d_wait, WAIT_SHARE)
+        # one part alone only where a wait for a CPU is told from work (the device, or the step clock's run
+        # queue): without it, a rank preempted in one phase of a healthy window looks like its straggler
+        parts_ok = table.has_device(rows) or bool(np.isfinite(table.sch("cpu")[rows] + table.sch("runq")[rows]).all())
+        for k, (excess, sigma, part, d_wait) in one_part_stragglers(part_matrix[rows], wait, limit, step_ref,
+                                                                    th).items() if parts_ok else ():
+            if k not in found and excess >= noise:
+                found[k] = (excess, sigma, part, d_wait, PART_WAIT_SHARE)
+        for k, (excess, sigma, part, d_wait, share) in sorted(found.items()):
+            row = int(rows[k])
+            z = excess / sigma if sigma > 0 else float("inf")
             sched = None if table.has_device(rows) else scheduler_luck(table, rows, row)
             # a few ms more run queue than the peers is their normal spread, not what made it slow
             if sched is not None and sched["luck_ms"] >= LUCK_SHARE * excess:
                 left = excess - sched["luck_ms"]
-                if left < limit or not significant(left, left / c_own.sigma if c_own.sigma > 0 else float("inf"),
-                                                   step_ref, th, len(rows), d_comm <= -0.5 * left):
+                if left < limit or not significant(left, left / sigma if sigma > 0 else float("inf"),
+                                                   step_ref, th, len(rows), d_wait <= -share * left):
                     luck.append((row, excess, sched))
                     continue
+            if part is not None and notes is not None:
+                whole = float(own[k] - c_own.ref)
+                notes.append(f"rank {int(table.rank[row])} named on its {part_names[part]} alone: +{excess:.1f} ms/step "
+                             f"against its peers (z {z:.1f}) while it waited {-d_wait:.1f} ms less; its whole own "
+                             f"work, {whole:+.1f} ms (z {whole / c_own.sigma if c_own.sigma > 0 else 0.0:.1f}), "
+                             "did not stand out from the peers' spread")
+            comm_ref = _wait_ref(wait, c_comm.ref, k)
             pex = {p: float(part_matrix[row, i] - ph_ref[i]) for i, p in enumerate(part_names)}
             out.append(Culprit(row=row, group=gi, excess_ms=excess, z=float(z), own=float(own[k]),
                                own_ref=c_own.ref, comm=float(comm_all[row]), comm_ref=comm_ref,
@@ -153,6 +168,62 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
             "than their peers, unlike the steps before it (scheduler noise on a shared host), were not reported: "
             + ", ".join(f"rank {int(table.rank[r])} +{ex:.1f} ms, {sc['runq_ms'][0]:.1f} ms run queue vs "
                         f"peers {sc['runq_ms'][1]:.1f}" for r, ex, sc in luck[:5]))
+    return out
+
+
+def _wait_ref(wait: np.ndarray, ref: float, k: int) -> float:
+    """The wait a group member is compared with: the peers' median, or simply the other rank of two."""
+    return float(wait[1 - k]) if len(wait) == 2 else ref
+
+
+def median_of_others(x: np.ndarray) -> np.ndarray:
+    """For every element, the median of all the others (vectorised: one sort, no per-element copies)."""
+    n = len(x)
+    if n < 2:
+        return np.full(n, np.nan)
+    order = np.argsort(x, kind="stable")
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(n)
+    s = x[order]
+
+    def nth(i: int) -> np.ndarray:    # the i-th smallest of the others, per element
+        return np.where(i < pos, s[min(i, n - 1)], s[min(i + 1, n - 1)])
+
+    m = n - 1
+    return nth(m // 2) if m % 2 else 0.5 * (nth(m // 2 - 1) + nth(m // 2))
+
+
+def one_part_stragglers(parts: np.ndarray, wait: np.ndarray, limit: float, step_ref: float,
+                        th: Thresholds) -> dict[int, tuple[float, float, int, float]]:
+    """Members of one peer group (rows of ``parts``, one column per part of own work; ``wait`` their
+    waits) made late by one part alone: {member: (that part's excess, its robust spread, its column,
+    the member's wait minus the median of the others')}, the largest such part per member.
+
+    Own work is compared as a whole first, but its spread across peers is the sum of every part's.
+    On shared cores the peers of a straggler lose CPU to it, and the time they wait for a CPU is
+    booked as their own work, in whatever phase it fell. In a real 4-rank job whose rank 2 did 40 ms
+    of extra matmuls a step, rank 2's forward was 50 ms against 8-11 ms on its peers, but rank 0 had
+    waited 43 ms a step for a CPU: rank 2's whole own work (67.5 ms) was 12.3 ms above the peers'
+    median with a spread of 14 ms, and nobody was named. One part alone has its own, far smaller,
+    spread. So a part must pass the test a whole rank does (``significant``: the share of the step
+    and the robust z of a group this size, in a small group too), and the member must have waited
+    less than the median of the others by ``PART_WAIT_SHARE`` of that part's excess: in a
+    synchronous job the rank that arrives last waits least, while a part that grew as another shrank
+    (time booked to another phase) does not change when the rank arrives. The share is lower than
+    the whole own work's because the straggler's peers, losing CPU to it, also waited less.
+    """
+    n = len(parts)
+    if n < 2 or parts.shape[1] == 0:
+        return {}
+    ref, sigma = column_center(parts, th.sigma_floor_rel)
+    excess = parts - ref[None, :]
+    d_wait = wait - median_of_others(wait)
+    hit = (excess >= limit) & (d_wait[:, None] <= -PART_WAIT_SHARE * excess)
+    out: dict[int, tuple[float, float, int, float]] = {}
+    for k, j in zip(*np.nonzero(hit), strict=True):
+        ex, sg = float(excess[k, j]), float(sigma[j])
+        if significant(ex, ex / sg, step_ref, th, n) and (int(k) not in out or ex > out[int(k)][0]):
+            out[int(k)] = (ex, sg, int(j), float(d_wait[k]))
     return out
 
 

@@ -62,6 +62,16 @@ def center(values: np.ndarray, floor_rel: float = 0.02, floor_abs: float = 0.05)
     return Center(med, max(MAD_TO_SIGMA * mad, floor_rel * abs(med), floor_abs), n)
 
 
+def column_center(sub: np.ndarray, floor_rel: float = 0.02, floor_abs: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
+    """``center`` of every column of ``sub`` (rows = 2+ peers) at once: (references, robust spreads)."""
+    if len(sub) == 2:
+        ref = sub.min(axis=0)
+        return ref, np.maximum(floor_rel * np.abs(ref), floor_abs)
+    ref = np.median(sub, axis=0)
+    mad = np.median(np.abs(sub - ref[None, :]), axis=0)
+    return ref, np.maximum(np.maximum(MAD_TO_SIGMA * mad, floor_rel * np.abs(ref)), floor_abs)
+
+
 def column_reference(matrix: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Per-column reference over ``rows`` (median for 3+, min for 2), vectorised over columns."""
     sub = matrix[rows]
