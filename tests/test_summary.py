@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import socket
+import time
 import warnings
 from typing import Any
 
@@ -449,6 +450,65 @@ def test_build_from_the_capture_module() -> None:
     by_kind = {f["kind"]: f for f in doc["functions"]}
     assert by_kind["optimizer"]["count"] == pytest.approx(1.0, abs=0.34), doc["functions"]
     assert by_kind["dataloader"]["count"] == pytest.approx(1.0, abs=0.34), doc["functions"]
+
+
+@pytest.mark.parametrize("marked", [True, False])
+def test_eroicas_own_work_at_a_boundary_is_no_phase_of_the_step(marked: bool) -> None:
+    """eroica's step boundary runs in an optimizer step post-hook, inside torch's
+    ``Optimizer.step#SGD.step`` range: what it does there (its vote, and the wait for the other ranks'
+    votes, here a 20 ms sleep) must not count as the rank's optimizer work. Driven as the runtime does
+    it (capture.own_begin at the boundary, mark, own_end; the close ends the range before stopping).
+    Unmarked (``marked=False``, what eroica did before), the same sleep is optimizer time."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from eroica_runtime.capture import Capture
+
+    cap = Capture()
+    model = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(16, 128), torch.randint(0, 10, (16,))
+    k, boundaries = 3, []
+
+    def boundary(*_: Any) -> None:
+        if not cap.active:
+            return
+        if marked:
+            cap.own_begin()
+        time.sleep(0.020)
+        boundaries.append(len(boundaries))
+        if len(boundaries) <= k:
+            cap.mark()
+            cap.own_end()
+
+    def step() -> None:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    step()
+    handle = register_optimizer_step_post_hook(boundary)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cap.start(100, "test", k)
+            for _ in range(k + 1):
+                step()
+            events = cap.stop()
+    finally:
+        handle.remove()
+    doc = summary.build(events, identity=IDENTITY, capture={"step": 100, "trigger": "test", "k": k},
+                        steps=[{"step": 100 + i, "ms": 25.0} for i in range(k)], gc={"count": 0, "ms": 0.0},
+                        telemetry=TELEMETRY)
+    summary.validate(doc)
+    ph, own = doc["phases"], doc["profile"].get("eroica_ms")
+    names = {f["name"] for f in doc["functions"]}
+    if marked:
+        assert ph["optimizer"] < 5.0 and own is not None and own >= 19.0, (ph, doc["profile"])
+        assert sum(ph[p] for p in summary.OWN_WORK_PHASES) + ph["comm"] < ph["step"] - 15.0, ph
+        assert "eroica::step_boundary" not in names, names
+    else:
+        assert ph["optimizer"] >= 19.0 and own is None, (ph, doc["profile"])
 
 
 def test_fast_edge_step_is_kept() -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import msgpack
 
 from eroica_runtime.summary.events import (
+    OWN_RANGE,
     STEP_PREFIX,
     SYNC_NAMES,
     Ev,
@@ -391,10 +392,16 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
         spans = _pseudo_steps(main_evs, n_steps)
         step_source = "window"
 
+    # eroica's own work at the step boundaries (its vote and the wait for it, the window's marks): it
+    # runs inside the step's last range (Optimizer.step#..., where torch calls step post-hooks), and
+    # is no phase of the rank's step: every phase below is counted over the steps without it
+    own_ivs = _intersect(_union([(ev.start, ev.end) for ev in main_evs if ev.name == OWN_RANGE]), spans)
+    counted = _subtract(spans, own_ivs) if own_ivs else spans
+
     # Collectives in flight: gloo/nccl records on any thread, NCCL kernels on the device.
     yield
     inflight = _union([(ev.start, ev.end) for ev in evs if ev.kind == "collective"])
-    inflight_in = _intersect(inflight, spans)
+    inflight_in = _intersect(inflight, counted)
     # Backward running on a thread other than main (the autograd engine's device threads).
     side_bwd = _union([(ev.start, ev.end) for t, tevs in by_thread.items() if t != main
                        for ev in tevs if ev.marker == "backward"])
@@ -449,23 +456,23 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
             ev.phase = positional(ev.start)
     yield
     main_union = _union([(ev.start, ev.end) for ev in main_evs])
-    gaps = _union(_subtract(spans, main_union) + gap_like)
+    gaps = _union(_subtract(counted, main_union) + gap_like)
     yield
 
     phases = dict.fromkeys(PHASES, 0.0)
     for ph, ivs in busy_by_phase.items():
         key = ph if ph in ("data", "forward", "backward", "optimizer", "comm") else "host_gap"
-        phases[key] += _length(_intersect(_union(ivs), spans))
+        phases[key] += _length(_intersect(_union(ivs), counted))
         yield
     for ph, ivs in blocking.items():
-        ivs = _intersect(_union(ivs), spans)
+        ivs = _intersect(_union(ivs), counted)
         waiting = _intersect(ivs, inflight)
         phases["comm"] += _length(waiting)
         comm_ivs.extend(waiting)
         key = ph if ph in ("data", "forward", "backward", "optimizer", "comm") else "host_gap"
         phases[key] += _length(ivs) - _length(waiting)
     yield
-    gaps = _intersect(gaps, spans)
+    gaps = _intersect(gaps, counted)
     in_bwd = _intersect(gaps, side_bwd)
     phases["backward"] += _length(in_bwd)
     rest = _subtract(gaps, in_bwd)
@@ -534,8 +541,8 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
             yield
         if ev.start < lo_w or (ev.start > hi_w and not ev.gpu):
             continue
-        if ev.gpu and ev.kind == "annotation":
-            continue   # the device-side copy of a record_function range: the host row says it
+        if (ev.gpu and ev.kind == "annotation") or ev.name == OWN_RANGE:
+            continue   # the device-side copy of a record_function range (the host row says it), or eroica
         par = ev.parent
         if par is not None and par.name == ev.name and par.nchild == 1:
             # an op re-dispatching to itself (aten::sum -> aten::sum): one call, as prof.events() has it
@@ -592,6 +599,8 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
         "profile": {"events": len(evs), "steps": n_steps, "step_source": step_source,
                     "threads": len(by_thread), "build_ms": 0.0},
     }
+    if own_ivs:   # eroica's own time at the window's step boundaries, per step, left out of the phases
+        doc["profile"]["eroica_ms"] = _num(_length(own_ivs) / n_steps)
     if device is not None:
         doc["device_phases"] = device
     if history:

@@ -15,6 +15,8 @@ from typing import Any
 from eroica_runtime.summary.resumable import CHUNK, Steps, drain
 
 STEP_PREFIX = "ProfilerStep"
+# eroica's own work at a step boundary, as a profiler range (capture.Capture.own_begin): not the rank's
+OWN_RANGE = "eroica::step_boundary"
 GPU_DEVICE_TYPES = ("CUDA", "HIP", "XPU", "PrivateUse1", "MTIA")
 # (DDP's own reducer ops, "torch.distributed.ddp.reducer::copy_bucket_to_grad" and friends, are
 # local copies after the allreduce, not collectives: they keep the phase they run in.)
