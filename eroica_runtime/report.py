@@ -288,6 +288,9 @@ def _probe_figures(probe: Any) -> str:
     return (": " + "; ".join(parts)) if parts else ""
 
 
+MAX_SLOWER_NOTES = 4   # lines of the engine's notes under a capture that was slower with no culprit
+
+
 def _unexplained(d: dict[str, Any]) -> bool:
     """A capture slower than the baseline with nothing to blame (engine: step_ms.unexplained_ms)."""
     sm = d.get("step_ms")
@@ -326,7 +329,9 @@ def format_capture(diagnosis: Diagnosis | dict[str, Any]) -> str:
     if slower_text(d):
         line = (f"eroica: step {_text(d.get('step'))} ({_text(d.get('trigger'))}): slower, no culprit found — "
                 f"{slower_text(d)} ({n}/{ws} ranks analysed)")
-        return "\n".join([line, *tail])
+        # nothing to blame: what the engine looked at and left out is all the reader has to go on
+        notes = [x for x in d.get("notes") or [] if isinstance(x, str)][:MAX_SLOWER_NOTES]
+        return "\n".join([line, *(f"     {_text(x, 400)}" for x in notes), *tail])
     if not findings:
         line = (f"eroica: step {_text(d.get('step'))} ({_text(d.get('trigger'))}): healthy — {n}/{ws} ranks "
                 f"agree, no culprit (median step {_ms(med)} ms)")

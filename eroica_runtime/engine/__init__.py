@@ -43,7 +43,13 @@ from typing import Any
 
 import numpy as np
 
-from eroica_runtime.engine.attribution import Culprit, attribute, find_culprits, find_victims
+from eroica_runtime.engine.attribution import (
+    Culprit,
+    attribute,
+    closest_straggler,
+    find_culprits,
+    find_victims,
+)
 from eroica_runtime.engine.baseline import Thresholds
 from eroica_runtime.engine.categories import (
     ACTIONS,
@@ -281,6 +287,9 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
     if slower is not None and not findings:
         # slower than the healthy reference with no culprit: "healthy" would be wrong (report.py)
         step_ms["baseline"], step_ms["unexplained_ms"] = slower[1], slower[0] - slower[1]
+        closest = closest_straggler(table, peers, th)
+        if closest:
+            notes.append(closest)
     return Diagnosis(step=int(step), trigger=str(trigger), world_size=int(world_size),
                      ranks_analysed=table.n, findings=tuple(findings), missing=tuple(miss),
                      errors=tuple(errs), notes=tuple(notes), peers=peers.describe(), step_ms=step_ms,
