@@ -171,18 +171,37 @@ def read_failures(attempt_dir: Path, *, pending: bool = False) -> list[dict[str,
     return out
 
 
+# signals that end a process before it can write an error file: killed outright (the OOM killer, a node
+# agent, a self-kill) or crashed
+_HARD_SIGNALS = frozenset(int(getattr(signal, n)) for n in ("SIGKILL", "SIGSEGV", "SIGBUS", "SIGABRT", "SIGILL",
+                                                            "SIGFPE"))
+REAP_SLACK_S = 2.0   # how much earlier than its wrapper saw it such a rank may have died (see _failed_at)
+
+
 def _failed_at(status: dict[str, Any]) -> float:
     """When the rank failed: when its error file was written (torchrun's rule), else when it ended.
 
     Under load a failing rank can be reaped after the ranks it brought down, so end times alone
     can blame a victim. The file's own timestamp has whole seconds only (torchrun's format), and a
     victim usually fails within the same second, so the file's mtime decides.
+
+    A rank killed by a signal (SIGKILL, a crash) writes no error file, and its end is when its
+    wrapper reaped it: on a loaded host that came after its peers had raised on the broken
+    connection ("Connection reset by peer", milliseconds later) and written theirs, and a fresh-clone
+    CI run blamed such a victim (exit 143) for a rank that SIGKILLed itself (137). Such a death counts
+    as up to ``REAP_SLACK_S`` earlier than its wrapper saw it.
     """
     times = [float(status["ended"])] if status.get("ended") else []
+    written = False
     if status.get("error_file"):
         with contextlib.suppress(OSError):
             times.append(os.stat(status["error_file"]).st_mtime)
-    return min(times, default=0.0)
+            written = True
+    at = min(times, default=0.0)
+    code = status.get("exitcode")
+    if times and not written and isinstance(code, int) and code < 0 and -code in _HARD_SIGNALS:
+        at -= REAP_SLACK_S
+    return at
 
 
 def _traceback(status: dict[str, Any]) -> str:

@@ -181,6 +181,23 @@ def test_root_cause_is_the_first_error_file_even_within_one_second(tmp_path) -> 
     assert [f["rank"] for f in read_failures(tmp_path)] == [2, 1]
 
 
+def test_a_rank_killed_outright_is_the_root_cause_though_its_victims_raised_first(tmp_path) -> None:
+    """Rank 3 is SIGKILLed (no error file can be written); on a loaded host its wrapper reaps it after
+    rank 2 has already raised on the reset connection and written its error file, and the teardown then
+    stops rank 2 (SIGTERM). The job's root cause, and exit code, is rank 3's death (seen in a
+    fresh-clone CI run: exit 143 instead of 137). A signal death long after a real error is no root cause."""
+    from eroica_launch.supervise import read_failures
+    t = 1_800_000_000.0
+    _rank_dir(tmp_path, 2, error_at=t + 0.05, ended=t + 0.60, exitcode=-15)   # victim, stopped by the teardown
+    _rank_dir(tmp_path, 3, error_at=None, ended=t + 0.30, exitcode=-9)         # killed outright, reaped late
+    _rank_dir(tmp_path, 0, error_at=t + 0.08, ended=t + 0.50)                  # another victim
+    assert [f["rank"] for f in read_failures(tmp_path)] == [3, 2, 0]
+    later = tmp_path / "later"
+    _rank_dir(later, 1, error_at=t + 0.05, ended=t + 0.20)                    # a real error in rank 1...
+    _rank_dir(later, 3, error_at=None, ended=t + 5.0, exitcode=-9)             # ...and a kill 5 s later
+    assert [f["rank"] for f in read_failures(later)] == [1, 3]
+
+
 def test_culprit_still_being_reaped_is_counted(tmp_path) -> None:
     """In place (one eroica-run per task), a victim may summarise before the culprit's status is written:
     the culprit's error file alone makes it the root cause."""
