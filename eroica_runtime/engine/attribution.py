@@ -287,6 +287,12 @@ def scheduler_luck(table: Table, rows: np.ndarray, row: int) -> dict[str, Any] |
     bench's "contend", two hogs on the rank's core). So the window may show up to twice the rank's
     earlier excess before any of it counts as luck; a rank that did not queue more before the window
     (the CI flake this rule exists for) still has all of its window excess counted as luck.
+
+    Nor is the queueing a rank's own extra work brings luck: on a loaded host every runnable thread
+    waits for a CPU in proportion to the CPU it wants. A rank doing 15 ms more matmuls a step queued
+    28 ms a step more than its peers, who queued 0.82 ms per ms on a CPU: 12 ms of that was its work's.
+    Counting all 28 ms as luck left it 8 ms of excess and named nobody (tests/data/engine/
+    slower-luck-rank2.msgpack). So the peers' rate times the rank's extra CPU is not counted as luck.
     """
     runq, hist, cpu = table.sch("runq"), table.sch("hist_runq"), table.sch("cpu")
     peers = rows[rows != row]
@@ -296,10 +302,13 @@ def scheduler_luck(table: Table, rows: np.ndarray, row: int) -> dict[str, Any] |
     d_hist = float(hist[row] - np.nanmedian(hist[peers])) if np.isfinite(hist[row]) and \
         np.isfinite(hist[peers]).any() else 0.0
     d_cpu = float(cpu[row] - np.nanmedian(cpu[peers])) if np.isfinite(cpu[row]) else 0.0
+    # a rank that computes more also queues more, at the rate its peers queue per ms on a CPU here
+    peer_cpu = float(np.nanmedian(cpu[peers])) if np.isfinite(cpu[peers]).any() else 0.0
+    per_cpu_ms = float(np.nanmedian(runq[peers])) / peer_cpu if peer_cpu > 0 else 0.0
     return {"runq_ms": [float(runq[row]), float(np.nanmedian(runq[peers]))],
             "runq_before_ms": [float(hist[row]), float(np.nanmedian(hist[peers]))] if np.isfinite(hist[row])
             else [],
-            "luck_ms": max(0.0, d_runq - LUCK_SWING * max(0.0, d_hist)),
+            "luck_ms": max(0.0, d_runq - LUCK_SWING * max(0.0, d_hist) - per_cpu_ms * max(d_cpu, 0.0)),
             # starved: its run-queue wait grew far more than its CPU time. A rank that computes more
             # also queues more on a loaded host (its peers sleep in the collective and hardly
             # queue): that is a compute culprit, not contention
