@@ -146,8 +146,8 @@ class Capture:
 
         The boundary runs inside the step's last range: torch calls optimizer step post-hooks inside
         ``Optimizer.step#...``. Unmarked, that time was booked as the rank's optimizer work, and on 8
-        ranks sharing 2 cores the wait for the votes is 1 ms on some ranks and 5-18 ms on others,
-        which named healthy ranks as stragglers in their optimizer step. The summary builder leaves
+        ranks sharing 2 cores the wait for the votes is 0.2 ms a step on some ranks and up to 29 ms
+        on others, which named healthy ranks as stragglers in their optimizer step. The summary builder leaves
         the range out of every phase (``summary.events.OWN_RANGE``)."""
         if self._prof is None or self._own is not None or self._lead_in:
             return
