@@ -452,11 +452,14 @@ def test_build_from_the_capture_module() -> None:
     assert by_kind["dataloader"]["count"] == pytest.approx(1.0, abs=0.34), doc["functions"]
 
 
+WAIT_MS = 40.0   # eroica's stand-in wait at each boundary of the test below
+
+
 @pytest.mark.parametrize("marked", [True, False])
 def test_eroicas_own_work_at_a_boundary_is_no_phase_of_the_step(marked: bool) -> None:
     """eroica's step boundary runs in an optimizer step post-hook, inside torch's
     ``Optimizer.step#SGD.step`` range: what it does there (its vote, and the wait for the other ranks'
-    votes, here a 20 ms sleep) must not count as the rank's optimizer work. Driven as the runtime does
+    votes, here a WAIT_MS sleep) must not count as the rank's optimizer work. Driven as the runtime does
     it (capture.own_begin at the boundary, mark, own_end; the close ends the range before stopping).
     Unmarked (``marked=False``, what eroica did before), the same sleep is optimizer time."""
     from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -474,7 +477,7 @@ def test_eroicas_own_work_at_a_boundary_is_no_phase_of_the_step(marked: bool) ->
             return
         if marked:
             cap.own_begin()
-        time.sleep(0.020)
+        time.sleep(WAIT_MS / 1e3)
         boundaries.append(len(boundaries))
         if len(boundaries) <= k:
             cap.mark()
@@ -504,11 +507,12 @@ def test_eroicas_own_work_at_a_boundary_is_no_phase_of_the_step(marked: bool) ->
     ph, own = doc["phases"], doc["profile"].get("eroica_ms")
     names = {f["name"] for f in doc["functions"]}
     if marked:
-        assert ph["optimizer"] < 5.0 and own is not None and own >= 19.0, (ph, doc["profile"])
-        assert sum(ph[p] for p in summary.OWN_WORK_PHASES) + ph["comm"] < ph["step"] - 15.0, ph
+        # relative to the wait: a preempted SGD step on a loaded machine must not fail it
+        assert ph["optimizer"] < 0.25 * WAIT_MS and own is not None and own >= 0.95 * WAIT_MS, (ph, doc["profile"])
+        assert sum(ph[p] for p in summary.OWN_WORK_PHASES) + ph["comm"] < ph["step"] - 0.75 * WAIT_MS, ph
         assert "eroica::step_boundary" not in names, names
     else:
-        assert ph["optimizer"] >= 19.0 and own is None, (ph, doc["profile"])
+        assert ph["optimizer"] >= 0.95 * WAIT_MS and own is None, (ph, doc["profile"])
 
 
 def test_fast_edge_step_is_kept() -> None:

@@ -200,6 +200,15 @@ def median_of_others(x: np.ndarray) -> np.ndarray:
     return nth(m // 2) if m % 2 else 0.5 * (nth(m // 2 - 1) + nth(m // 2))
 
 
+def part_deviations(parts: np.ndarray, wait: np.ndarray,
+                    th: Thresholds) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """For one peer group (rows of ``parts``, one column per part of own work; ``wait`` their waits):
+    each part's reference and robust spread (``column_center``), every member's excess in each part,
+    and every member's wait minus the median of the others'."""
+    ref, sigma = column_center(parts, th.sigma_floor_rel)
+    return ref, sigma, parts - ref[None, :], wait - median_of_others(wait)
+
+
 def one_part_stragglers(parts: np.ndarray, wait: np.ndarray, limit: float, step_ref: float,
                         th: Thresholds) -> dict[int, tuple[float, float, int, float]]:
     """Members of one peer group (rows of ``parts``, one column per part of own work; ``wait`` their
@@ -222,9 +231,7 @@ def one_part_stragglers(parts: np.ndarray, wait: np.ndarray, limit: float, step_
     n = len(parts)
     if n < 2 or parts.shape[1] == 0:
         return {}
-    ref, sigma = column_center(parts, th.sigma_floor_rel)
-    excess = parts - ref[None, :]
-    d_wait = wait - median_of_others(wait)
+    _, sigma, excess, d_wait = part_deviations(parts, wait, th)
     hit = (excess >= limit) & (d_wait[:, None] <= -PART_WAIT_SHARE * excess)
     out: dict[int, tuple[float, float, int, float]] = {}
     for k, j in zip(*np.nonzero(hit), strict=True):
@@ -247,17 +254,15 @@ def closest_straggler(table: Table, peers: Peers, th: Thresholds) -> str | None:
             continue
         _, wait_all, parts = views(table, rows)
         names = list(parts)
-        matrix = np.stack([parts[p][rows] for p in names], axis=1)
-        ref, sigma = column_center(matrix, th.sigma_floor_rel)
-        excess = matrix - ref[None, :]
-        d_wait = wait_all[rows] - median_of_others(wait_all[rows])
+        ref, sigma, excess, d_wait = part_deviations(np.stack([parts[p][rows] for p in names], axis=1),
+                                                     wait_all[rows], th)
         step_ref = float(np.median(step_all[rows]))
         noise = th.noise_k * float(np.median(table.step_noise[rows]))
         share, z_min = group_bars(len(rows), th)
         for k in np.flatnonzero(d_wait < 0).tolist():
             j = int(np.argmax(excess[k]))
             ex, z, less = float(excess[k, j]), float(excess[k, j] / sigma[j]), -float(d_wait[k])
-            if ex < max(th.abs_ms, 0.05 * step_ref) or (best is not None and ex <= best[0]):
+            if not np.isfinite(ex) or ex < max(th.abs_ms, 0.05 * step_ref) or (best is not None and ex <= best[0]):
                 continue
             missed = [what for what, short in (
                 (f"{share:.0%} of the step", ex < share * step_ref), (f"z {z_min:.1f}", z < z_min),

@@ -109,7 +109,13 @@ def main() -> int:
                          "the captures are still read by this one's engine")
     args = ap.parse_args()
     if args.reanalyse is not None:
+        if not (args.reanalyse / "").is_dir():
+            ap.error(f"--reanalyse {args.reanalyse}: no such directory")
         return score(args.reanalyse)
+    if args.ranks < 2 or (args.faulty and args.ranks < 4):
+        ap.error(f"--ranks {args.ranks}: at least 2, and 4 with --faulty (the culprit is rank ranks-3)")
+    if args.checkout is not None and not (args.checkout / "eroica_launch").is_dir():
+        ap.error(f"--checkout {args.checkout}: not an eroica checkout (no eroica_launch/ in it)")
     culprit = str(args.ranks - 3)
     jobs = [(f"healthy{args.ranks}-{i + 1}", {}) for i in range(args.jobs)] + \
         [(f"data{args.ranks}-{i + 1}", {"FAULT": "data", "FAULT_RANK": culprit, "FAULT_FROM": "20"})
