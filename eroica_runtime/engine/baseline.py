@@ -54,16 +54,13 @@ def center(values: np.ndarray, floor_rel: float = 0.02, floor_abs: float = 0.05)
         return Center(float("nan"), float("nan"), 0)
     if n == 1:
         return Center(float(values[0]), float("inf"), 1)
-    if n == 2:
-        ref = float(values.min())
-        return Center(ref, max(floor_rel * abs(ref), floor_abs), 2)
-    med = float(np.median(values))
-    mad = float(np.median(np.abs(values - med)))
-    return Center(med, max(MAD_TO_SIGMA * mad, floor_rel * abs(med), floor_abs), n)
+    ref, sigma = column_center(values.reshape(n, 1), floor_rel, floor_abs)
+    return Center(float(ref[0]), float(sigma[0]), n)
 
 
 def column_center(sub: np.ndarray, floor_rel: float = 0.02, floor_abs: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
-    """``center`` of every column of ``sub`` (rows = 2+ peers) at once: (references, robust spreads)."""
+    """``center``'s rule for every column of ``sub`` (rows = 2+ peers) at once: (references, robust
+    spreads)."""
     if len(sub) == 2:
         ref = sub.min(axis=0)
         return ref, np.maximum(floor_rel * np.abs(ref), floor_abs)
