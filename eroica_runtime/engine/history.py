@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from eroica_runtime.engine.attribution import grown_functions
+from eroica_runtime.engine.attribution import CONTENTION_SHARE, grown_functions
 from eroica_runtime.engine.baseline import Thresholds, center, column_reference, significant
 from eroica_runtime.engine.categories import ACTIONS, work_action, work_evidence
 from eroica_runtime.engine.model import Finding
@@ -76,7 +76,6 @@ def _over_eight_steps(excess: float, z: float, step_ref: float, th: Thresholds, 
 
 # a rank starved of CPU both before the window and in it is named from this share of the step and this
 # robust z over the steps before the window: see _persistent_contention
-CONTENTION_SHARE = 0.15
 CONTENTION_Z = 2.0
 
 
