@@ -4,6 +4,11 @@ This is the only module that talks to NVML: the summary carries hardware counter
 maximum, throttle reasons, PCIe link, NVLink errors) so the diagnosis can tell a throttled or
 degraded device from slow code. Every field is read on its own and turns into ``None`` when the
 driver, the device or the library cannot give it; a sample never raises.
+
+The host side includes the process's CPU quota (cgroup v1 ``cpu.cfs_quota_us`` or v2 ``cpu.max``)
+and how long the kernel held its cgroup throttled: a container CPU limit stops every thread of the
+rank, its collective threads too, so the training thread's own clock cannot tell a rank throttled
+while its gloo thread was due from a rank waiting for its peers. Only the cgroup's counter can.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -27,6 +33,8 @@ _THROTTLE_BITS: tuple[tuple[int, str], ...] = (
 )
 
 _PROC: psutil.Process | None = None
+_CGROUP_MOUNTS: dict[str, Path] | None = None   # "v1" (the hierarchy with the cpu controller) / "v2"
+MAX_CGROUP_DEPTH = 16
 
 
 def decode_throttle(mask: int | None) -> list[str] | None:
@@ -52,6 +60,88 @@ def _read_tcp_retrans() -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def _cgroup_mounts() -> dict[str, Path]:
+    """Mount points of the cgroup v1 hierarchy that holds the cpu controller and of cgroup v2 (psutil
+    lists every mount with its options); cached once found."""
+    global _CGROUP_MOUNTS
+    if _CGROUP_MOUNTS:
+        return _CGROUP_MOUNTS
+    found: dict[str, Path] = {}
+    for part in psutil.disk_partitions(all=True):
+        if part.fstype == "cgroup" and "cpu" in part.opts.split(",") and "v1" not in found:
+            found["v1"] = Path(part.mountpoint)
+        elif part.fstype == "cgroup2" and "v2" not in found:
+            found["v2"] = Path(part.mountpoint)
+    _CGROUP_MOUNTS = found
+    return found
+
+
+def _read_words(path: Path) -> list[str]:
+    with open(path, encoding="ascii") as fh:
+        return fh.read().split()
+
+
+def _quota_cpus(d: Path, v: str) -> float | None:
+    """The CPUs a cgroup directory may use per period (None: no limit set there)."""
+    if v == "v1":
+        quota, period = int(_read_words(d / "cpu.cfs_quota_us")[0]), int(_read_words(d / "cpu.cfs_period_us")[0])
+    else:
+        words = _read_words(d / "cpu.max")
+        if words[0] == "max":
+            return None
+        quota, period = int(words[0]), int(words[1])
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def cgroup_cpu() -> tuple[float | None, float | None]:
+    """(quota in CPUs, ms the cgroup was throttled since it was made) for this process's CPU cgroup.
+
+    Re-read at every sample: a process can be moved to another cgroup while it runs. The limit that
+    binds is the smallest quota on the way up to the hierarchy's root (Kubernetes sets one on the
+    pod and one on the container); the throttle counter is the nearest cgroup with a quota, whose
+    own bandwidth timer throttles this process. Without any quota the process is never throttled:
+    (None, 0.0). (None, None) when the cgroup files cannot be read (no /sys/fs/cgroup in a network
+    namespace, an unusual layout)."""
+    mounts = _cgroup_mounts()
+    rel = None
+    version = ""
+    with open("/proc/self/cgroup", encoding="utf-8") as fh:
+        for line in fh:
+            hid, ctrls, path = line.rstrip("\n").split(":", 2)
+            if "v1" in mounts and "cpu" in ctrls.split(","):
+                rel, version = path, "v1"
+                break
+            if hid == "0" and ctrls == "" and "v2" in mounts:
+                rel, version = path, "v2"
+    if rel is None:
+        return None, None
+    root = mounts[version]
+    leaf = root / rel.lstrip("/")
+    if not leaf.is_dir():
+        leaf = root     # inside a cgroup namespace the mount is the process's own cgroup
+    quota: float | None = None
+    counter: Path | None = None
+    d = leaf
+    for _ in range(MAX_CGROUP_DEPTH):
+        try:
+            q = _quota_cpus(d, version)
+        except (OSError, ValueError, IndexError):
+            q = None
+        if q is not None:
+            quota = q if quota is None else min(quota, q)
+            counter = counter or d / "cpu.stat"
+        if d == root or root not in d.parents:
+            break
+        d = d.parent
+    if counter is None:
+        return None, 0.0
+    stat = _read_words(counter)
+    fields = dict(zip(stat[::2], stat[1::2], strict=False))
+    if "throttled_usec" in fields:          # v2
+        return quota, int(fields["throttled_usec"]) / 1e3
+    return quota, int(fields["throttled_time"]) / 1e6   # v1: ns
 
 
 def _guard(fn: Any, *args: Any) -> Any:
@@ -89,6 +179,8 @@ def host_sample() -> dict[str, Any]:
     out["net_bytes_sent"] = net.bytes_sent if net is not None else None
     out["net_bytes_recv"] = net.bytes_recv if net is not None else None
     out["net_drops"] = (net.dropin + net.dropout) if net is not None else None
+    quota_throttled = _guard(cgroup_cpu)
+    out["cpu_quota"], out["cpu_throttled_ms"] = quota_throttled if quota_throttled is not None else (None, None)
     return out
 
 

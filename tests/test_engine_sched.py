@@ -60,6 +60,12 @@ Fixtures under data/engine/, all real captures recorded on this 2-core machine:
 - ``bursty-contention-eight-steps-rank1.msgpack``: fault bench "contend-int" (run 19, 61e2256), the
   spike capture at step 58, after the burst: rank 1 busy 19.0 ms a step more than its peers in the 8
   steps before the window (25.0% of their 76 ms step, 0.01 ms under the quarter asked of a window).
+- ``quota-throttled-rank1.msgpack`` with its ``-baseline``: fault bench "throttle" (rank 1 in a cgroup
+  with a 0.15-CPU quota from step 50), the spike capture at step 57, with the cgroup's quota and
+  throttle counter in the telemetry: rank 1 held throttled 168 ms a step of its 195; the healthy step
+  46-49 ms (baseline median 49.2), 167 ms in the window; the job lost 115 ms a step from the finding
+  to the end (`time lost`). Rank 1's own work was 161 ms a step over its peers', whose own work had
+  shrunk to 29 ms with the cores to themselves.
 """
 
 from __future__ import annotations
@@ -513,3 +519,46 @@ def test_the_closest_rank_says_when_it_cleared_the_bars() -> None:
     note = closest_straggler(table, form_peers(table, world_size=4), Thresholds())
     assert note is not None and note.startswith("closest to a culprit: rank 2 on vm, forward +"), note
     assert note.endswith("it cleared the bars, and the notes above say why it was not named"), note
+
+
+def _without_cgroup_counters(sums: list[dict]) -> list[dict]:
+    out = copy.deepcopy(sums)
+    for s in out:
+        for edge in s["telemetry"].values():
+            edge["host"].pop("cpu_quota", None)
+            edge["host"].pop("cpu_throttled_ms", None)
+    return out
+
+
+def test_a_rank_held_by_its_cpu_quota_is_named_with_the_quota_and_what_to_change() -> None:
+    """The cgroup's throttle counter names the limit: "raise the CPU limit", not "another process or a
+    CPU quota" and an op the throttling happened to fall in."""
+    meta, sums = _decode("quota-throttled-rank1.msgpack")
+    _, base = _decode("quota-throttled-rank1-baseline.msgpack")
+    kw = {"step": meta["step"], "trigger": meta["trigger"], "world_size": meta["world_size"], "baseline": base}
+    # the fixture is the case: without the counters rank 1 is named in one of its ops, for contention
+    (old,) = diagnose(_without_cgroup_counters(sums), **kw).findings
+    assert (old.rank, old.category) == (1, "host") and old.function != "(CPU quota)", old.title
+    assert "cpu_quota" not in old.evidence and "another process or a CPU quota" in old.action
+    d = diagnose(sums, **kw)
+    (f,) = d.findings
+    assert (f.rank, f.category, f.function, f.phase) == (1, "host", "(CPU quota)", "host_gap"), f.title
+    assert f.evidence["cpu_quota"] == pytest.approx(0.15)
+    mine, peers = f.evidence["cgroup_throttled_ms"]
+    assert mine > 0.5 * f.evidence["step_ms"][0] and peers == 0.0, f.evidence
+    assert "0.15 CPUs" in f.title and "raise the CPU limit" in f.action, (f.title, f.action)
+    assert set(f.victims) == {0, 2, 3}
+
+
+def test_throttled_time_beyond_its_own_run_queue_is_the_ranks_own_work() -> None:
+    """Its collective threads throttled with it, rank 1's training thread slept in the all-reduce for
+    its own rank: that part of its wait moves to its own work; its peers' (never throttled) stays."""
+    meta, sums = _decode("quota-throttled-rank1.msgpack")
+    rows = np.arange(4)
+    own0, wait0, _ = views(build_table(_without_cgroup_counters(sums)), rows)
+    own1, wait1, parts = views(build_table(sums), rows)
+    moved = wait0 - wait1
+    assert moved[1] > 0.25 * wait0[1], (wait0, wait1)
+    assert own1[1] - own0[1] == pytest.approx(moved[1])
+    assert np.allclose(moved[[0, 2, 3]], 0.0) and np.allclose(own1[[0, 2, 3]], own0[[0, 2, 3]])
+

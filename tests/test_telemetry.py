@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import gc
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 import types
@@ -16,7 +19,7 @@ import pytest
 from eroica_runtime import telemetry
 
 HOST_KEYS = {"cpu_s", "wall_s", "ctx_vol", "ctx_invol", "load1", "cpu_mhz", "mem_rss_mb", "mem_avail_mb",
-             "tcp_retrans", "net_bytes_sent", "net_bytes_recv", "net_drops"}
+             "tcp_retrans", "net_bytes_sent", "net_bytes_recv", "net_drops", "cpu_quota", "cpu_throttled_ms"}
 GPU_KEYS = {"sm_mhz", "sm_max_mhz", "mem_mhz", "mem_max_mhz", "throttle", "temp_c", "power_w", "power_limit_w",
             "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max", "nvlink_crc", "nvlink_replay",
             "ecc_corrected", "ecc_uncorrected"}
@@ -153,3 +156,63 @@ def test_nvml_only_in_telemetry() -> None:
     offenders = [str(p) for p in (root / "eroica_runtime").rglob("*.py")
                  if p.name != "telemetry.py" and "pynvml" in p.read_text(errors="replace")]
     assert offenders == []
+
+
+_SPIN_AND_REPORT = """
+import json, sys, time
+from eroica_runtime import telemetry
+print("ready", flush=True)
+sys.stdin.readline()                      # moved into the cgroup by now
+before = telemetry.host_sample()
+end = time.monotonic() + 1.0
+while time.monotonic() < end:
+    pass
+after = telemetry.host_sample()
+print(json.dumps([before["cpu_quota"], before["cpu_throttled_ms"], after["cpu_throttled_ms"],
+                  after["wall_s"] - before["wall_s"]]), flush=True)
+"""
+
+
+@pytest.mark.root
+def test_cpu_quota_and_throttled_time_of_a_real_cgroup() -> None:
+    """A process held to 0.1 CPU by a real cgroup quota reads that quota and how long the kernel held
+    it throttled: most of a second of spinning (the engine's evidence for a CPU-limited rank)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from faultlib import faults
+
+    if os.geteuid() != 0 or faults.cgroup_cpu_mode() is None:
+        pytest.skip("needs root and a cgroup cpu controller")
+    outside = telemetry.cgroup_cpu()
+    assert outside[1] is not None and (outside[0] is not None or outside[1] == 0.0), outside
+    child = subprocess.Popen([sys.executable, "-c", _SPIN_AND_REPORT], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    jail = faults.CgroupJail("cpu", f"eroica-test-quota-{child.pid}")
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline().strip() == "ready"
+        d = jail.create()
+        if jail.mode == "v1":
+            (d / "cpu.cfs_period_us").write_text("100000")
+            (d / "cpu.cfs_quota_us").write_text("10000")
+        else:
+            (d / "cpu.max").write_text("10000 100000")
+        jail.add(child.pid)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        out, _ = child.communicate(timeout=60)
+    finally:
+        child.kill()
+        jail.release()
+    quota, thr0, thr1, wall = json.loads(out.strip().splitlines()[-1])
+    assert quota == pytest.approx(0.1)
+    # a spinning thread on a tenth of a CPU: throttled for most of the second (0.9 if exact)
+    assert 0.5 * wall * 1e3 < thr1 - thr0 <= 1.05 * wall * 1e3, (thr0, thr1, wall)
+
+
+def test_cgroup_reading_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unreadable cgroup (no /sys/fs/cgroup in a network namespace) leaves both fields None."""
+    def boom(*_a: Any, **_k: Any) -> Any:
+        raise OSError("no such file")
+    monkeypatch.setattr(telemetry, "cgroup_cpu", boom)
+    host = telemetry.host_sample()
+    assert host["cpu_quota"] is None and host["cpu_throttled_ms"] is None

@@ -53,6 +53,9 @@ from eroica_runtime.engine.attribution import (
 from eroica_runtime.engine.baseline import Thresholds
 from eroica_runtime.engine.categories import (
     ACTIONS,
+    QUOTA_FUNCTION,
+    quota_action,
+    quota_evidence,
     telemetry_refinement,
     transfer_evidence,
     work_action,
@@ -81,10 +84,16 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float,
     host = table.hosts[int(table.host_idx[row])]
     contended = bool(c.sched and c.sched["starved"] and c.sched["runq_ms"][0] - c.sched["runq_ms"][1]
                      >= 0.5 * c.excess_ms)
+    quota = quota_evidence(table, row, peers.groups[c.group], c.excess_ms)
     if contended or stopped:   # runnable without a CPU, not only in this window; or stopped outright
         c = replace(c, category="host")
-    tele_ev, hint = telemetry_refinement(table, row, peers.groups[c.group], c.category)
-    if contended and c.sched:
+    if quota:   # held by its CPU quota: whichever op the throttling fell in is incidental
+        c = replace(c, category="host", function=QUOTA_FUNCTION, phase="host_gap")
+    tele_ev, hint = telemetry_refinement(table, row, peers.groups[c.group], c.category, quota_named=bool(quota))
+    if quota:
+        tele_ev.update(quota)
+        hint = (quota_action(quota, c.step) + " " + hint).strip()
+    elif contended and c.sched:
         rq, rq_ref = c.sched["runq_ms"]
         hint = (f"Runnable but waiting for a CPU {rq:.1f} ms/step vs peers' {rq_ref:.1f} (run queue), in the "
                 "steps before the window too: CPU contention — another process or a CPU quota (cgroup) "
@@ -120,12 +129,19 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float,
         (ACTIONS.get(c.category, "") + (" Also: " + hint if hint else ""))
     if "throttling" in hint and "hardware_throttle" in tele_ev:
         action = hint + " " + ACTIONS.get(c.category, "")
+    if quota:
+        action = hint
     if c.category == "compute" and c.function_col is not None:
         work_ev, work = work_evidence(table, row, peers.groups[c.group], c.function_col)
         ev.update(work_ev)
         action = work_action(work_ev, work, action, hint)
     title = (f"rank {rank} on {host}: {c.category} in {c.function} "
              f"(+{c.excess_ms:.1f} ms/step own work, {len(c.victims)} ranks waiting on it)")
+    if quota:
+        limit = f" of {quota['cpu_quota']:.2f} CPUs" if "cpu_quota" in quota else ""
+        title = (f"rank {rank} on {host}: host — throttled by its CPU quota{limit} "
+                 f"{quota['cgroup_throttled_ms'][0]:.1f} ms/step (+{c.excess_ms:.1f} ms/step own work, "
+                 f"{len(c.victims)} ranks waiting on it)")
     return Finding(category=c.category, rank=rank, host=host, function=c.function, phase=c.phase,
                    impact_ms_per_step=c.cost_ms, what_if_step_ms=what_if,
                    victims=tuple(int(v) for v in c.victims), evidence=ev, action=action.strip(), title=title)
@@ -260,7 +276,7 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
     # grows alike then, which looks like the network but is them
     held = sorted(set(stopped) | {int(r) for r in table.rows_of(
         [int(f.rank) for f in findings if f.rank is not None and f.category == "host"
-         and (f.evidence.get("cpu_starved") or "stopped" in f.evidence)])})
+         and (f.evidence.get("cpu_starved") or "stopped" in f.evidence or "cgroup_throttled_ms" in f.evidence)])})
 
     slower = None   # (median step now, at the baseline) when the step grew and nothing explains it
     if baseline is not None:

@@ -25,6 +25,7 @@ from eroica_runtime.engine.categories import (
     function_candidates,
     is_memory_function,
     pick_category,
+    throttled_ms,
 )
 from eroica_runtime.engine.peers import Peers
 from eroica_runtime.engine.table import Table
@@ -107,6 +108,21 @@ def views(table: Table, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[
         hidden = np.nan_to_num(np.clip(np.minimum(busy, table.col("step")) - own, 0.0, None))
         own, wait = own + hidden, np.maximum(wait - hidden, 0.0)
         parts["host_gap"] = parts["host_gap"] + hidden
+    throttled = throttled_ms(table)
+    if np.isfinite(throttled[rows]).any():
+        # A CPU quota throttles the whole process, its collective threads too: the training thread
+        # then sleeps in a collective that its own rank holds up, which neither its CPU nor its run
+        # queue shows. The cgroup's throttled time beyond the thread's own run-queue time (throttled
+        # while runnable itself, counted above) is that. Without a run queue, the throttled time is
+        # taken as spread over the step like the rest of it.
+        runq = table.sch("runq")
+        step = table.col("step")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            spread = np.where(step > 0, throttled * wait / step, 0.0)
+        extra = np.where(np.isfinite(runq), throttled - runq, spread)
+        extra = np.minimum(np.nan_to_num(np.clip(extra, 0.0, None)), wait)
+        own, wait = own + extra, wait - extra
+        parts["host_gap"] = parts["host_gap"] + extra
     return own, wait, parts
 
 

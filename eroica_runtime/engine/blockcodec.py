@@ -25,10 +25,9 @@ import msgpack
 import numpy as np
 
 from eroica_runtime.engine.table import (
-    _GPU_GAUGES,
-    _HOST_COUNTERS,
     DEVICE_COLUMNS,
     SCHED_COLUMNS,
+    TELEMETRY_KEYS,
     FnKey,
     FnPattern,
     GroupCodes,
@@ -38,14 +37,14 @@ from eroica_runtime.engine.table import (
 from eroica_runtime.summary import PHASES
 from eroica_runtime.summary.schema import MAX_NAME, MAX_STEPS_LISTED, MAX_WORLD
 
-BLOCK_SCHEMA = "eroica.block/2"     # /1 (a list of segments of self-described arrays): not read
+BLOCK_SCHEMA = "eroica.block/3"     # /2 (no CPU quota columns), /1 (self-described arrays): not read
 MAX_BLOCK_BYTES = 256 << 20       # one node's block, decompressed (a node of 64 ranks is ~1 MB)
 MAX_ROWS = 1 << 16                # ranks a node leader may speak for
 MAX_LIST = 1 << 16                # segments, patterns, functions, groups, hosts in one block
 UNION_ABOVE = 16                  # rank 0 joins its blocks' function lists into one above this many
 ZLIB_LEVEL = 1                    # measured: level 1 is ~as small as 6 on these columns, 3x faster
 DECIMALS = (0, 4)                 # places tried: counts, and summary.build's round(x, 4) (fewer are included)
-TELEMETRY = _HOST_COUNTERS + _GPU_GAUGES
+TELEMETRY = TELEMETRY_KEYS
 
 
 class BlockError(ValueError):

@@ -27,13 +27,15 @@ ALIKE_DIMS = frozenset({"dp", "tp", "cp", "sp", "ep", "fsdp", "ddp", "shard", "r
                         "default", "mp", "model"})
 # telemetry counters (delta end-start) and gauges (value at the end of the window)
 _HOST_COUNTERS = ("cpu_s", "wall_s", "ctx_vol", "ctx_invol", "tcp_retrans", "net_drops", "io_read_bytes",
-                  "io_write_bytes")
+                  "io_write_bytes", "cpu_throttled_ms")
+_HOST_GAUGES = ("cpu_quota",)
 _GPU_GAUGES = ("sm_mhz", "sm_max_mhz", "temp_c", "power_w", "power_limit_w", "pcie_gen", "pcie_gen_max",
                "pcie_width", "pcie_width_max")
 # the device timeline (summary "device_phases", ms or MB per step); NaN for ranks without one
 DEVICE_COLUMNS = ("busy", "compute", "comm", "comm_exposed", "transfer", "idle", "forward", "backward",
                   "optimizer", "htod_ms", "htod_mb", "htod_pageable_mb", "dtoh_ms", "dtoh_mb", "dtoh_pageable_mb")
 DEVICE_INDEX = {c: i for i, c in enumerate(DEVICE_COLUMNS)}
+TELEMETRY_KEYS = _HOST_COUNTERS + _HOST_GAUGES + _GPU_GAUGES
 # the training thread's time from the step clock, ms per step: in the window ("cpu", "runq") and
 # in the last HISTORY_RECENT steps before it ("hist_*", data = ms in DataLoader next(), gc = GC pauses); over the window and all the history shipped:
 # steps in which the process was stopped and continued ("stops"), their ms beyond the rank's median
@@ -298,7 +300,7 @@ def merge_segments(segs: list[Segment], *, canonical: bool = False) -> Segment:
         cap_step=cat([s.cap_step for s in segs]), cap_trigger=cap_trigger, hosts=list(host_ids),
         host_code=cat(host_code), pats=pats, stage=cat([s.stage for s in segs]),
         groups=[GroupCodes(alike, gpos, list(known), code) for (gpos, alike), (known, code) in groups_by.items()],
-        tele={k: cat([s.tele[k] for s in segs]) for k in _HOST_COUNTERS + _GPU_GAUGES},
+        tele={k: cat([s.tele[k] for s in segs]) for k in TELEMETRY_KEYS},
         throttle={int(loc + o): v for s, o in zip(segs, offs.tolist(), strict=False) for loc, v in s.throttle.items()},
         gc_count=cat([s.gc_count for s in segs]), device=cat([s.device for s in segs]))
 
@@ -312,7 +314,9 @@ def block_wants(path: tuple[Any, ...]) -> bool:
     if top == "functions":
         return len(path) == 3 and path[2] in ("ms", "count")
     if top == "telemetry" and len(path) == 4 and path[1] in ("start", "end"):
-        return (path[2] == "host" and path[3] in _HOST_COUNTERS) or (path[2] == "gpu" and path[3] in _GPU_GAUGES)
+        return (path[2] == "host" and path[3] in _HOST_COUNTERS) or \
+            (path[1] == "end" and path[2] == "host" and path[3] in _HOST_GAUGES) or \
+            (path[2] == "gpu" and path[3] in _GPU_GAUGES)
     return False
 
 
@@ -337,7 +341,7 @@ class TableBuilder:
         self._d: dict[str, list[Any]] = {k: [] for k in (
             "index", "rank", "badp", "phases", "steps", "noise", "sched", "comm", "cap_step", "cap_trigger", "host",
             "stage", "groups", "gc", "device")}
-        self._d_tele: dict[str, list[float]] = {k: [] for k in _HOST_COUNTERS + _GPU_GAUGES}
+        self._d_tele: dict[str, list[float]] = {k: [] for k in TELEMETRY_KEYS}
         self._d_throttle: dict[int, list[str]] = {}
         self._d_pats: dict[tuple[FnKey, ...], tuple[array, array, array]] = {}
         self._d_cache: Segment | None = None
@@ -424,6 +428,8 @@ class TableBuilder:
         t1 = (t.get("end") or {}).get("host") or {}
         for key in _HOST_COUNTERS:
             self._d_tele[key].append(_num(t1.get(key)) - _num(t0.get(key)))
+        for key in _HOST_GAUGES:
+            self._d_tele[key].append(_num(t1.get(key)))
         g1 = (t.get("end") or {}).get("gpu") or {}
         for key in _GPU_GAUGES:
             self._d_tele[key].append(_num(g1.get(key)))
@@ -555,6 +561,7 @@ class TableBuilder:
 
         tele = {key: col(("telemetry", "end", "host", key)) - col(("telemetry", "start", "host", key))
                 for key in _HOST_COUNTERS}
+        tele.update({key: col(("telemetry", "end", "host", key)) for key in _HOST_GAUGES})
         tele.update({key: col(("telemetry", "end", "gpu", key)) for key in _GPU_GAUGES})
         g1 = _lookup(doc, ("telemetry", "end", "gpu"))
         reasons = g1.get("throttle") if isinstance(g1, dict) else None
@@ -769,7 +776,7 @@ class TableBuilder:
             fn_ms=_p(fn_ms), fn_count=_p(fn_count),
             stage=_p(gather(lambda s: s.stage, dtype=np.int32, fill=-1)), alike_groups=alike_groups,
             unknown_groups=len(unknown),
-            telemetry={k: _p(gather(lambda s, k=k: s.tele[k])) for k in _HOST_COUNTERS + _GPU_GAUGES},
+            telemetry={k: _p(gather(lambda s, k=k: s.tele[k])) for k in TELEMETRY_KEYS},
             throttle=inv_throttle, gc_count=_p(gather(lambda s: s.gc_count)),
             step_noise=_p(np.nan_to_num(gather(lambda s: s.noise))),
             device=_p(device_rows) if n and np.isfinite(device_rows[:, 1]).any() else None,
