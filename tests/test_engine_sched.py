@@ -66,6 +66,10 @@ Fixtures under data/engine/, all real captures recorded on this 2-core machine:
   46-49 ms (baseline median 49.2), 167 ms in the window; the job lost 115 ms a step from the finding
   to the end (`time lost`). Rank 1's own work was 161 ms a step over its peers', whose own work had
   shrunk to 29 ms with the cores to themselves.
+- ``quota-all-ranks.msgpack``: the fault bench's train job with every rank in its own cgroup of 0.3
+  CPUs from step 1 (``EROICA_BENCH_FAULT=throttle:rank=*:start=1:quota=0.3``, 4 ranks, 2 cores), the
+  baseline capture at step 13: ranks held throttled 0-26 ms a step, the step 80-90 ms against 46-50
+  without the quota; every rank alike, so the comparison names nobody.
 """
 
 from __future__ import annotations
@@ -562,3 +566,30 @@ def test_throttled_time_beyond_its_own_run_queue_is_the_ranks_own_work() -> None
     assert own1[1] - own0[1] == pytest.approx(moved[1])
     assert np.allclose(moved[[0, 2, 3]], 0.0) and np.allclose(own1[[0, 2, 3]], own0[[0, 2, 3]])
 
+
+
+def test_ranks_alike_but_held_by_their_cpu_quota_are_reported_from_the_first_capture() -> None:
+    """A CPU limit too small for the job slows it from its first step: the baseline capture has no rank
+    to stand out, but the time the kernel held ranks throttled is lost all the same."""
+    meta, sums = _decode("quota-all-ranks.msgpack")
+    kw = {"step": meta["step"], "trigger": meta["trigger"], "world_size": meta["world_size"]}
+    assert diagnose(_without_cgroup_counters(sums), **kw).healthy     # the case: nothing to compare
+    (f,) = diagnose(sums, **kw).findings
+    assert (f.category, f.function, f.rank, f.host) == ("host", "(CPU quota)", None, "vm"), f.title
+    assert f.evidence["cpu_quota"] == pytest.approx(0.3) and f.evidence["step_share"] >= 0.1
+    assert len(f.evidence["ranks"]) >= 2 and f.evidence["worst_rank"] in f.evidence["ranks"]
+    assert f.impact_ms_per_step == pytest.approx(f.evidence["cgroup_throttled_ms"][0])
+    assert "0.30 CPUs" in f.title and "raise the CPU limit" in f.action
+
+
+def test_cpu_quota_on_many_hosts_is_one_finding_for_the_job() -> None:
+    meta, sums = _decode("quota-all-ranks.msgpack")
+    many = []
+    for h in range(6):
+        for s in sums:
+            c = copy.deepcopy(s)
+            c["rank"], c["host"] = h * 4 + s["rank"], f"node{h}"
+            many.append(c)
+    (f,) = diagnose(many, step=meta["step"], trigger=meta["trigger"], world_size=24).findings
+    assert (f.function, f.rank, f.host) == ("(CPU quota)", None, None), f.title
+    assert f.evidence["hosts"] == [f"node{h}" for h in range(6)] and "on 6 hosts" in f.title

@@ -53,9 +53,6 @@ from eroica_runtime.engine.attribution import (
 from eroica_runtime.engine.baseline import Thresholds
 from eroica_runtime.engine.categories import (
     ACTIONS,
-    QUOTA_FUNCTION,
-    quota_action,
-    quota_evidence,
     telemetry_refinement,
     transfer_evidence,
     work_action,
@@ -66,6 +63,7 @@ from eroica_runtime.engine.history import history_culprits
 from eroica_runtime.engine.impact import culprit_what_if
 from eroica_runtime.engine.model import CATEGORIES, Diagnosis, Finding
 from eroica_runtime.engine.peers import Peers, form_peers, parse_topology
+from eroica_runtime.engine.quota import QUOTA_FUNCTION, quota_action, quota_evidence, quota_findings
 from eroica_runtime.engine.stalls import action as stall_action
 from eroica_runtime.engine.stalls import stall_finding, stalls
 from eroica_runtime.engine.table import Table, TableBuilder, build_table
@@ -272,11 +270,16 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
         excesses += [f.impact_ms_per_step for f in earlier]
         named |= {int(r) for r in table.rows_of([int(f.rank) for f in earlier if f.rank is not None])}
     findings = _merge_hosts(table, findings)
+    # ranks their CPU quota held throttled, alike or not: no peer needs to stand out for that time to be lost
+    findings.extend(quota_findings(table, th, named | {int(r) for r in table.rows_of(
+        [int(f.rank) for f in findings if f.rank is not None and "cgroup_throttled_ms" in f.evidence])}))
     # ranks whose own collective threads were stopped or starved of CPU with them: every rank's wait
     # grows alike then, which looks like the network but is them
     held = sorted(set(stopped) | {int(r) for r in table.rows_of(
         [int(f.rank) for f in findings if f.rank is not None and f.category == "host"
-         and (f.evidence.get("cpu_starved") or "stopped" in f.evidence or "cgroup_throttled_ms" in f.evidence)])})
+         and (f.evidence.get("cpu_starved") or "stopped" in f.evidence)]
+        + [int(r) for f in findings if f.function == QUOTA_FUNCTION
+           for r in (f.evidence.get("ranks") or ([f.rank] if f.rank is not None else []))])})
 
     slower = None   # (median step now, at the baseline) when the step grew and nothing explains it
     if baseline is not None:

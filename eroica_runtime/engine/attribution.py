@@ -25,9 +25,9 @@ from eroica_runtime.engine.categories import (
     function_candidates,
     is_memory_function,
     pick_category,
-    throttled_ms,
 )
 from eroica_runtime.engine.peers import Peers
+from eroica_runtime.engine.quota import throttled_ms
 from eroica_runtime.engine.table import Table
 from eroica_runtime.summary import OWN_WORK_PHASES
 

@@ -112,48 +112,6 @@ def _cpu_share(t: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
         return np.where(wall > 0, t["cpu_s"][rows] / wall, np.nan)
 
 
-def throttled_ms(table: Table) -> np.ndarray:
-    """ms per step each rank's cgroup was held throttled by its CPU quota (NaN where not measured):
-    the share of the window's wall time the kernel's throttle counter grew by, times the rank's step.
-    The counter is the cgroup's (one clock for the group, not one per CPU); a share above 1 or below
-    0 (the process moved to another cgroup inside the window) is clipped."""
-    t = table.telemetry
-    thr, wall = t.get("cpu_throttled_ms"), t.get("wall_s")
-    if thr is None or wall is None:
-        return np.full(table.n, np.nan)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        share = np.where(wall > 0, thr / (wall * 1e3), np.nan)
-    return np.clip(share, 0.0, 1.0) * table.col("step")
-
-
-QUOTA_SHARE = 0.5   # throttled ms per step at least this share of the culprit's excess: the quota made it slow
-QUOTA_FUNCTION = "(CPU quota)"   # a finding's function when the quota, not an op, is what to change
-
-
-def quota_evidence(table: Table, row: int, peer_rows: np.ndarray, excess_ms: float) -> dict[str, Any]:
-    """{"cgroup_throttled_ms": [rank, peers' median], "cpu_quota": CPUs} when the rank's CPU quota held it
-    throttled for at least QUOTA_SHARE of its excess a step, and clearly more than its peers; else {}."""
-    thr = throttled_ms(table)
-    peers = peer_rows[peer_rows != row]
-    mine, ref = float(thr[row]), _median(thr[peers])
-    ref = ref if math.isfinite(ref) else 0.0
-    if not math.isfinite(mine) or mine - ref < QUOTA_SHARE * excess_ms or mine <= 0.0:
-        return {}
-    quota = float(table.telemetry["cpu_quota"][row]) if "cpu_quota" in table.telemetry else math.nan
-    return {"cgroup_throttled_ms": [mine, ref], **({"cpu_quota": quota} if math.isfinite(quota) else {})}
-
-
-def quota_action(ev: dict[str, Any], step_ms: float) -> str:
-    """The sentence for ``quota_evidence``: which limit, how much of the step it took, what to change."""
-    mine, ref = ev["cgroup_throttled_ms"]
-    quota = ev.get("cpu_quota")
-    limit = f"Its cgroup's CPU quota ({quota:.2f} CPUs)" if quota is not None else "Its cgroup's CPU quota"
-    share = f" ({mine / step_ms:.0%} of its step)" if step_ms > 0 else ""
-    return (f"{limit} held it throttled {mine:.1f} ms/step{share} vs peers' {ref:.1f}, its collective threads "
-            "too: raise the CPU limit (Kubernetes resources.limits.cpu, Slurm --cpus-per-task, cgroup cpu.max) "
-            "or run fewer threads in it (OMP_NUM_THREADS, DataLoader workers).")
-
-
 def telemetry_refinement(table: Table, row: int, peer_rows: np.ndarray, category: str,
                          quota_named: bool = False) -> tuple[dict[str, Any], str]:
     """Evidence and action from telemetry: GPU throttling, CPU contention / CPU share below peers

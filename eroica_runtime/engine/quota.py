@@ -1,0 +1,128 @@
+"""A CPU quota (a container's CPU limit) that held ranks throttled: evidence from the cgroup's counters.
+
+The kernel throttles a cgroup that used up its quota for the rest of the period: every thread of the
+rank stops, its collective threads too, so the training thread's own clock cannot tell a rank held
+throttled while its gloo thread was due from a rank waiting for its peers (``attribution.views``
+counts that time as the rank's own work). The summary's telemetry carries the quota and the
+cgroup's throttle counter at the window's edges (telemetry.cgroup_cpu).
+
+Two uses: a culprit found by the comparison with its peers is named for its quota when the quota
+held it throttled for at least half its excess (``quota_evidence``); and ranks held throttled for a
+tenth of their step or more are reported even when all of them are alike (``quota_findings``), with
+no peer to stand out from: a pod whose CPU limit is too small for its ranks and their DataLoader
+workers slows the whole job from its first step, and its baseline capture looks "healthy".
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from eroica_runtime.engine.baseline import Thresholds
+from eroica_runtime.engine.model import Finding
+from eroica_runtime.engine.table import Table
+
+QUOTA_SHARE = 0.5          # throttled ms per step at least this share of a culprit's excess: the quota made it slow
+QUOTA_STEP_SHARE = 0.1     # ... or this share of the rank's step: held throttled, whatever its peers did
+QUOTA_FUNCTION = "(CPU quota)"   # a finding's function when the quota, not an op, is what to change
+HOSTS_LISTED = 4
+
+
+def throttled_ms(table: Table) -> np.ndarray:
+    """ms per step each rank's cgroup was held throttled by its CPU quota (NaN where not measured):
+    the share of the window's wall time the kernel's throttle counter grew by, times the rank's step.
+    The counter is the cgroup's (one clock for the group, not one per CPU); a share above 1 or below
+    0 (the process moved to another cgroup inside the window) is clipped."""
+    t = table.telemetry
+    thr, wall = t.get("cpu_throttled_ms"), t.get("wall_s")
+    if thr is None or wall is None:
+        return np.full(table.n, np.nan)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(wall > 0, thr / (wall * 1e3), np.nan)
+    return np.clip(share, 0.0, 1.0) * table.col("step")
+
+
+def _quota(table: Table, rows: np.ndarray) -> float | None:
+    """The smallest quota (CPUs) the rows reported, None when none did."""
+    q = table.telemetry.get("cpu_quota")
+    vals = q[rows][np.isfinite(q[rows])] if q is not None else np.zeros(0)
+    return float(vals.min()) if vals.size else None
+
+
+def quota_evidence(table: Table, row: int, peer_rows: np.ndarray, excess_ms: float) -> dict[str, Any]:
+    """{"cgroup_throttled_ms": [rank, peers' median], "cpu_quota": CPUs} when the rank's CPU quota held it
+    throttled for at least QUOTA_SHARE of its excess a step, and clearly more than its peers; else {}."""
+    thr = throttled_ms(table)
+    peers = peer_rows[peer_rows != row]
+    vals = thr[peers][np.isfinite(thr[peers])]
+    mine, ref = float(thr[row]), float(np.median(vals)) if vals.size else 0.0
+    if not math.isfinite(mine) or mine <= 0.0 or mine - ref < QUOTA_SHARE * excess_ms:
+        return {}
+    quota = _quota(table, np.asarray([row]))
+    return {"cgroup_throttled_ms": [mine, ref], **({"cpu_quota": quota} if quota is not None else {})}
+
+
+def _raise_the_limit() -> str:
+    return ("raise the CPU limit (Kubernetes resources.limits.cpu, Slurm --cpus-per-task, cgroup cpu.max) or run "
+            "fewer threads in it (OMP_NUM_THREADS, DataLoader workers).")
+
+
+def quota_action(ev: dict[str, Any], step_ms: float) -> str:
+    """The sentence for ``quota_evidence``: which limit, how much of the step it took, what to change."""
+    mine, ref = ev["cgroup_throttled_ms"]
+    quota = ev.get("cpu_quota")
+    limit = f"Its cgroup's CPU quota ({quota:.2f} CPUs)" if quota is not None else "Its cgroup's CPU quota"
+    share = f" ({mine / step_ms:.0%} of its step)" if step_ms > 0 else ""
+    return f"{limit} held it throttled {mine:.1f} ms/step{share} vs peers' {ref:.1f}, its collective threads too: " \
+        + _raise_the_limit()
+
+
+def quota_findings(table: Table, th: Thresholds, named: set[int]) -> list[Finding]:
+    """Ranks (not ``named`` rows) that their CPU quota held throttled for at least QUOTA_STEP_SHARE of
+    their step, however alike their peers are: one finding per host, or one for the job when more
+    than HOSTS_LISTED hosts have them. Its cost is the longest throttled time a step among them (a
+    synchronous step waits for its most throttled rank), as the counter says, not a measured loss: a
+    throttled period can fall while the rank would have waited anyway, and its peers wait for it on
+    top. Every rank of those hosts held throttled a ms or more a step is listed."""
+    thr = throttled_ms(table)
+    step = table.col("step")
+    with np.errstate(invalid="ignore"):
+        share = np.where(step > 0, thr / step, np.nan)
+        held = np.isfinite(thr) & (thr >= th.abs_ms)
+        over = held & (share >= QUOTA_STEP_SHARE)
+    free = np.asarray([r not in named for r in range(table.n)], dtype=bool)
+    hosts = np.unique(table.host_idx[over & free]).tolist()
+    if not hosts:
+        return []
+    groups = [hosts] if len(hosts) > HOSTS_LISTED else [[h] for h in hosts]
+    sizes = np.bincount(table.host_idx, minlength=len(table.hosts))
+    step_med = float(np.median(step))
+    out: list[Finding] = []
+    for hs in groups:
+        on = np.flatnonzero(held & free & np.isin(table.host_idx, hs))
+        worst = int(on[np.argmax(thr[on])])
+        ms, frac = float(thr[worst]), float(share[worst])
+        ranks = sorted(int(r) for r in table.rank[on])
+        quota = _quota(table, on)
+        limit = f" ({quota:.2f} CPUs)" if quota is not None else ""
+        if len(hs) > 1:
+            host, who = None, f"{len(ranks)} ranks on {len(hs)} hosts"
+        else:
+            host = table.hosts[hs[0]]
+            who = f"rank {ranks[0]} on {host}" if len(ranks) == 1 else \
+                f"host {host}: {len(ranks)} of {int(sizes[hs[0]])} ranks"
+        ev: dict[str, Any] = {"cgroup_throttled_ms": [ms, float(np.median(thr[on]))], "step_share": frac,
+                              "ranks": ranks, "worst_rank": int(table.rank[worst]),
+                              **({"hosts": [table.hosts[h] for h in hs]} if len(hs) > 1 else
+                                 {"ranks_on_host": int(sizes[hs[0]])}),
+                              **({"cpu_quota": quota} if quota is not None else {})}
+        out.append(Finding(
+            category="host", rank=ranks[0] if len(ranks) == 1 else None, host=host, function=QUOTA_FUNCTION,
+            phase="host_gap", impact_ms_per_step=ms, what_if_step_ms=max(step_med - ms, 0.0), evidence=ev,
+            action=(f"The kernel held {'this rank' if len(ranks) == 1 else 'these ranks'} throttled by the CPU "
+                    f"quota{limit}, up to {ms:.1f} ms/step ({frac:.0%} of the step, rank {int(table.rank[worst])}): "
+                    "the job needs more CPU than the limit gives; " + _raise_the_limit()),
+            title=f"{who} held throttled by the CPU quota{limit}, up to {ms:.1f} ms/step ({frac:.0%} of the step)"))
+    return out
