@@ -77,6 +77,25 @@ def check_nvml() -> list[Check]:
                   else "")]
 
 
+def check_cpu_quota() -> list[Check]:
+    """The CPU limit of this process's cgroup (a container's), which the ranks launched from here share
+    or inherit: too small a limit slows a job from its first step, and eroica reports it."""
+    from eroica_runtime.telemetry import cgroup_cpu
+
+    try:
+        quota, throttled = cgroup_cpu()
+    except (OSError, ValueError, IndexError) as exc:
+        return [Check("CPU quota (cgroup)", True, f"cannot read the cgroup files ({type(exc).__name__}): "
+                      "eroica will not see CPU throttling")]
+    cpus = os.cpu_count() or 0
+    if throttled is None:
+        return [Check("CPU quota (cgroup)", True, "cannot read the cgroup files: eroica will not see CPU throttling")]
+    if quota is None:
+        return [Check("CPU quota (cgroup)", True, f"none ({cpus} CPUs visible)")]
+    return [Check("CPU quota (cgroup)", True, f"{quota:.2f} CPUs of {cpus} visible; the cgroup has been held "
+                  f"throttled {throttled / 1e3:.1f} s so far (eroica reports ranks it throttles)")]
+
+
 def check_slurm() -> list[Check]:
     job = os.environ.get("SLURM_JOB_ID")
     srun = shutil.which("srun")
@@ -109,7 +128,7 @@ def check_injection() -> list[Check]:
 
 
 def run_checks() -> list[Check]:
-    return [*check_mpi(), *check_torch(), *check_nvml(), *check_slurm(), *check_injection()]
+    return [*check_mpi(), *check_torch(), *check_nvml(), *check_cpu_quota(), *check_slurm(), *check_injection()]
 
 
 def render(checks: list[Check]) -> tuple[str, int]:

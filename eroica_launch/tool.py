@@ -13,7 +13,7 @@ def cli() -> None:
 
 @cli.command()
 def doctor() -> None:
-    """Print what eroica would use here (MPI, launcher, torch, CUDA, NVML, Slurm, injection) and what to fix."""
+    """Print what eroica would use here (MPI, launcher, torch, CUDA, NVML, CPU quota, Slurm, injection) and what to fix."""
     from eroica_launch.doctor import render, run_checks
 
     text, code = render(run_checks())
