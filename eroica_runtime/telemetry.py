@@ -34,6 +34,7 @@ _THROTTLE_BITS: tuple[tuple[int, str], ...] = (
 
 _PROC: psutil.Process | None = None
 _CGROUP_MOUNTS: dict[str, Path] | None = None   # "v1" (the hierarchy with the cpu controller) / "v2"
+PROC_CGROUP = "/proc/self/cgroup"
 MAX_CGROUP_DEPTH = 16
 
 
@@ -107,7 +108,7 @@ def cgroup_cpu() -> tuple[float | None, float | None]:
     mounts = _cgroup_mounts()
     rel = None
     version = ""
-    with open("/proc/self/cgroup", encoding="utf-8") as fh:
+    with open(PROC_CGROUP, encoding="utf-8") as fh:
         for line in fh:
             hid, ctrls, path = line.rstrip("\n").split(":", 2)
             if "v1" in mounts and "cpu" in ctrls.split(","):

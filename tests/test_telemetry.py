@@ -216,3 +216,43 @@ def test_cgroup_reading_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(telemetry, "cgroup_cpu", boom)
     host = telemetry.host_sample()
     assert host["cpu_quota"] is None and host["cpu_throttled_ms"] is None
+
+
+def _cgroup_tree(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+@pytest.mark.parametrize("layout", ["v2", "v2-namespaced", "v1"])
+def test_cgroup_quota_is_the_smallest_up_the_tree_and_throttling_the_nearest(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str) -> None:
+    """The file layouts a rank meets (cgroup v2 on a host or inside a container's cgroup namespace,
+    cgroup v1's cpu hierarchy): a pod-level limit of 2 CPUs above a container's 1.5, the container's
+    throttle counter. This machine has only v1, so its files are laid out here."""
+    if layout == "v1":
+        _cgroup_tree(tmp_path, {"kubepods/cpu.cfs_quota_us": "200000\n", "kubepods/cpu.cfs_period_us": "100000\n",
+                                "kubepods/c1/cpu.cfs_quota_us": "150000\n", "kubepods/c1/cpu.cfs_period_us": "100000\n",
+                                "kubepods/c1/cpu.stat": "nr_periods 9\nnr_throttled 4\nthrottled_time 2500000000\n",
+                                "cpu.cfs_quota_us": "-1\n", "cpu.cfs_period_us": "100000\n"})
+        proc = "12:cpu,cpuacct:/kubepods/c1\n0::/\n"
+    else:
+        _cgroup_tree(tmp_path, {"kubepods/cpu.max": "200000 100000\n", "kubepods/c1/cpu.max": "150000 100000\n",
+                                "kubepods/c1/cpu.stat": "usage_usec 1\nnr_throttled 4\nthrottled_usec 2500000\n"})
+        proc = "0::/kubepods/c1\n"
+    root = tmp_path
+    if layout == "v2-namespaced":     # the container sees its own cgroup as the mount's root
+        root = tmp_path / "kubepods" / "c1"
+        proc = "0::/\n"
+    (tmp_path / "proc-cgroup").write_text(proc)
+    monkeypatch.setattr(telemetry, "PROC_CGROUP", str(tmp_path / "proc-cgroup"))
+    monkeypatch.setattr(telemetry, "_CGROUP_MOUNTS", {layout[:2]: root})
+    quota, throttled = telemetry.cgroup_cpu()
+    assert throttled == pytest.approx(2500.0)
+    assert quota == pytest.approx(1.5)
+    if layout != "v2-namespaced":    # no limit anywhere: never throttled
+        (tmp_path / "proc-cgroup").write_text(proc.replace("kubepods/c1", "system"))
+        (tmp_path / "system").mkdir()
+        if layout == "v2":
+            (tmp_path / "system" / "cpu.max").write_text("max 100000\n")
+        assert telemetry.cgroup_cpu() == (None, 0.0)

@@ -137,7 +137,7 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float,
              f"(+{c.excess_ms:.1f} ms/step own work, {len(c.victims)} ranks waiting on it)")
     if quota:
         limit = f" of {quota['cpu_quota']:.2f} CPUs" if "cpu_quota" in quota else ""
-        title = (f"rank {rank} on {host}: host — throttled by its CPU quota{limit} "
+        title = (f"rank {rank} on {host}: host — held throttled by its CPU quota{limit} for "
                  f"{quota['cgroup_throttled_ms'][0]:.1f} ms/step (+{c.excess_ms:.1f} ms/step own work, "
                  f"{len(c.victims)} ranks waiting on it)")
     return Finding(category=c.category, rank=rank, host=host, function=c.function, phase=c.phase,
@@ -271,8 +271,7 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
         named |= {int(r) for r in table.rows_of([int(f.rank) for f in earlier if f.rank is not None])}
     findings = _merge_hosts(table, findings)
     # ranks their CPU quota held throttled, alike or not: no peer needs to stand out for that time to be lost
-    findings.extend(quota_findings(table, th, named | {int(r) for r in table.rows_of(
-        [int(f.rank) for f in findings if f.rank is not None and "cgroup_throttled_ms" in f.evidence])}))
+    findings.extend(quota_findings(table, th, named))
     # ranks whose own collective threads were stopped or starved of CPU with them: every rank's wait
     # grows alike then, which looks like the network but is them
     held = sorted(set(stopped) | {int(r) for r in table.rows_of(
