@@ -408,6 +408,9 @@ def find_victims(table: Table, culprits: list[Culprit], th: Thresholds) -> None:
     Waits are compared as shares of each rank's own mean step: the ranks' windows are not cut at
     exactly the same instants (a preempted rank's steps run a few ms longer or shorter), and in
     absolute terms that skew could push a real victim under the bar. Culprits are never victims.
+    How much longer they waited (``waited_ms``) is that share of the victims' own step, not the
+    culprit's: a rank held by its CPU quota had its window's steps cut 28 ms longer than its peers'
+    (195 vs 167 ms), which made its victims' wait 162.8 ms a step where their steps hold 134.
     """
     culprit_rows = np.asarray([c.row for c in culprits], dtype=np.int64)
     step = table.col("step")
@@ -420,4 +423,4 @@ def find_victims(table: Table, culprits: list[Culprit], th: Thresholds) -> None:
         waited[culprit_rows] = False
         c.victims = table.rank[waited]
         if waited.any() and c.step > 0:
-            c.waited_ms = float(np.median(share[waited]) - c.comm / c.step) * c.step
+            c.waited_ms = float(np.median(share[waited]) - c.comm / c.step) * float(np.median(step[waited]))
