@@ -92,7 +92,7 @@ def quota_findings(table: Table, th: Thresholds, named: set[int]) -> list[Findin
         share = np.where(step > 0, thr / step, np.nan)
         held = np.isfinite(thr) & (thr >= th.abs_ms)
         over = held & (share >= QUOTA_STEP_SHARE)
-    free = np.asarray([r not in named for r in range(table.n)], dtype=bool)
+    free = ~np.isin(np.arange(table.n), np.fromiter(named, dtype=np.int64, count=len(named)))
     hosts = np.unique(table.host_idx[over & free]).tolist()
     if not hosts:
         return []
