@@ -593,3 +593,25 @@ def test_cpu_quota_on_many_hosts_is_one_finding_for_the_job() -> None:
     (f,) = diagnose(many, step=meta["step"], trigger=meta["trigger"], world_size=24).findings
     assert (f.function, f.rank, f.host) == ("(CPU quota)", None, None), f.title
     assert f.evidence["hosts"] == [f"node{h}" for h in range(6)] and "on 6 hosts" in f.title
+
+
+def test_cpu_quota_costs_a_gpu_job_only_while_its_device_waits_for_the_host() -> None:
+    """On a GPU the host runs ahead: throttled time counts only up to the device's idle time. The
+    same throttled ranks with a device that never waited for its host have no quota finding; with a
+    device idle a third of the step, the finding says what the device waited, not more."""
+    meta, sums = _decode("quota-all-ranks.msgpack")
+    kw = {"step": meta["step"], "trigger": meta["trigger"], "world_size": meta["world_size"]}
+
+    def on_gpu(idle_share: float) -> list[dict]:
+        out = copy.deepcopy(sums)
+        for s in out:
+            step = s["phases"]["step"]
+            s["device_phases"] = {"busy": step * (1 - idle_share), "compute": step * (1 - idle_share),
+                                  "comm": 0.0, "comm_exposed": 0.0, "transfer": 0.0, "idle": step * idle_share,
+                                  "forward": 0.0, "backward": step * (1 - idle_share), "optimizer": 0.0}
+        return out
+
+    assert diagnose(on_gpu(0.0), **kw).healthy
+    (f,) = diagnose(on_gpu(0.15), **kw).findings
+    assert f.function == "(CPU quota)" and f.impact_ms_per_step == pytest.approx(f.evidence["device_idle_ms"])
+    assert f.impact_ms_per_step < f.evidence["cgroup_throttled_ms"][0]

@@ -85,8 +85,13 @@ def quota_findings(table: Table, th: Thresholds, named: set[int]) -> list[Findin
     than HOSTS_LISTED hosts have them. Its cost is the longest throttled time a step among them (a
     synchronous step waits for its most throttled rank), as the counter says, not a measured loss: a
     throttled period can fall while the rank would have waited anyway, and its peers wait for it on
-    top. Every rank of those hosts held throttled a ms or more a step is listed."""
-    thr = throttled_ms(table)
+    top. On a GPU the host runs ahead of the device, and throttling costs the step only while the
+    device sits idle for want of the host: there the time counted is at most the device's idle time
+    (a DataLoader's workers throttled while the GPU computes cost nothing). Every rank of those hosts
+    held throttled a ms or more a step is listed."""
+    held_ms = throttled_ms(table)
+    idle = table.dev("idle")
+    thr = np.where(np.isfinite(idle), np.minimum(held_ms, idle), held_ms)
     step = table.col("step")
     with np.errstate(invalid="ignore"):
         share = np.where(step > 0, thr / step, np.nan)
@@ -113,7 +118,9 @@ def quota_findings(table: Table, th: Thresholds, named: set[int]) -> list[Findin
             host = table.hosts[hs[0]]
             who = f"rank {ranks[0]} on {host}" if len(ranks) == 1 else \
                 f"host {host}: {len(ranks)} of {int(sizes[hs[0]])} ranks"
-        ev: dict[str, Any] = {"cgroup_throttled_ms": [ms, float(np.median(thr[on]))], "step_share": frac,
+        ev: dict[str, Any] = {"cgroup_throttled_ms": [float(held_ms[worst]), float(np.median(held_ms[on]))],
+                              "step_share": frac,
+                              **({"device_idle_ms": float(idle[worst])} if np.isfinite(idle[worst]) else {}),
                               "ranks": ranks, "worst_rank": int(table.rank[worst]),
                               **({"hosts": [table.hosts[h] for h in hs]} if len(hs) > 1 else
                                  {"ranks_on_host": int(sizes[hs[0]])}),
