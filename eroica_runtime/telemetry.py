@@ -101,10 +101,10 @@ def cgroup_cpu() -> tuple[float | None, float | None]:
 
     Re-read at every sample: a process can be moved to another cgroup while it runs. The limit that
     binds is the smallest quota on the way up to the hierarchy's root (Kubernetes sets one on the
-    pod and one on the container); the throttle counter is the nearest cgroup with a quota, whose
-    own bandwidth timer throttles this process. Without any quota the process is never throttled:
-    (None, 0.0). (None, None) when the cgroup files cannot be read (no /sys/fs/cgroup in a network
-    namespace, an unusual layout)."""
+    pod and one on the container), and the throttle counter is that cgroup's (the nearest of equal
+    ones): each cgroup's bandwidth timer counts only the throttling its own quota did. Without any
+    quota the process is never throttled: (None, 0.0). (None, None) when the cgroup files cannot be
+    read (no /sys/fs/cgroup in a network namespace, an unusual layout)."""
     mounts = _cgroup_mounts()
     rel = None
     version = ""
@@ -130,9 +130,8 @@ def cgroup_cpu() -> tuple[float | None, float | None]:
             q = _quota_cpus(d, version)
         except (OSError, ValueError, IndexError):
             q = None
-        if q is not None:
-            quota = q if quota is None else min(quota, q)
-            counter = counter or d / "cpu.stat"
+        if q is not None and (quota is None or q < quota):
+            quota, counter = q, d / "cpu.stat"
         if d == root or root not in d.parents:
             break
         d = d.parent

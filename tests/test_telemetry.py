@@ -250,6 +250,10 @@ def test_cgroup_quota_is_the_smallest_up_the_tree_and_throttling_the_nearest(
     quota, throttled = telemetry.cgroup_cpu()
     assert throttled == pytest.approx(2500.0)
     assert quota == pytest.approx(1.5)
+    if layout == "v2":   # a pod limit below the container's binds: its counter is the one read
+        _cgroup_tree(tmp_path, {"kubepods/cpu.max": "100000 100000\n",
+                                "kubepods/cpu.stat": "usage_usec 1\nnr_throttled 9\nthrottled_usec 7000000\n"})
+        assert telemetry.cgroup_cpu() == (pytest.approx(1.0), pytest.approx(7000.0))
     if layout != "v2-namespaced":    # no limit anywhere: never throttled
         (tmp_path / "proc-cgroup").write_text(proc.replace("kubepods/c1", "system"))
         (tmp_path / "system").mkdir()

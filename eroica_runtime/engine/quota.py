@@ -45,9 +45,9 @@ def throttled_ms(table: Table) -> np.ndarray:
 
 
 def _quota(table: Table, rows: np.ndarray) -> float | None:
-    """The smallest quota (CPUs) the rows reported, None when none did."""
+    """The smallest quota (CPUs) the rows reported, None when none did (or only nonsense)."""
     q = table.telemetry.get("cpu_quota")
-    vals = q[rows][np.isfinite(q[rows])] if q is not None else np.zeros(0)
+    vals = q[rows][np.isfinite(q[rows]) & (q[rows] > 0)] if q is not None else np.zeros(0)
     return float(vals.min()) if vals.size else None
 
 
