@@ -83,7 +83,9 @@ class Runtime:
         # GC pauses inside eroica's own boundary work (collections its summary building set off) are
         # not the training's: the step clock's per-step GC ms leaves them out, as it does the time
         self._own_gc_ms = 0.0
-        self.clock = StepClock(self._on_boundary, gc_ms=lambda: self.gc.snapshot()[1] - self._own_gc_ms)
+        self.throttle = telemetry.ThrottleClock()
+        self.clock = StepClock(self._on_boundary, gc_ms=lambda: self.gc.snapshot()[1] - self._own_gc_ms,
+                               throttled_ms=self.throttle.read)
         self.trigger = Trigger(cfg)
         self.capture = Capture()
         self.pg_keeper = GroupKeeper()
@@ -181,6 +183,7 @@ class Runtime:
         self._pending = None
         self.capture.abandon()
         self.clock.uninstall()
+        self.throttle.close()
         if self.watchdog is not None:
             self.watchdog.stop()
 
@@ -377,6 +380,8 @@ class Runtime:
                     row["data"], row["gc"] = round(thread[s][3], 3), round(thread[s][4], 3)
                     if thread[s][2]:
                         row["stops"] = thread[s][2]
+                    if thread[s][5]:
+                        row["thr"] = round(thread[s][5], 3)
                 steps.append(row)
         before = [(s, m) for s, m in self.clock.durations if s < first and s in thread][-HISTORY_STEPS:]
         while before and before[0][0] != first - len(before):   # keep the contiguous tail only
@@ -390,6 +395,8 @@ class Runtime:
                                 "gc": [round(thread[s][4], 3) for s, _ in before]}
         if any(thread[s][2] for s, _ in before):
             hist["stops"] = [thread[s][2] for s, _ in before]
+        if any(thread[s][5] for s, _ in before):   # held throttled by a CPU quota: only where it was
+            hist["thr"] = [round(thread[s][5], 3) for s, _ in before]
         return steps, hist
 
     # ---- groups, signals ---------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ own clock) and run-queue wait (``/proc/thread-self/schedstat``: runnable, but no
 The rest was spent blocked (a collective, the next batch, storage, a sleep, a SIGSTOP); a step in
 which the process was stopped and continued (SIGSTOP/SIGCONT: a freezing agent, a debugger, Slurm's
 suspend) is marked by the SIGCONT it received; time spent getting the next batch from a DataLoader
-and in GC pauses is counted too. These cost ~3 µs a step and let the engine tell a rank that was
+and in GC pauses is counted too, and how long the process's CPU quota held it throttled
+(telemetry.ThrottleClock, ~3 µs more). These cost ~3 µs a step and let the engine tell a rank that was
 slow only because the scheduler ran others first from one that is persistently slow, and name a
 rank from the steps before a capture window when the window missed its slow steps.
 """
@@ -105,16 +106,20 @@ def _time_dataloader(clock: StepClock) -> Callable[[], None] | None:
 
 class StepClock:
     def __init__(self, on_boundary: Callable[[int, float], None], history: int = HISTORY,
-                 gc_ms: Callable[[], float] | None = None) -> None:
+                 gc_ms: Callable[[], float] | None = None,
+                 throttled_ms: Callable[[], float | None] | None = None) -> None:
         self.on_boundary = on_boundary
         self.gc_ms = gc_ms                # cumulative GC pause ms (telemetry.GcMonitor), if watched
         self._gc_last = 0.0
+        self.throttled_ms = throttled_ms  # cumulative ms held throttled by a CPU quota (telemetry.ThrottleClock)
+        self._thr_last = 0.0
         self.step = 0                     # index of the step that ends at the next boundary
         self.durations: deque[tuple[int, float]] = deque(maxlen=history)
         self.all_ms: list[float] = []     # step times of steps 1, 2, ... (compact, for the job summary)
-        # (step, cpu ms, run-queue ms, times continued, ms waiting for batches, ms in GC pauses) of
-        # the training thread, eroica's own boundary work excluded
-        self.thread: deque[tuple[int, float, float, int, float, float]] = deque(maxlen=THREAD_HISTORY)
+        # (step, cpu ms, run-queue ms, times continued, ms waiting for batches, ms in GC pauses, ms
+        # the process was held throttled by its CPU quota) of the training thread, eroica's own
+        # boundary work excluded
+        self.thread: deque[tuple[int, float, float, int, float, float, float]] = deque(maxlen=THREAD_HISTORY)
         self.continued = 0                # SIGCONTs received (the runtime's handler counts them)
         self._continued_last = 0
         self.data_ms = 0.0                # time in DataLoader next() (waiting for a batch), cumulative
@@ -180,13 +185,16 @@ class StepClock:
             times = self._times = ThreadTimes()
         sample = times.sample()
         continued, data, gc = self.continued, self.data_ms, self.gc_ms() if self.gc_ms is not None else 0.0
+        thr = (self.throttled_ms() if self.throttled_ms is not None else None) or 0.0
         if step > 0:  # step 0 also holds start-up (model build, first batch): not a step time
             self.durations.append((step, ms))
             self.all_ms.append(ms)
             if self._t_last is not None:
                 self.thread.append((step, sample[0] - self._t_last[0], sample[1] - self._t_last[1],
-                                    continued - self._continued_last, data - self._data_last, gc - self._gc_last))
+                                    continued - self._continued_last, data - self._data_last, gc - self._gc_last,
+                                    thr - self._thr_last))
         self._t_last, self._continued_last, self._data_last, self._gc_last = sample, continued, data, gc
+        self._thr_last = thr
         self.step += 1
         if self._cuda:
             self._record_cuda(step)

@@ -70,6 +70,10 @@ Fixtures under data/engine/, all real captures recorded on this 2-core machine:
   CPUs from step 1 (``EROICA_BENCH_FAULT=throttle:rank=*:start=1:quota=0.3``, 4 ranks, 2 cores), the
   baseline capture at step 13: ranks held throttled 0-26 ms a step, the step 80-90 ms against 46-50
   without the quota; every rank alike, so the comparison names nobody.
+- ``quota-bursts-rank1.msgpack``: fault bench "throttle-int" (rank 1 in a 0.15-CPU cgroup 8 steps in
+  20 from step 50), the spike capture at step 58, after the burst: the step clock's history says how
+  long the quota held rank 1 throttled in each step before the window (``history.thr``, 130 ms a step
+  over the last 8); the window itself saw none.
 """
 
 from __future__ import annotations
@@ -615,3 +619,27 @@ def test_cpu_quota_costs_a_gpu_job_only_while_its_device_waits_for_the_host() ->
     (f,) = diagnose(on_gpu(0.15), **kw).findings
     assert f.function == "(CPU quota)" and f.impact_ms_per_step == pytest.approx(f.evidence["device_idle_ms"])
     assert f.impact_ms_per_step < f.evidence["cgroup_throttled_ms"][0]
+
+
+def _without_step_clock_throttling(sums: list[dict]) -> list[dict]:
+    out = copy.deepcopy(sums)
+    for s in out:
+        s.get("history", {}).pop("thr", None)
+        for st in s["steps"]:
+            st.pop("thr", None)
+    return out
+
+
+def test_a_quota_binding_in_bursts_is_named_from_the_steps_before_the_window() -> None:
+    """The window opened as the burst ended; the step clock's per-step throttled time names the quota
+    (without it, the same rank is named for being busy, "CPU contention or a CPU quota")."""
+    meta, sums = _decode("quota-bursts-rank1.msgpack")
+    kw = {"step": meta["step"], "trigger": meta["trigger"], "world_size": meta["world_size"]}
+    (old,) = diagnose(_without_step_clock_throttling(sums), **kw).findings
+    assert (old.rank, old.function) == (1, "(steps before the window)"), old.title
+    (f,) = diagnose(sums, **kw).findings
+    assert (f.rank, f.category, f.function, f.phase) == (1, "host", "(CPU quota)", "host_gap"), f.title
+    mine, peers = f.evidence["cgroup_throttled_ms"]
+    assert mine >= 0.5 * f.evidence["excess_ms"] and peers == 0.0, f.evidence
+    assert "steps before the window" in f.title and "in bursts" in f.action and "raise the CPU limit" in f.action
+    assert set(f.victims) == {0, 2, 3}

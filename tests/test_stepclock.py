@@ -71,8 +71,9 @@ def test_each_step_records_its_thread_cpu_run_queue_and_batch_wait() -> None:
         clock.uninstall()
     rows = list(clock.thread)
     assert [r[0] for r in rows] == [1, 2, 3, 4, 5]
-    for _, cpu, runq, stops, data, gc in rows:
+    for _, cpu, runq, stops, data, gc, thr in rows:
         assert cpu + runq >= 4.0 and runq >= 0 and stops == 0 and gc == 0   # 5 ms running or runnable
+        assert thr == 0.0                        # no quota clock given: nothing held
         assert 7.0 <= data < 40.0, rows          # the batch wait is counted, every step
     # uninstall puts torch's DataLoader back as it was
     from torch.utils.data.dataloader import _BaseDataLoaderIter

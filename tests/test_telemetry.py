@@ -161,15 +161,18 @@ def test_nvml_only_in_telemetry() -> None:
 _SPIN_AND_REPORT = """
 import json, sys, time
 from eroica_runtime import telemetry
+clock = telemetry.ThrottleClock()         # made before the move, as a rank's is at its start
+first = clock.read()
 print("ready", flush=True)
 sys.stdin.readline()                      # moved into the cgroup by now
 before = telemetry.host_sample()
+moved = clock.read()
 end = time.monotonic() + 1.0
 while time.monotonic() < end:
     pass
 after = telemetry.host_sample()
 print(json.dumps([before["cpu_quota"], before["cpu_throttled_ms"], after["cpu_throttled_ms"],
-                  after["wall_s"] - before["wall_s"]]), flush=True)
+                  after["wall_s"] - before["wall_s"], first, moved, clock.read()]), flush=True)
 """
 
 
@@ -203,10 +206,13 @@ def test_cpu_quota_and_throttled_time_of_a_real_cgroup() -> None:
     finally:
         child.kill()
         jail.release()
-    quota, thr0, thr1, wall = json.loads(out.strip().splitlines()[-1])
+    quota, thr0, thr1, wall, first, moved, last = json.loads(out.strip().splitlines()[-1])
     assert quota == pytest.approx(0.1)
     # a spinning thread on a tenth of a CPU: throttled for most of the second (0.9 if exact)
     assert 0.5 * wall * 1e3 < thr1 - thr0 <= 1.05 * wall * 1e3, (thr0, thr1, wall)
+    # the per-step clock follows the move into the cgroup and counts from there, with no jump
+    assert first == 0.0 and moved is not None and moved < 0.2 * (thr1 - thr0), (first, moved)
+    assert last - moved == pytest.approx(thr1 - thr0, rel=0.1, abs=20.0), (moved, last, thr0, thr1)
 
 
 def test_cgroup_reading_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,8 +3,10 @@
 Slowness in bursts (a CPU quota or co-located hogs that come and go, 8 slow steps in 20) is seen by
 the vote 6-7 steps after it starts, so a 3-step window often opens as the burst ends and every rank
 looks alike in it. The step clock's last HISTORY_RECENT steps before the window are then the burst
-itself: a rank whose training thread ran or waited for a CPU (CPU + run-queue ms per step), or
-waited for its next batch (DataLoader next()), far longer than its peers' there was the slow one.
+itself: a rank whose training thread ran or waited for a CPU (CPU + run-queue ms per step, plus the
+time its CPU quota held the process throttled beyond that: its collective threads too), or waited
+for its next batch (DataLoader next()), far longer than its peers' there was the slow one; one held
+by its quota for half of that is named for the quota (``_quota_finding``).
 A wait for peers is spent asleep in a collective, so neither measure counts a victim's waiting.
 Only for captures a detector asked for (a baseline or a person's capture is no claim that anything
 was slow) and with the same robust bars as the window's culprits, but for one case: a rank starved
@@ -14,6 +16,8 @@ shows too is reported as such, with the function the window names (``_in_window_
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from eroica_runtime.engine.attribution import CONTENTION_SHARE, grown_functions
@@ -21,6 +25,7 @@ from eroica_runtime.engine.baseline import Thresholds, center, column_reference,
 from eroica_runtime.engine.categories import ACTIONS, work_action, work_evidence
 from eroica_runtime.engine.model import Finding
 from eroica_runtime.engine.peers import Peers
+from eroica_runtime.engine.quota import QUOTA_FUNCTION, quota_evidence, raise_the_limit
 from eroica_runtime.engine.table import HISTORY_RECENT, Table
 
 TRIGGERED = ("spike", "drift", "throughput")
@@ -34,7 +39,10 @@ def history_culprits(table: Table, peers: Peers, th: Thresholds, trigger: str,
         return []
     cpu, runq, step = table.sch("hist_cpu"), table.sch("hist_runq"), table.sch("hist_ms")
     data = np.nan_to_num(table.sch("hist_data"))   # older summaries: not measured
-    measures = {"busy": cpu + runq, "data": data}
+    # held throttled by a CPU quota beyond its own run queue: its collective threads were held too
+    # (attribution.views does the same for the window)
+    held = np.clip(np.nan_to_num(table.sch("hist_thr")) - np.nan_to_num(runq), 0.0, None)
+    measures = {"busy": cpu + runq + held, "data": data}
     out: list[Finding] = []
     for rows in peers.groups:
         if len(rows) < 3 or not np.isfinite(cpu[rows] + runq[rows]).all() or not np.isfinite(step[rows]).all():
@@ -154,6 +162,9 @@ def _finding(table: Table, rows: np.ndarray, row: int, excess: float, step_ref: 
     host = table.hosts[int(table.host_idx[row])]
     victims = tuple(int(r) for r in table.rank[peers].tolist())
     steady = _in_window_too(table, rows, row, excess, cause)
+    quota = quota_evidence(table, row, rows, excess, np.nan_to_num(table.sch("hist_thr"))) if kind == "busy" else {}
+    if quota:
+        return _quota_finding(table, rows, row, excess, step_ref, quota, steady is not None)
     what = (f"waiting for its next batch {data[row]:.1f} ms/step vs peers' {data_ref:.1f}"
             if kind == "data" else
             f"in Python GC pauses {gc[row]:.1f} ms/step vs peers' {gc_ref:.1f}" if collecting else
@@ -191,3 +202,25 @@ def _finding(table: Table, rows: np.ndarray, row: int, excess: float, step_ref: 
     return Finding(category=category, rank=rank, host=host, function=function, phase=phase,
                    impact_ms_per_step=excess, what_if_step_ms=max(step_ref - excess, 0.0), victims=victims,
                    evidence=ev, action=action.strip(), title=title)
+
+
+def _quota_finding(table: Table, rows: np.ndarray, row: int, excess: float, step_ref: float,
+                   quota: dict[str, Any], steady: bool) -> Finding:
+    """A rank its CPU quota held throttled in the steps before the window (the step clock's count of
+    the cgroup's throttled time): the quota is what to change, whichever op the throttling fell in."""
+    rank = int(table.rank[row])
+    host = table.hosts[int(table.host_idx[row])]
+    victims = tuple(int(r) for r in table.rank[rows[rows != row]].tolist())
+    mine, ref = quota["cgroup_throttled_ms"]
+    limit = f" of {quota['cpu_quota']:.2f} CPUs" if "cpu_quota" in quota else ""
+    when = "in the window and the steps before it" if steady else "in the steps just before the window, in bursts"
+    ev = {"excess_ms": excess, "seen_in": f"the {HISTORY_RECENT} steps before the window (step clock)",
+          "step_ms": [float(table.sch("hist_ms")[row]), step_ref], "victims_count": len(victims), **quota}
+    return Finding(
+        category="host", rank=rank, host=host, function=QUOTA_FUNCTION, phase="host_gap",
+        impact_ms_per_step=excess, what_if_step_ms=max(step_ref - excess, 0.0), victims=victims, evidence=ev,
+        action=(f"Its cgroup's CPU quota{limit} held it throttled {mine:.1f} ms/step vs peers' {ref:.1f} {when}, "
+                "its collective threads too: " + raise_the_limit()),
+        title=(f"rank {rank} on {host}: host — held throttled by its CPU quota{limit} for {mine:.1f} ms/step in "
+               f"the {HISTORY_RECENT} steps before the window (+{excess:.1f} ms/step busy, {len(victims)} ranks "
+               "waiting on it)"))

@@ -51,10 +51,13 @@ def _quota(table: Table, rows: np.ndarray) -> float | None:
     return float(vals.min()) if vals.size else None
 
 
-def quota_evidence(table: Table, row: int, peer_rows: np.ndarray, excess_ms: float) -> dict[str, Any]:
+def quota_evidence(table: Table, row: int, peer_rows: np.ndarray, excess_ms: float,
+                   throttled: np.ndarray | None = None) -> dict[str, Any]:
     """{"cgroup_throttled_ms": [rank, peers' median], "cpu_quota": CPUs} when the rank's CPU quota held it
-    throttled for at least QUOTA_SHARE of its excess a step, and clearly more than its peers; else {}."""
-    thr = throttled_ms(table)
+    throttled for at least QUOTA_SHARE of its excess a step, and clearly more than its peers; else {}.
+    ``throttled``: ms a step per row (default: the window's, ``throttled_ms``; the step clock's for
+    the steps before the window)."""
+    thr = throttled_ms(table) if throttled is None else throttled
     peers = peer_rows[peer_rows != row]
     vals = thr[peers][np.isfinite(thr[peers])]
     mine, ref = float(thr[row]), float(np.median(vals)) if vals.size else 0.0
@@ -64,7 +67,7 @@ def quota_evidence(table: Table, row: int, peer_rows: np.ndarray, excess_ms: flo
     return {"cgroup_throttled_ms": [mine, ref], **({"cpu_quota": quota} if quota is not None else {})}
 
 
-def _raise_the_limit() -> str:
+def raise_the_limit() -> str:
     return ("raise the CPU limit (Kubernetes resources.limits.cpu, Slurm --cpus-per-task, cgroup cpu.max) or run "
             "fewer threads in it (OMP_NUM_THREADS, DataLoader workers).")
 
@@ -76,7 +79,7 @@ def quota_action(ev: dict[str, Any], step_ms: float) -> str:
     limit = f"Its cgroup's CPU quota ({quota:.2f} CPUs)" if quota is not None else "Its cgroup's CPU quota"
     share = f" ({mine / step_ms:.0%} of its step)" if step_ms > 0 else ""
     return f"{limit} held it throttled {mine:.1f} ms/step{share} vs peers' {ref:.1f}, its collective threads too: " \
-        + _raise_the_limit()
+        + raise_the_limit()
 
 
 def quota_findings(table: Table, th: Thresholds, named: set[int]) -> list[Finding]:
@@ -130,6 +133,6 @@ def quota_findings(table: Table, th: Thresholds, named: set[int]) -> list[Findin
             phase="host_gap", impact_ms_per_step=ms, what_if_step_ms=max(step_med - ms, 0.0), evidence=ev,
             action=(f"The kernel held {'this rank' if len(ranks) == 1 else 'these ranks'} throttled by the CPU "
                     f"quota{limit}, up to {ms:.1f} ms/step ({frac:.0%} of the step, rank {int(table.rank[worst])}): "
-                    "the job needs more CPU than the limit gives; " + _raise_the_limit()),
+                    "the job needs more CPU than the limit gives; " + raise_the_limit()),
             title=f"{who} held throttled by the CPU quota{limit}, up to {ms:.1f} ms/step ({frac:.0%} of the step)"))
     return out

@@ -37,11 +37,12 @@ DEVICE_COLUMNS = ("busy", "compute", "comm", "comm_exposed", "transfer", "idle",
 DEVICE_INDEX = {c: i for i, c in enumerate(DEVICE_COLUMNS)}
 TELEMETRY_KEYS = _HOST_COUNTERS + _HOST_GAUGES + _GPU_GAUGES
 # the training thread's time from the step clock, ms per step: in the window ("cpu", "runq") and
-# in the last HISTORY_RECENT steps before it ("hist_*", data = ms in DataLoader next(), gc = GC pauses); over the window and all the history shipped:
+# in the last HISTORY_RECENT steps before it ("hist_*", data = ms in DataLoader next(), gc = GC pauses,
+# thr = held throttled by a CPU quota, NaN where the history has no such column); over the window and all the history shipped:
 # steps in which the process was stopped and continued ("stops"), their ms beyond the rank's median
 # step ("stop_ms", total) and the steps seen; NaN for ranks that did not record it
 SCHED_COLUMNS = ("cpu", "runq", "hist_ms", "hist_cpu", "hist_runq", "hist_data", "hist_gc", "stops", "stop_ms",
-                 "steps_seen")
+                 "steps_seen", "hist_thr")
 SCHED_INDEX = {c: i for i, c in enumerate(SCHED_COLUMNS)}
 HISTORY_RECENT = 8     # a burst is seen by the vote 6-7 steps before the window opens
 
@@ -837,7 +838,7 @@ def _sched_block(doc: dict[str, Any], col: Any, m: int) -> np.ndarray:
     def hist_cols(c: str) -> list[np.ndarray]:
         return [col(("history", c, j)) for j in range(len(list(hist.get(c) or [])))]
 
-    recent = {c: hist_cols(c)[-HISTORY_RECENT:] for c in ("ms", "cpu", "runq", "data", "gc")}
+    recent = {c: hist_cols(c)[-HISTORY_RECENT:] for c in ("ms", "cpu", "runq", "data", "gc", "thr")}
     ms = hist_cols("ms") + [col(("steps", i, "ms")) for i in win]
     if hist.get("stops"):
         stops = [c != 0 for c in hist_cols("stops")]
@@ -849,7 +850,7 @@ def _sched_block(doc: dict[str, Any], col: Any, m: int) -> np.ndarray:
     out = np.full((m, len(SCHED_COLUMNS)), np.nan)
     out[:, SCHED_INDEX["cpu"]] = _seq_mean([col(("steps", i, "cpu")) for i in win], m)
     out[:, SCHED_INDEX["runq"]] = _seq_mean([col(("steps", i, "runq")) for i in win], m)
-    for c in ("ms", "cpu", "runq", "data", "gc"):
+    for c in ("ms", "cpu", "runq", "data", "gc", "thr"):
         out[:, SCHED_INDEX[f"hist_{c}"]] = _seq_mean(recent[c], m)
     if win:
         if t:
@@ -875,7 +876,7 @@ def _sched_row(s: dict[str, Any]) -> list[float]:
     """SCHED_COLUMNS of one summary: means over the window's steps and the recent history."""
     win = [x for x in s["steps"] if "cpu" in x and "runq" in x]
     hist = s.get("history") or {}
-    recent = {c: list(hist.get(c) or [])[-HISTORY_RECENT:] for c in ("ms", "cpu", "runq", "data", "gc")}
+    recent = {c: list(hist.get(c) or [])[-HISTORY_RECENT:] for c in ("ms", "cpu", "runq", "data", "gc", "thr")}
     ms = [float(x) for x in hist.get("ms") or []] + [float(x["ms"]) for x in win]
     stops = [bool(x) for x in hist.get("stops") or [0] * len(hist.get("ms") or [])] + \
         [bool(x.get("stops")) for x in win]
@@ -885,7 +886,8 @@ def _sched_row(s: dict[str, Any]) -> list[float]:
     return [_mean([x["cpu"] for x in win]), _mean([x["runq"] for x in win]),
             _mean(recent["ms"]), _mean(recent["cpu"]), _mean(recent["runq"]), _mean(recent["data"]),
             _mean(recent["gc"]),
-            float(sum(stops)) if win else math.nan, stop_ms if win else math.nan, float(len(ms)) if win else math.nan]
+            float(sum(stops)) if win else math.nan, stop_ms if win else math.nan, float(len(ms)) if win else math.nan,
+            _mean(recent["thr"])]
 
 
 def _ragged(rows: list[list[float]]) -> np.ndarray:

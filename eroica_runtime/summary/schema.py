@@ -70,13 +70,14 @@ MAX_STEPS_LISTED = 100_000
 MAX_GROUPS = 256
 MAX_HISTORY = 4096
 # per window step, besides {step, ms}: the training thread's CPU ms and run-queue ms (step clock),
-# and ms blocked in collectives (the profiled timeline)
-STEP_EXTRAS = ("cpu", "runq", "comm", "stops", "data", "gc")
+# and ms blocked in collectives (the profiled timeline), ms the process was held throttled by its
+# CPU quota (present when it was)
+STEP_EXTRAS = ("cpu", "runq", "comm", "stops", "data", "gc", "thr")
 # the steps before the window, one column each: wall ms, thread CPU ms, run-queue ms; optional:
 # SIGCONTs received in the step (present when there were some), ms in DataLoader next(), ms in
-# GC pauses
+# GC pauses, ms held throttled by a CPU quota (present when some step was)
 HISTORY_COLUMNS = ("ms", "cpu", "runq")
-HISTORY_OPTIONAL = ("stops", "data", "gc")
+HISTORY_OPTIONAL = ("stops", "data", "gc", "thr")
 MAX_NAME = 4096
 MAX_TELEMETRY_DEPTH = 4
 MAX_TELEMETRY_LEAVES = 4096

@@ -1,7 +1,8 @@
 """Micro-cost of eroica's per-step pieces on real ranks (run under mpiexec -n N).
 
-Times, per call in microseconds: the optimizer post-hook path into the step clock, the local
-detector, posting the vote (Iallreduce), and completing it at the configured lag.
+Times, per call in microseconds: the optimizer post-hook path into the step clock (without and
+with the CPU-quota clock, telemetry.ThrottleClock, as the runtime installs it), the local detector,
+posting the vote (Iallreduce), and completing it at the configured lag.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 from eroica_runtime.config import Config
 from eroica_runtime.sidechannel import SideChannel
 from eroica_runtime.stepclock import StepClock
+from eroica_runtime.telemetry import ThrottleClock, cgroup_cpu
 from eroica_runtime.trigger import Trigger
 
 N = 3000
@@ -48,6 +50,13 @@ def main() -> None:
     hooked = timed_steps()
     clock.uninstall()
     hook_cost = [h - b for h, b in zip(sorted(hooked), sorted(bare), strict=True)]
+    throttle = ThrottleClock()
+    clock = StepClock(lambda step, ms: None, throttled_ms=throttle.read)
+    clock.install()
+    hooked_thr = timed_steps()
+    clock.uninstall()
+    throttle.close()
+    hook_thr_cost = [h - b for h, b in zip(sorted(hooked_thr), sorted(bare), strict=True)]
 
     # 2. local detector
     det = []
@@ -74,6 +83,7 @@ def main() -> None:
         side.wait_vote(h, 30)
     if side.rank == 0:
         result = {"ranks": side.size, "calls": N, "hook": per_call_us(hook_cost),
+                  "hook_with_quota_clock": per_call_us(hook_thr_cost), "quota": cgroup_cpu()[0],
                   "hook_total_step": per_call_us(hooked), "bare_step": per_call_us(bare),
                   "detector": per_call_us(det), "vote_post": per_call_us(post), "vote_complete": per_call_us(done)}
         print("PIECES " + json.dumps(result), flush=True)
