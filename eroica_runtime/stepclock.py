@@ -185,7 +185,9 @@ class StepClock:
             times = self._times = ThreadTimes()
         sample = times.sample()
         continued, data, gc = self.continued, self.data_ms, self.gc_ms() if self.gc_ms is not None else 0.0
-        thr = (self.throttled_ms() if self.throttled_ms is not None else None) or 0.0
+        thr = self.throttled_ms() if self.throttled_ms is not None else None
+        if thr is None:   # not measured (or no longer: the clock gave up): no step was held
+            thr = self._thr_last
         if step > 0:  # step 0 also holds start-up (model build, first batch): not a step time
             self.durations.append((step, ms))
             self.all_ms.append(ms)

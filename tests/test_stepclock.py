@@ -78,3 +78,13 @@ def test_each_step_records_its_thread_cpu_run_queue_and_batch_wait() -> None:
     # uninstall puts torch's DataLoader back as it was
     from torch.utils.data.dataloader import _BaseDataLoaderIter
     assert not getattr(_BaseDataLoaderIter.__next__, "__eroica_timed__", False)
+
+
+def test_a_quota_clock_that_gives_up_leaves_the_steps_unheld() -> None:
+    """The quota clock returns None once its cgroup files fail: the steps after that record no
+    throttled time (never the negative of what was counted so far)."""
+    readings = iter([0.0, 5.0, 12.0, None, None, None])
+    clock = StepClock(lambda step, ms: None, throttled_ms=lambda: next(readings))
+    for _ in range(6):
+        clock.mark()
+    assert [round(r[6], 3) for r in clock.thread] == [5.0, 7.0, 0.0, 0.0, 0.0]
