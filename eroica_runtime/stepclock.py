@@ -12,7 +12,7 @@ The rest was spent blocked (a collective, the next batch, storage, a sleep, a SI
 which the process was stopped and continued (SIGSTOP/SIGCONT: a freezing agent, a debugger, Slurm's
 suspend) is marked by the SIGCONT it received; time spent getting the next batch from a DataLoader
 and in GC pauses is counted too, and how long the process's CPU quota held it throttled
-(telemetry.ThrottleClock, ~3 µs more). These cost ~3 µs a step and let the engine tell a rank that was
+(telemetry.ThrottleClock, 2-5 µs more: docs/benchmarks.md §5b). These cost ~3 µs a step and let the engine tell a rank that was
 slow only because the scheduler ran others first from one that is persistently slow, and name a
 rank from the steps before a capture window when the window missed its slow steps.
 """

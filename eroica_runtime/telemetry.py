@@ -13,6 +13,7 @@ while its gloo thread was due from a rank waiting for its peers. Only the cgroup
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -215,19 +216,15 @@ class ThrottleClock:
 
     def _close_stat(self) -> None:
         if self._stat is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(self._stat)
-            except OSError:
-                pass
             self._stat = None
 
     def close(self) -> None:
         self._close_stat()
         if self._proc is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(self._proc)
-            except OSError:
-                pass
             self._proc = None
 
 
