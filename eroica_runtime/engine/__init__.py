@@ -63,7 +63,13 @@ from eroica_runtime.engine.history import history_culprits
 from eroica_runtime.engine.impact import culprit_what_if
 from eroica_runtime.engine.model import CATEGORIES, Diagnosis, Finding
 from eroica_runtime.engine.peers import Peers, form_peers, parse_topology
-from eroica_runtime.engine.quota import QUOTA_FUNCTION, quota_action, quota_evidence, quota_findings
+from eroica_runtime.engine.quota import (
+    QUOTA_FUNCTION,
+    quota_action,
+    quota_evidence,
+    quota_findings,
+    quota_limit,
+)
 from eroica_runtime.engine.stalls import action as stall_action
 from eroica_runtime.engine.stalls import stall_finding, stalls
 from eroica_runtime.engine.table import Table, TableBuilder, build_table
@@ -136,8 +142,7 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float,
     title = (f"rank {rank} on {host}: {c.category} in {c.function} "
              f"(+{c.excess_ms:.1f} ms/step own work, {len(c.victims)} ranks waiting on it)")
     if quota:
-        limit = f" of {quota['cpu_quota']:.2f} CPUs" if "cpu_quota" in quota else ""
-        title = (f"rank {rank} on {host}: host — held throttled by its CPU quota{limit} for "
+        title = (f"rank {rank} on {host}: host — held throttled by its CPU quota{quota_limit(quota)} for "
                  f"{quota['cgroup_throttled_ms'][0]:.1f} ms/step (+{c.excess_ms:.1f} ms/step own work, "
                  f"{len(c.victims)} ranks waiting on it)")
     return Finding(category=c.category, rank=rank, host=host, function=c.function, phase=c.phase,

@@ -25,7 +25,7 @@ from eroica_runtime.engine.baseline import Thresholds, center, column_reference,
 from eroica_runtime.engine.categories import ACTIONS, work_action, work_evidence
 from eroica_runtime.engine.model import Finding
 from eroica_runtime.engine.peers import Peers
-from eroica_runtime.engine.quota import QUOTA_FUNCTION, quota_evidence, raise_the_limit
+from eroica_runtime.engine.quota import QUOTA_FUNCTION, quota_action, quota_evidence, quota_limit
 from eroica_runtime.engine.table import HISTORY_RECENT, Table
 
 TRIGGERED = ("spike", "drift", "throughput")
@@ -211,16 +211,15 @@ def _quota_finding(table: Table, rows: np.ndarray, row: int, excess: float, step
     rank = int(table.rank[row])
     host = table.hosts[int(table.host_idx[row])]
     victims = tuple(int(r) for r in table.rank[rows[rows != row]].tolist())
-    mine, ref = quota["cgroup_throttled_ms"]
-    limit = f" of {quota['cpu_quota']:.2f} CPUs" if "cpu_quota" in quota else ""
+    mine = quota["cgroup_throttled_ms"][0]
+    limit = quota_limit(quota)
     when = "in the window and the steps before it" if steady else "in the steps just before the window, in bursts"
     ev = {"excess_ms": excess, "seen_in": f"the {HISTORY_RECENT} steps before the window (step clock)",
           "step_ms": [float(table.sch("hist_ms")[row]), step_ref], "victims_count": len(victims), **quota}
     return Finding(
         category="host", rank=rank, host=host, function=QUOTA_FUNCTION, phase="host_gap",
         impact_ms_per_step=excess, what_if_step_ms=max(step_ref - excess, 0.0), victims=victims, evidence=ev,
-        action=(f"Its cgroup's CPU quota{limit} held it throttled {mine:.1f} ms/step vs peers' {ref:.1f} {when}, "
-                "its collective threads too: " + raise_the_limit()),
+        action=quota_action(quota, when=when),
         title=(f"rank {rank} on {host}: host — held throttled by its CPU quota{limit} for {mine:.1f} ms/step in "
                f"the {HISTORY_RECENT} steps before the window (+{excess:.1f} ms/step busy, {len(victims)} ranks "
                "waiting on it)"))

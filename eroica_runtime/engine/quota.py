@@ -67,19 +67,23 @@ def quota_evidence(table: Table, row: int, peer_rows: np.ndarray, excess_ms: flo
     return {"cgroup_throttled_ms": [mine, ref], **({"cpu_quota": quota} if quota is not None else {})}
 
 
-def raise_the_limit() -> str:
+def _raise_the_limit() -> str:
     return ("raise the CPU limit (Kubernetes resources.limits.cpu, Slurm --cpus-per-task, cgroup cpu.max) or run "
             "fewer threads in it (OMP_NUM_THREADS, DataLoader workers).")
 
 
-def quota_action(ev: dict[str, Any], step_ms: float) -> str:
-    """The sentence for ``quota_evidence``: which limit, how much of the step it took, what to change."""
+def quota_limit(ev: dict[str, Any]) -> str:
+    """" of 0.15 CPUs" for evidence that names the quota, "" for evidence without one."""
+    return f" of {ev['cpu_quota']:.2f} CPUs" if ev.get("cpu_quota") is not None else ""
+
+
+def quota_action(ev: dict[str, Any], step_ms: float | None = None, when: str = "") -> str:
+    """The action for ``quota_evidence`` (a culprit in the window, or ``when`` it was held: the steps
+    before the window): which limit, how long it held the rank, what to change."""
     mine, ref = ev["cgroup_throttled_ms"]
-    quota = ev.get("cpu_quota")
-    limit = f"Its cgroup's CPU quota ({quota:.2f} CPUs)" if quota is not None else "Its cgroup's CPU quota"
-    share = f" ({mine / step_ms:.0%} of its step)" if step_ms > 0 else ""
-    return f"{limit} held it throttled {mine:.1f} ms/step{share} vs peers' {ref:.1f}, its collective threads too: " \
-        + raise_the_limit()
+    share = f" ({mine / step_ms:.0%} of its step)" if step_ms else ""
+    return (f"Its cgroup's CPU quota{quota_limit(ev)} held it throttled {mine:.1f} ms/step{share} vs peers' "
+            f"{ref:.1f}{' ' + when if when else ''}, its collective threads too: " + _raise_the_limit())
 
 
 def quota_findings(table: Table, th: Thresholds, named: set[int]) -> list[Finding]:
@@ -114,7 +118,7 @@ def quota_findings(table: Table, th: Thresholds, named: set[int]) -> list[Findin
         ms, frac = float(thr[worst]), float(share[worst])
         ranks = sorted(int(r) for r in table.rank[on])
         quota = _quota(table, on)
-        limit = f" ({quota:.2f} CPUs)" if quota is not None else ""
+        limit = f" ({quota:.2f} CPUs)" if quota is not None else ""   # "the CPU quota (0.30 CPUs)"
         if len(hs) > 1:
             host, who = None, f"{len(ranks)} ranks on {len(hs)} hosts"
         else:
@@ -133,6 +137,6 @@ def quota_findings(table: Table, th: Thresholds, named: set[int]) -> list[Findin
             phase="host_gap", impact_ms_per_step=ms, what_if_step_ms=max(step_med - ms, 0.0), evidence=ev,
             action=(f"The kernel held {'this rank' if len(ranks) == 1 else 'these ranks'} throttled by the CPU "
                     f"quota{limit}, up to {ms:.1f} ms/step ({frac:.0%} of the step, rank {int(table.rank[worst])}): "
-                    "the job needs more CPU than the limit gives; " + raise_the_limit()),
+                    "the job needs more CPU than the limit gives; " + _raise_the_limit()),
             title=f"{who} held throttled by the CPU quota{limit}, up to {ms:.1f} ms/step ({frac:.0%} of the step)"))
     return out
