@@ -36,6 +36,7 @@ _THROTTLE_BITS: tuple[tuple[int, str], ...] = (
 _PROC: psutil.Process | None = None
 _CGROUP_MOUNTS: dict[str, Path] | None = None   # "v1" (the hierarchy with the cpu controller) / "v2"
 PROC_CGROUP = "/proc/self/cgroup"
+PROC_CGROUP_MAX = 1 << 16   # bytes read of it per step: a v1 host lists a dozen hierarchies, ~1-2 KB
 MAX_CGROUP_DEPTH = 16
 
 
@@ -202,7 +203,7 @@ class ThrottleClock:
         if self._proc is None:
             return None
         try:
-            text = os.pread(self._proc, 4096, 0)
+            text = os.pread(self._proc, PROC_CGROUP_MAX, 0)
             if text != self._text:
                 self._rebind(text)
             if self._stat is not None:
