@@ -210,6 +210,8 @@ class Cluster:
         p = self._delays.pop(i, None)
         if p is not None:
             _stop_proc(p)
+            if p.stderr is not None:
+                print(f"[nfq_delay h{i}] " + " / ".join(p.stderr.read().split("\n")).strip(" /"), flush=True)
 
     def cut_link(self, i: int) -> None:
         """Drop every packet to and from host i on the bridge (a dead link / NIC, for hang tests)."""

@@ -159,6 +159,7 @@ def run(queue: int, delay_s: float, stop_after: float | None = None) -> int:
     print("ready", flush=True)
     pending: collections.deque[tuple[float, int]] = collections.deque()
     released = 0
+    late: list[float] = []   # seconds each verdict came after its due time (this process's own lag)
     t_end = time.monotonic() + stop_after if stop_after else None
     try:
         while not stopping:
@@ -176,7 +177,8 @@ def run(queue: int, delay_s: float, stop_after: float | None = None) -> int:
                     pending.append((now + delay_s, pid))
             last = -1
             while pending and pending[0][0] <= now:
-                last = pending.popleft()[1]
+                due, last = pending.popleft()
+                late.append(now - due)
                 released += 1
             if last >= 0:
                 q.accept_upto(last)
@@ -185,6 +187,11 @@ def run(queue: int, delay_s: float, stop_after: float | None = None) -> int:
             q.accept_upto(pending[-1][1])
             released += len(pending)
         q.close()
+    if late:
+        late.sort()
+        pick = [late[min(int(f * len(late)), len(late) - 1)] * 1e3 for f in (0.5, 0.9, 0.99)]
+        print(f"late ms p50 {pick[0]:.2f} p90 {pick[1]:.2f} p99 {pick[2]:.2f} max {late[-1] * 1e3:.2f}",
+              file=sys.stderr)
     return released
 
 
