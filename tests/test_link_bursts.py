@@ -42,7 +42,12 @@ def test_a_slow_link_in_bursts_the_window_missed_is_named_on_its_host() -> None:
     assert top.evidence["localized_by"].startswith("link_probe")
     assert "steps before the window" in top.evidence["seen_in"] and "steps before the window" in top.title
     now, was = top.evidence["step_ms"]
-    assert now > 3 * was and top.impact_ms_per_step > 2 * was   # the burst's steps, not the window's
+    assert now > 3 * was and top.evidence["excess_ms"] > 2 * was   # the burst's steps, not the window's
+    # what it costs the job a step: 7 of the 32 steps before the window were the burst (the first one,
+    # the link slowed at step 50), so about 7/32 of a slow step's excess, not all of it
+    assert top.impact_ms_per_step == top.evidence["average_ms"]
+    assert 0.15 < top.impact_ms_per_step / top.evidence["excess_ms"] < 0.3, top.evidence
+    assert top.what_if_step_ms < 1.5 * was   # fixed, a step is the baseline's again
     assert len(diag.findings) == 1, diag.findings
     # the rank-0 log says what the probe measured, so the person at the switch knows what to look for
     hosts_line = next(ln for ln in report.format_capture(diag).splitlines() if "hosts:" in ln)

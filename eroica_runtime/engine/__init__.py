@@ -272,7 +272,9 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
     if not findings:
         earlier = history_culprits(table, peers, th, trigger, named)
         findings.extend(earlier)
-        excesses += [f.impact_ms_per_step for f in earlier]
+        # a burst's slow-step excess (its cost is averaged over the steps before the window): what the
+        # common-mode check below weighs against the step's growth
+        excesses += [float(f.evidence.get("excess_ms", f.impact_ms_per_step)) for f in earlier]
         named |= {int(r) for r in table.rows_of([int(f.rank) for f in earlier if f.rank is not None])}
     findings = _merge_hosts(table, findings)
     # ranks their CPU quota held throttled, alike or not: no peer needs to stand out for that time to be lost
@@ -319,11 +321,23 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
                      phase_table=_phase_table(table, peers, findings), engine_s=time.perf_counter() - t0)
 
 
+def _severity(f: Finding) -> float:
+    """How bad a capture saw a finding: its cost a step, or for a burst averaged over the steps before
+    the window (``average_ms``) the burst's own steps' excess, as a window inside a burst would see it."""
+    ev = f.evidence or {}
+    if isinstance(ev.get("average_ms"), (int, float)) and isinstance(ev.get("excess_ms"), (int, float)):
+        return float(ev["excess_ms"])
+    return f.impact_ms_per_step
+
+
 def consolidate(diagnoses: Sequence[Diagnosis]) -> list[Finding]:
-    """Merge findings across captures into job-level findings, sorted by impact (the worst capture's
-    cost per step, whose function is kept; ``captures`` lists where it was seen). A culprit rank is
-    one finding per category even when captures name different functions of it; rank-less
-    (host/link/job-wide) findings merge only when they name the same function."""
+    """Merge findings across captures into job-level findings, sorted by impact (the finding of the
+    capture that saw it worst, ``_severity``, with that capture's cost a step and function;
+    ``captures`` lists where it was seen). A culprit rank is one finding per category even when
+    captures name different functions of it; rank-less (host/link/job-wide) findings merge only when
+    they name the same function. Bursts: a window inside one names the functions of 3 slow steps at
+    their cost, the steps before another window the burst's cause (a CPU quota) at its average; the
+    worse burst is kept, not the higher of two different measures."""
     merged: dict[tuple[Any, ...], Finding] = {}
     for d in diagnoses:
         for f in d.findings:
@@ -331,6 +345,6 @@ def consolidate(diagnoses: Sequence[Diagnosis]) -> list[Finding]:
             prev = merged.get(key)
             caps = tuple(sorted(set((prev.captures if prev else ()) + (f.captures or (d.step,)))))
             victims = tuple(sorted(set(prev.victims if prev else ()) | set(f.victims)))
-            best = f if prev is None or f.impact_ms_per_step >= prev.impact_ms_per_step else prev
+            best = f if prev is None or _severity(f) >= _severity(prev) else prev
             merged[key] = Finding(**{**best.__dict__, "captures": caps, "victims": victims})
     return sorted(merged.values(), key=lambda f: -f.impact_ms_per_step)

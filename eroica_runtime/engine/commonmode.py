@@ -359,6 +359,8 @@ def comm_before_window(cur: Table, base: Table, th: Thresholds, trigger: str,
     1.0-11 Gbps within one probe on this machine's shared cores, a 100 Mbit/s link 0.09). Without
     such a host there is no finding, only a note: a job-wide wait the window did not see is no
     evidence to send anyone to a switch port. Only for captures a detector asked for, across hosts.
+    Its cost a step is the ranks' mean step over all the history shipped (up to 32 steps) against the
+    baseline: what the bursts cost on average, not a slow step's growth.
     """
     if trigger not in TRIGGERED or len(cur.hosts) < 2:
         return [], []
@@ -388,11 +390,20 @@ def comm_before_window(cur: Table, base: Table, th: Thresholds, trigger: str,
                "seen_in": f"the {HISTORY_RECENT} steps before the window (step clock)",
                "step_ms": [float(np.median(hist_ms)), base_step], "baseline_step": base.capture_step,
                "own_work_growth_ms_max": late, "ranks_compared": int(len(rc))})
-    found = _comm_finding(cur, hosts, median_grow, float(np.median(hist_ms)), ev,
+    # what the bursts cost a step on average: every step shipped before the window (up to 32), not only
+    # the burst the vote caught (history.py's _burst_cost does the same for a rank)
+    span, n = cur.sch("span_ms")[rc], cur.sch("span_steps")[rc]
+    cost, on_average = median_grow, ""
+    if np.isfinite(span).all() and np.isfinite(n).all() and float(np.min(n)) > HISTORY_RECENT:
+        cost = float(np.clip(np.median(span - step_was), 0.0, median_grow))
+        on_average = f" (+{cost:.1f} ms/step on average over the {int(np.min(n))} steps before the window)"
+        ev.update({"average_ms": cost, "average_steps": int(np.min(n)), "excess_ms": median_grow})
+    found = _comm_finding(cur, hosts, cost, float(np.median(hist_ms)), ev,
                           f"Communication in bursts: every rank waited +{median_grow:.1f} ms/step in the "
-                          f"{HISTORY_RECENT} steps before the window, nobody's own work grew; slow link")
-    return [replace(found, action="The link slowed in bursts (the window missed the slow steps; the probe "
-                                  "ran during one): " + found.action)], []
+                          f"{HISTORY_RECENT} steps before the window{on_average}, nobody's own work grew; slow link")
+    return [replace(found, what_if_step_ms=max(float(np.median(hist_ms)) - median_grow, 0.0),
+                    action="The link slowed in bursts (the window missed the slow steps; the probe ran during one): "
+                           + found.action)], []
 
 
 def _shares_hosts(table: Table, rows: np.ndarray, culprit_rows: np.ndarray | None) -> bool:

@@ -9,12 +9,25 @@ existed is measured here from its steps.msgpack and captures with the same funct
 windows taken at the default sizes (3 steps, 16 for a throughput capture).
 
   .venv/bin/python scripts/bench/cost_accuracy.py /tmp/fb23
+
+With ``--reanalyse-with CHECKOUT`` every case's report directory is first copied under ``--work`` and
+re-analysed by ``eroica analyze`` run from that checkout (a ``git worktree`` of any revision: its
+engine, not the installed one, reads the captures), and its report's top finding is scored instead
+of the bench's. Several runs are pooled; an engine change is compared by running this twice:
+
+  git worktree add /tmp/before <rev>
+  .venv/bin/python scripts/bench/cost_accuracy.py /tmp/fb2{2..8} --reanalyse-with /tmp/before --work /tmp/ca-before
+  .venv/bin/python scripts/bench/cost_accuracy.py /tmp/fb2{2..8} --reanalyse-with . --work /tmp/ca-after
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
+import shutil
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -45,31 +58,53 @@ def measured(report_dir: Path, cfg: Config) -> dict[str, Any] | None:
     return None if lost is None else lost.to_json()
 
 
-def main(out: Path) -> None:
+def reanalysed_top(report_dir: Path, checkout: Path, work: Path) -> dict[str, Any] | None:
+    """The top finding of ``report_dir`` re-analysed by ``checkout``'s engine, in a copy under ``work``."""
+    work.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(report_dir, work)
+    subprocess.run([sys.executable, "-c", "from eroica_launch.tool import cli; cli()", "analyze", str(work)],
+                   cwd=checkout, capture_output=True, text=True, timeout=600, check=True)
+    findings = json.loads((work / "report.json").read_text()).get("findings") or []
+    return findings[0] if findings else None
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", nargs="+", type=Path, help="fault-bench --out directories")
+    ap.add_argument("--reanalyse-with", type=Path, default=None, metavar="CHECKOUT")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/cost-accuracy"), help="where the copies go")
+    args = ap.parse_args(argv)
     cfg = Config()
-    bench = json.loads((out / "bench.json").read_text())
-    print("| case | fault | top finding | estimated ms/step | measured ms/step | estimated / measured |")
-    print("| --- | --- | --- | --- | --- | --- |")
     ratios: dict[str, list[float]] = {"steady": [], "bursts": []}
-    for r in bench["results"]:
-        top = (r.get("score") or {}).get("top")
-        if not r.get("fault") or not top or top.get("category") == "hang":
-            continue
-        got = measured(out / r["case"] / "report", cfg)
-        est, meas = top.get("impact_ms_per_step"), got and got.get("per_step_ms")
-        ratio = est / meas if est is not None and meas and meas > 0 else None
-        if ratio is not None:
-            ratios["bursts" if r["case"].endswith("-int") else "steady"].append(ratio)
-        who = "job-wide" if top["rank"] is None else f"r{top['rank']}"
-        print(f"| {r['case']} | `{r['fault']}` | {top['category']} {who} | "
-              f"{est:.1f} | {'–' if meas is None else f'{meas:.1f}'} | "
-              f"{'–' if ratio is None else f'{ratio:.2f}'} |")
+    for out in args.out:
+        bench = json.loads((out / "bench.json").read_text())
+        print(f"\n{out}\n")
+        print("| case | fault | top finding | estimated ms/step | measured ms/step | estimated / measured |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for r in bench["results"]:
+            report_dir = out / r["case"] / "report"
+            top = (r.get("score") or {}).get("top")
+            if args.reanalyse_with is not None and r.get("fault") and (report_dir / "captures").is_dir():
+                top = reanalysed_top(report_dir, args.reanalyse_with.resolve(), args.work / out.name / r["case"])
+            if not r.get("fault") or not top or top.get("category") == "hang":
+                continue
+            got = measured(report_dir, cfg)
+            est, meas = top.get("impact_ms_per_step"), got and got.get("per_step_ms")
+            ratio = est / meas if est is not None and meas and meas > 0 else None
+            if ratio is not None:
+                ratios["bursts" if r["case"].endswith("-int") else "steady"].append(ratio)
+            who = "job-wide" if top["rank"] is None else f"r{top['rank']}"
+            print(f"| {r['case']} | `{r['fault']}` | {top['category']} {who} | "
+                  f"{est:.1f} | {'–' if meas is None else f'{meas:.1f}'} | "
+                  f"{'–' if ratio is None else f'{ratio:.2f}'} |")
+    print()
     for kind, xs in ratios.items():
         if xs:
-            print(f"\n{kind}: {len(xs)} cases, estimated / measured median {statistics.median(xs):.2f} "
-                  f"(range {min(xs):.2f}-{max(xs):.2f})", end="")
-    print()
+            spread = sum(abs(math.log(x)) for x in xs if x > 0) / len(xs)
+            print(f"{kind}: {len(xs)} cases, estimated / measured median {statistics.median(xs):.2f} "
+                  f"(range {min(xs):.2f}-{max(xs):.2f}), mean |log| {spread:.3f}")
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main()

@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eroica_runtime.engine import consolidate
+from eroica_runtime.engine.model import Diagnosis
 from faultlib import faults, netns
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -212,15 +214,15 @@ def score_case(case: Case, res: CaseResult, report_dir: Path) -> dict[str, Any]:
             first_any = first_any or cap
             if f.get("category") in case.categories and first_ok is None:
                 first_ok = cap
-    # the top finding: the job's highest-impact one (report.json order) among those from captures at/after
-    # the onset: a finding in the baseline capture that happens to name the culprit is not a diagnosis
+    # the top finding: the job's first (the report's consolidation, engine.consolidate) over the captures
+    # at/after the onset: a finding in the baseline capture that happens to name the culprit is not a diagnosis
     if case.healthy or onset is None:
         top = (rep.get("findings") or [None])[0]
     else:
-        valid = [f for c in caps if c.get("step", 0) >= onset - 2 for f in c.get("findings", [])]
-        # a hang has no per-step impact, and outranks everything
-        ranked = sorted(valid, key=lambda f: -(f.get("impact_ms_per_step") or 0.0) - 1e12 * (f["category"] == "hang"))
-        top = ranked[0] if ranked else None
+        merged = consolidate([Diagnosis.from_json(c) for c in caps if c.get("step", 0) >= onset - 2])
+        # a hang has no per-step impact, and outranks everything (the sort keeps the impact order)
+        ranked = sorted(merged, key=lambda f: f.category != "hang")
+        top = ranked[0].to_json() if ranked else None
     out: dict[str, Any] = {
         "scored": True, "reported": top is not None,  # (for fault cases: at/after the onset)
         "captures": [(c.get("step"), c.get("trigger"), len(c.get("findings", []))) for c in caps],
