@@ -59,7 +59,7 @@ from eroica_runtime.engine.categories import (
     work_evidence,
 )
 from eroica_runtime.engine.commonmode import comm_before_window, common_mode, hang_findings, local_comm_excess
-from eroica_runtime.engine.history import history_culprits
+from eroica_runtime.engine.history import HISTORY_FUNCTION, history_culprits
 from eroica_runtime.engine.impact import culprit_what_if
 from eroica_runtime.engine.model import CATEGORIES, Diagnosis, Finding
 from eroica_runtime.engine.peers import Peers, form_peers, parse_topology
@@ -70,8 +70,8 @@ from eroica_runtime.engine.quota import (
     quota_findings,
     quota_limit,
 )
+from eroica_runtime.engine.stalls import STOPPED_FUNCTION, stall_finding, stalls
 from eroica_runtime.engine.stalls import action as stall_action
-from eroica_runtime.engine.stalls import stall_finding, stalls
 from eroica_runtime.engine.table import Table, TableBuilder, build_table
 
 __all__ = ["CATEGORIES", "Diagnosis", "Finding", "Table", "TableBuilder", "Thresholds", "build_table", "consolidate",
@@ -321,23 +321,24 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
                      phase_table=_phase_table(table, peers, findings), engine_s=time.perf_counter() - t0)
 
 
-def _severity(f: Finding) -> float:
-    """How bad a capture saw a finding: its cost a step, or for a burst averaged over the steps before
-    the window (``average_ms``) the burst's own steps' excess, as a window inside a burst would see it."""
-    ev = f.evidence or {}
-    if isinstance(ev.get("average_ms"), (int, float)) and isinstance(ev.get("excess_ms"), (int, float)):
-        return float(ev["excess_ms"])
-    return f.impact_ms_per_step
+def _speaks_for(f: Finding) -> tuple[int, float]:
+    """Which capture's finding speaks for a job-level one: a cause that is what to change (a CPU quota,
+    stops) before a function a window named, before no function (a burst named from the steps before
+    the window); then the higher cost a step, which comes with its own evidence."""
+    if f.function in (QUOTA_FUNCTION, STOPPED_FUNCTION):
+        return 2, f.impact_ms_per_step
+    return (0 if f.function == HISTORY_FUNCTION else 1), f.impact_ms_per_step
 
 
 def consolidate(diagnoses: Sequence[Diagnosis]) -> list[Finding]:
-    """Merge findings across captures into job-level findings, sorted by impact (the finding of the
-    capture that saw it worst, ``_severity``, with that capture's cost a step and function;
-    ``captures`` lists where it was seen). A culprit rank is one finding per category even when
-    captures name different functions of it; rank-less (host/link/job-wide) findings merge only when
-    they name the same function. Bursts: a window inside one names the functions of 3 slow steps at
-    their cost, the steps before another window the burst's cause (a CPU quota) at its average; the
-    worse burst is kept, not the higher of two different measures."""
+    """Merge findings across captures into job-level findings, sorted by impact (``_speaks_for``
+    picks the capture whose finding is kept, with its cost a step, function and evidence; ``captures``
+    lists where it was seen). A culprit rank is one finding per category even when captures name
+    different functions of it; rank-less (host/link/job-wide) findings merge only when they name the
+    same function. Why not simply the highest cost: in bursts, a window holding one slow step names
+    an op of a throttled rank at that window's cost, above the average another capture's steps before
+    its window gave, and would hide the CPU quota those steps named; a window that caught a burst
+    names the function the steps before another window cannot."""
     merged: dict[tuple[Any, ...], Finding] = {}
     for d in diagnoses:
         for f in d.findings:
@@ -345,6 +346,6 @@ def consolidate(diagnoses: Sequence[Diagnosis]) -> list[Finding]:
             prev = merged.get(key)
             caps = tuple(sorted(set((prev.captures if prev else ()) + (f.captures or (d.step,)))))
             victims = tuple(sorted(set(prev.victims if prev else ()) | set(f.victims)))
-            best = f if prev is None or _severity(f) >= _severity(prev) else prev
+            best = f if prev is None or _speaks_for(f) >= _speaks_for(prev) else prev
             merged[key] = Finding(**{**best.__dict__, "captures": caps, "victims": victims})
     return sorted(merged.values(), key=lambda f: -f.impact_ms_per_step)

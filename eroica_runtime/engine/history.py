@@ -31,6 +31,7 @@ from eroica_runtime.engine.quota import QUOTA_FUNCTION, quota_action, quota_evid
 from eroica_runtime.engine.table import HISTORY_RECENT, Table
 
 TRIGGERED = ("spike", "drift", "throughput")
+HISTORY_FUNCTION = "(steps before the window)"   # a finding's function when no profiled step showed the fault
 
 
 def history_culprits(table: Table, peers: Peers, th: Thresholds, trigger: str,
@@ -195,7 +196,7 @@ def _finding(table: Table, rows: np.ndarray, row: int, excess: float, step_ref: 
             "or a CPU quota (cgroup) on this rank" if starved else
             f"on CPU {cpu[row]:.1f} ms/step vs peers' {cpu_ref:.1f}: extra work")
     seen_in = f"the {HISTORY_RECENT} steps before the window (step clock)"
-    function, phase = "(steps before the window)", "data" if kind == "data" else "host_gap" if starved \
+    function, phase = HISTORY_FUNCTION, "data" if kind == "data" else "host_gap" if starved \
         else "gc" if collecting else "forward"
     ev = {"excess_ms": excess, "seen_in": seen_in,
           "cpu_ms": [float(cpu[row]), cpu_ref], "run_queue_ms": [float(runq[row]), runq_ref],

@@ -20,6 +20,7 @@ from eroica_runtime.engine.table import Table
 
 MIN_STOPS = 2          # one stop is an accident (a person's Ctrl-Z); two are a pattern
 MIN_SHARE = 0.05       # ... costing at least this share of the median step, per step
+STOPPED_FUNCTION = "(stopped)"   # a finding's function when the stops, not an op, are what to change
 
 
 def stalls(table: Table, th: Thresholds) -> dict[int, dict[str, Any]]:
@@ -59,7 +60,7 @@ def stall_finding(table: Table, row: int, ev: dict[str, Any], step_med: float) -
     host = table.hosts[int(table.host_idx[row])]
     victims = tuple(int(r) for r in table.rank.tolist() if r != rank)
     impact = float(ev["lost_ms_per_step"])
-    return Finding(category="host", rank=rank, host=host, function="(stopped)", phase="host_gap",
+    return Finding(category="host", rank=rank, host=host, function=STOPPED_FUNCTION, phase="host_gap",
                    impact_ms_per_step=impact, what_if_step_ms=max(step_med - impact, 0.0),
                    victims=victims, evidence={"stopped": ev, "excess_ms": impact}, action=action(ev),
                    title=f"rank {rank} on {host}: host — process stopped {ev['stops']} times in "
