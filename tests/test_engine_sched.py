@@ -74,6 +74,11 @@ Fixtures under data/engine/, all real captures recorded on this 2-core machine:
   20 from step 50), the spike capture at step 58, after the burst: the step clock's history says how
   long the quota held rank 1 throttled in each step before the window (``history.thr``, 130 ms a step
   over the last 8); the window itself saw none.
+- ``quota-pod-shared.msgpack``: a pod: the fault bench's train job (4 ranks, 2 cores, no fault) with
+  all four ranks in ONE cgroup of 1.0 CPU (``cpu.cfs_quota_us`` 100000), the baseline capture at step
+  13. Every rank reads the same counter, which grew ~1.2 s a wall second (both CPUs' throttled time).
+  Median step 96.6-99.6 ms against 49.8-50.1 for the same job without the cgroup, interleaved: the
+  quota cost ~48 ms a step.
 """
 
 from __future__ import annotations
@@ -712,3 +717,33 @@ def test_the_job_report_names_the_function_a_window_caught_over_a_burst_named_wi
     assert (mine.function, mine.impact_ms_per_step, mine.captures) == ("aten::matmul", caught.impact_ms_per_step,
                                                                        (57, 97))
     assert "matmul" in mine.action
+
+
+def test_a_quota_shared_by_a_pods_ranks_is_priced_at_the_time_they_were_held_not_the_counters_cpu_time() -> None:
+    """The kernel's throttle counter adds up every CPU the group was throttled on: a pod's four busy
+    ranks on 2 cores counted 1.2 s a second, read as "up to 122 ms/step (100% of the step), step -> 0.0
+    ms if fixed". Held for a share f of the wall, a group counts n f wall and, throttled, used its
+    quota q wall: f = counter / (counter + q wall). The job without the quota ran ~48 ms a step faster."""
+    meta, sums = _decode("quota-pod-shared.msgpack")
+    d = diagnose(sums, step=meta["step"], trigger=meta["trigger"], world_size=meta["world_size"])
+    (f,) = d.findings
+    assert (f.category, f.function, f.rank, f.evidence["ranks"]) == ("host", "(CPU quota)", None, [0, 1, 2, 3])
+    step = d.step_ms["median"]
+    assert 0.3 * step < f.impact_ms_per_step < 0.7 * step, (f.impact_ms_per_step, step)   # measured: ~48 of ~98
+    assert f.what_if_step_ms > 0.3 * step, f.title
+    assert "100% of the step" not in f.action, f.action
+
+
+def test_held_time_from_the_throttle_counter_follows_the_cpus_it_counts() -> None:
+    """One rank in its own 0.15-CPU cgroup (quota-throttled-rank1's rank 1): the counter grew 682 ms
+    over 789 ms of wall, about the time it was held, and stays so; the same counter on a group held
+    on two CPUs at once counts double and is halved; without a quota the counter is wall time, capped."""
+    from eroica_runtime.engine.quota import held_ms
+
+    one = held_ms(np.array([681.86]), np.array([789.1]), np.array([0.15]))
+    assert one[0] == pytest.approx(681.86 * 789.1 / (681.86 + 0.15 * 789.1))
+    assert 0.97 * 681.86 < one[0] < 681.86
+    # held half the wall on 2 CPUs under a 1-CPU quota: counter 2 * 0.5 * wall, usage 1 * wall
+    assert held_ms(np.array([1000.0]), np.array([1000.0]), np.array([1.0]))[0] == pytest.approx(500.0)
+    assert held_ms(np.array([1500.0, 300.0]), np.array([1000.0, 1000.0]), np.array([np.nan, np.nan])).tolist() \
+        == [1000.0, 300.0]

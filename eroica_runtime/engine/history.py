@@ -27,7 +27,13 @@ from eroica_runtime.engine.baseline import Thresholds, center, column_reference,
 from eroica_runtime.engine.categories import ACTIONS, work_action, work_evidence
 from eroica_runtime.engine.model import Finding
 from eroica_runtime.engine.peers import Peers
-from eroica_runtime.engine.quota import QUOTA_FUNCTION, quota_action, quota_evidence, quota_limit
+from eroica_runtime.engine.quota import (
+    QUOTA_FUNCTION,
+    history_throttled_ms,
+    quota_action,
+    quota_evidence,
+    quota_limit,
+)
 from eroica_runtime.engine.table import HISTORY_RECENT, Table
 
 TRIGGERED = ("spike", "drift", "throughput")
@@ -44,7 +50,7 @@ def history_culprits(table: Table, peers: Peers, th: Thresholds, trigger: str,
     data = np.nan_to_num(table.sch("hist_data"))   # older summaries: not measured
     # held throttled by a CPU quota beyond its own run queue: its collective threads were held too
     # (attribution.views does the same for the window)
-    held = np.clip(np.nan_to_num(table.sch("hist_thr")) - np.nan_to_num(runq), 0.0, None)
+    held = np.clip(np.nan_to_num(history_throttled_ms(table)) - np.nan_to_num(runq), 0.0, None)
     measures = {"busy": cpu + runq + held, "data": data}
     out: list[Finding] = []
     for rows in peers.groups:
@@ -186,7 +192,8 @@ def _finding(table: Table, rows: np.ndarray, row: int, excess: float, step_ref: 
     host = table.hosts[int(table.host_idx[row])]
     victims = tuple(int(r) for r in table.rank[peers].tolist())
     steady = _in_window_too(table, rows, row, excess, cause)
-    quota = quota_evidence(table, row, rows, excess, np.nan_to_num(table.sch("hist_thr"))) if kind == "busy" else {}
+    quota = quota_evidence(table, row, rows, excess, np.nan_to_num(history_throttled_ms(table))) \
+        if kind == "busy" else {}
     if quota:
         return _quota_finding(table, rows, row, excess, step_ref, quota, steady is not None)
     what = (f"waiting for its next batch {data[row]:.1f} ms/step vs peers' {data_ref:.1f}"

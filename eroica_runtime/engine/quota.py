@@ -30,18 +30,47 @@ QUOTA_FUNCTION = "(CPU quota)"   # a finding's function when the quota, not an o
 HOSTS_LISTED = 4
 
 
+def held_ms(counter_ms: np.ndarray, wall_ms: np.ndarray, quota: np.ndarray) -> np.ndarray:
+    """ms of ``wall_ms`` a cgroup was held throttled, from how much its throttle counter grew.
+
+    The kernel's counter (v1 ``throttled_time``, v2 ``throttled_usec``) adds up the throttled time
+    of every CPU the group had runnable threads on: a pod of 4 busy ranks under a 1-CPU limit on 2
+    cores counted 1.2 s a second (read as "held 100% of the step, step -> 0 ms if fixed"), while one
+    rank in its own 0.15-CPU cgroup counts ~0.86 s a second, about the wall time it was held. A
+    group held for a share f of the wall on n CPUs, and running on those n otherwise, counts
+    n f wall and uses n (1 - f) wall of CPU; throttled, it used its quota, q wall. So
+    f = counter / (counter + q wall), whatever n is. Where the quota used less than it allows (held
+    in only some periods) that undercounts; without a quota the counter is taken as wall time, at
+    most all of it."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(np.isfinite(quota) & (quota > 0), quota, np.nan)
+        by_quota = wall_ms * counter_ms / (counter_ms + q * wall_ms)
+        held = np.where(np.isfinite(by_quota), by_quota, counter_ms)
+    return np.clip(held, 0.0, np.maximum(wall_ms, 0.0))
+
+
+def _quotas(table: Table) -> np.ndarray:
+    q = table.telemetry.get("cpu_quota")
+    return q if q is not None else np.full(table.n, np.nan)
+
+
 def throttled_ms(table: Table) -> np.ndarray:
     """ms per step each rank's cgroup was held throttled by its CPU quota (NaN where not measured):
-    the share of the window's wall time the kernel's throttle counter grew by, times the rank's step.
-    The counter is the cgroup's (one clock for the group, not one per CPU); a share above 1 or below
-    0 (the process moved to another cgroup inside the window) is clipped."""
+    the share of the window's wall time it was held (``held_ms``, from the counter's growth over
+    the window), times the rank's step."""
     t = table.telemetry
     thr, wall = t.get("cpu_throttled_ms"), t.get("wall_s")
     if thr is None or wall is None:
         return np.full(table.n, np.nan)
     with np.errstate(divide="ignore", invalid="ignore"):
-        share = np.where(wall > 0, thr / (wall * 1e3), np.nan)
-    return np.clip(share, 0.0, 1.0) * table.col("step")
+        share = np.where(wall > 0, held_ms(thr, wall * 1e3, _quotas(table)) / (wall * 1e3), np.nan)
+    return share * table.col("step")
+
+
+def history_throttled_ms(table: Table) -> np.ndarray:
+    """The same for the steps before the window: the step clock's counter growth a step (``hist_thr``)
+    over those steps' mean wall time, 0 where the steps carry none."""
+    return held_ms(np.nan_to_num(table.sch("hist_thr")), table.sch("hist_ms"), _quotas(table))
 
 
 def _quota(table: Table, rows: np.ndarray) -> float | None:
