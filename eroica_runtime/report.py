@@ -246,7 +246,8 @@ def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
                 facts.append(f"{label} {p}")
     if facts:
         lines.append("     " + " | ".join(facts))
-    if all(isinstance(ev.get(k), (int, float)) for k in ("average_ms", "excess_ms", "average_steps")):
+    if all(isinstance(ev.get(k), (int, float)) and not isinstance(ev.get(k), bool) and math.isfinite(ev[k])
+           for k in ("average_ms", "excess_ms", "average_steps")):
         # a burst: the finding's cost is its average; what a slow step cost is said here
         lines.append(f"     in bursts: +{_ms(ev['excess_ms'])} ms/step in the slow steps the vote caught, "
                      f"+{_ms(ev['average_ms'])} on average over the {int(ev['average_steps'])} steps before the window")

@@ -214,3 +214,18 @@ def test_a_capture_slower_than_the_baseline_with_no_culprit_is_not_called_health
     assert page.count("Slower, no culprit found: median step 91.0 ms vs 56.7 ms") == 1
     assert "No findings, but the capture(s) at step(s) 100 were slower than the baseline" in page
 
+
+
+def test_a_burst_line_with_odd_numbers_in_a_stored_report_is_left_out_not_a_crash() -> None:
+    """`eroica show` on a report whose burst evidence holds a non-number or a non-finite value (a
+    foreign or hand-edited report.json: json reads Infinity and NaN) prints the finding without its
+    "in bursts" line; with sane numbers the line is there."""
+    f = {"category": "compute", "rank": 1, "host": "h", "function": "(steps before the window)",
+         "phase": "forward", "impact_ms_per_step": 30.0, "what_if_step_ms": 40.0,
+         "evidence": {"excess_ms": 120.0, "average_ms": 30.0, "average_steps": 32}}
+    assert any("in bursts: +120.0 ms/step" in ln and "over the 32 steps" in ln for ln in report.format_finding(f))
+    for odd in (float("inf"), float("nan"), True, "32"):
+        bad = copy.deepcopy(f)
+        bad["evidence"]["average_steps"] = odd
+        lines = report.format_finding(bad)
+        assert lines[0].startswith("  #1 COMPUTE: rank 1") and not any("in bursts" in ln for ln in lines)

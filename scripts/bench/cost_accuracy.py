@@ -63,8 +63,11 @@ def reanalysed_top(report_dir: Path, checkout: Path, work: Path) -> dict[str, An
     work.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(report_dir, work)
-    subprocess.run([sys.executable, "-c", "from eroica_launch.tool import cli; cli()", "analyze", str(work)],
-                   cwd=checkout, capture_output=True, text=True, timeout=600, check=True)
+    run = subprocess.run([sys.executable, "-c", "from eroica_launch.tool import cli; cli()", "analyze", str(work)],
+                         cwd=checkout, capture_output=True, text=True, timeout=600)
+    if run.returncode != 0:   # said, and the case left out, rather than the whole comparison lost
+        print(f"{report_dir}: eroica analyze failed ({run.returncode}): {run.stderr.strip()[-300:]}", file=sys.stderr)
+        return None
     findings = json.loads((work / "report.json").read_text()).get("findings") or []
     return findings[0] if findings else None
 
