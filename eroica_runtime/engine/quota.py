@@ -67,10 +67,10 @@ def throttled_ms(table: Table) -> np.ndarray:
     return share * table.col("step")
 
 
-def history_throttled_ms(table: Table) -> np.ndarray:
-    """The same for the steps before the window: the step clock's counter growth a step (``hist_thr``)
-    over those steps' mean wall time, 0 where the steps carry none."""
-    return held_ms(np.nan_to_num(table.sch("hist_thr")), table.sch("hist_ms"), _quotas(table))
+def steps_throttled_ms(table: Table, over: str = "hist") -> np.ndarray:
+    """The same for the step clock's steps before the window (``over`` "hist": the recent ones, "span":
+    all shipped): its counter growth a step over those steps' mean wall time, 0 where they carry none."""
+    return held_ms(np.nan_to_num(table.sch(f"{over}_thr")), table.sch(f"{over}_ms"), _quotas(table))
 
 
 def _quota(table: Table, rows: np.ndarray) -> float | None:

@@ -40,12 +40,12 @@ TELEMETRY_KEYS = _HOST_COUNTERS + _HOST_GAUGES + _GPU_GAUGES
 # in the last HISTORY_RECENT steps before it ("hist_*", data = ms in DataLoader next(), gc = GC pauses,
 # thr = held throttled by a CPU quota, NaN where the history has no such column); over the window and all the history shipped:
 # steps in which the process was stopped and continued ("stops"), their ms beyond the rank's median
-# step ("stop_ms", total) and the steps seen; over every step of the history shipped (up to 32, not only
-# the recent ones): the step ("span_ms"), the training thread busy ("span_busy": on CPU, waiting for one,
-# or held by its CPU quota beyond that) and waiting for its next batch ("span_data"), what a burst costs
-# on average, and how many steps that is ("span_steps"); NaN for ranks that did not record it
+# step ("stop_ms", total) and the steps seen; the same means as "hist_*" over every step of the history
+# shipped (up to 32, not only the recent ones: "span_*", what a burst costs on average) and how many
+# steps that is ("span_steps"); NaN for ranks that did not record it
 SCHED_COLUMNS = ("cpu", "runq", "hist_ms", "hist_cpu", "hist_runq", "hist_data", "hist_gc", "stops", "stop_ms",
-                 "steps_seen", "hist_thr", "span_ms", "span_busy", "span_data", "span_steps")
+                 "steps_seen", "hist_thr", "span_ms", "span_cpu", "span_runq", "span_thr", "span_data", "span_steps")
+SPAN_OF = ("ms", "cpu", "runq", "thr", "data")   # the "span_*" columns, in order
 SCHED_INDEX = {c: i for i, c in enumerate(SCHED_COLUMNS)}
 HISTORY_RECENT = 8     # a burst is seen by the vote 6-7 steps before the window opens
 
@@ -833,9 +833,9 @@ def _seq_mean(cols: list[np.ndarray], m: int) -> np.ndarray:
 
 
 def _span_round(x: Any) -> Any:
-    """The span means to the µs: the block codec stores such decimals as small integers (with the
-    four columns, recorded nodes of 8 ranks grew 11 bytes a rank, 2%, instead of 23 with the means'
-    full bits); one numpy rounding for both of the table's paths, which must agree bit for bit."""
+    """The span means to the µs: the block codec stores such decimals as small integers (with these
+    columns, recorded nodes of 8 ranks grew 12.5 bytes a rank, 2%; unrounded, four such columns cost 23
+    against 11); one numpy rounding for both of the table's paths, which must agree bit for bit."""
     return np.round(x, 3)
 
 
@@ -862,14 +862,11 @@ def _sched_block(doc: dict[str, Any], col: Any, m: int) -> np.ndarray:
     out[:, SCHED_INDEX["runq"]] = _seq_mean([col(("steps", i, "runq")) for i in win], m)
     for c in ("ms", "cpu", "runq", "data", "gc", "thr"):
         out[:, SCHED_INDEX[f"hist_{c}"]] = _seq_mean(recent[c], m)
-    out[:, SCHED_INDEX["span_ms"]] = _span_round(_seq_mean(hist_cols("ms"), m))
-    cpu, runq = hist_cols("cpu"), hist_cols("runq")
-    thr = hist_cols("thr") or [np.zeros(m)] * len(cpu)
-    if len(cpu) == len(runq) == len(thr):
-        out[:, SCHED_INDEX["span_busy"]] = _span_round(_seq_mean([c + np.maximum(q, t) for c, q, t in
-                                                                  zip(cpu, runq, thr, strict=True)], m))
-    out[:, SCHED_INDEX["span_data"]] = _span_round(_seq_mean(hist_cols("data"), m))
-    out[:, SCHED_INDEX["span_steps"]] = float(len(cpu)) if cpu else np.nan
+    n_hist = len(hist_cols("cpu"))
+    for c in SPAN_OF:   # thr only where the process was held: none shipped is none held
+        cols = hist_cols(c) or ([np.zeros(m)] * n_hist if c == "thr" else [])
+        out[:, SCHED_INDEX[f"span_{c}"]] = _span_round(_seq_mean(cols, m))
+    out[:, SCHED_INDEX["span_steps"]] = float(n_hist) if n_hist else np.nan
     if win:
         if t:
             vals = np.stack(ms[:t], axis=1)
@@ -901,17 +898,14 @@ def _sched_row(s: dict[str, Any]) -> list[float]:
     normal = sorted(m for m, st in zip(ms, stops, strict=False) if not st)
     typical = normal[len(normal) // 2] if normal else math.nan
     stop_ms = sum(max(m - typical, 0.0) for m, st in zip(ms, stops, strict=False) if st) if normal else math.nan
-    cpu, runq = list(hist.get("cpu") or []), list(hist.get("runq") or [])
-    thr = list(hist.get("thr") or [0.0] * len(cpu))
-    busy = [float(c) + max(float(q), float(t)) for c, q, t in zip(cpu, runq, thr, strict=True)] \
-        if len(cpu) == len(runq) == len(thr) else []
+    n_hist = len(hist.get("cpu") or [])
+    span = [list(hist.get(c) or ([0.0] * n_hist if c == "thr" else [])) for c in SPAN_OF]
     return [_mean([x["cpu"] for x in win]), _mean([x["runq"] for x in win]),
             _mean(recent["ms"]), _mean(recent["cpu"]), _mean(recent["runq"]), _mean(recent["data"]),
             _mean(recent["gc"]),
             float(sum(stops)) if win else math.nan, stop_ms if win else math.nan, float(len(ms)) if win else math.nan,
-            _mean(recent["thr"]), *(float(_span_round(_mean(xs))) for xs in (list(hist.get("ms") or []), busy,
-                                                                          list(hist.get("data") or []))),
-            float(len(cpu)) if cpu else math.nan]
+            _mean(recent["thr"]), *(float(_span_round(_mean(xs))) for xs in span),
+            float(n_hist) if n_hist else math.nan]
 
 
 def _ragged(rows: list[list[float]]) -> np.ndarray:

@@ -1,7 +1,8 @@
 #!/bin/bash
 # A pod's CPU limit shared by all its ranks: run the fault bench's train job (4 ranks, no fault) with
 # every process of eroica-run in ONE cgroup with a CPU quota of QUOTA CPUs (root; cgroup v1 cpu
-# controller or v2 cpu.max), then print the cgroup's throttle counter. docs/benchmarks.md §5b.
+# controller or v2 cpu.max; only the v1 path has been run, on a machine with cgroup v1 only), then print the
+# cgroup's throttle counter. docs/benchmarks.md §5b.
 #
 #   flock /tmp/eroica-multirank.lock scripts/bench/pod_quota.sh 1.0 /tmp/pod1 [STEPS]
 #
