@@ -46,10 +46,14 @@ def _plain(v: Any, depth: int = 0) -> Any:
     return _text(v) if isinstance(v, str) else None
 
 
+def _finite(v: Any) -> bool:
+    """A number a report may print: report.json is read back from disk, its fields may be anything."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def _self_ms(f: Mapping[str, Any]) -> float:
     v = f.get("self")
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    return float(v) if ok else float(f.get("ms") or 0.0)
+    return float(v) if _finite(v) else float(f.get("ms") or 0.0)
 
 
 def drill_down(summaries: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
@@ -161,7 +165,7 @@ def _ms(x: Any) -> str:
 def calls_text(rank: Any, peers: Any) -> str:
     """", 133 vs 2 calls" when a function's calls per step differ from its peers' (or the baseline's):
     more work, not slower work; nothing when they are about the same or unknown (an older report)."""
-    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in (rank, peers)):
+    if not all(_finite(x) for x in (rank, peers)):
         return ""
     if abs(rank - peers) <= SAME_CALLS * peers + 0.5:   # the engine's 'same calls' (work_verdict)
         return ""
@@ -179,8 +183,15 @@ def format_time_lost(doc: Any) -> str:
     except (KeyError, TypeError, ValueError):
         return ""
     lost = "none measured" if per_step <= 0 else f"{total:.1f} s, +{per_step:.1f} ms a step over {steps} steps"
+    own = doc.get("eroica_steps")
+    own_ms = doc.get("eroica_ms")
+    if isinstance(own, int) and not isinstance(own, bool) and own > 0 and _finite(own_ms):
+        # eroica's own cost, said where its steps are left out (a report from before it: the old words)
+        left_out = f"left out: the {own} steps eroica profiled or summarised in, mean {float(own_ms):.1f} ms"
+    else:
+        left_out = "profiled steps left out"
     return (f"  time lost from step {since} (first finding) to {end}: {lost} (mean step {mean:.1f} ms vs "
-            f"{before:.1f} ms in steps {first}-{last}; rank 0's step times, profiled steps left out)")
+            f"{before:.1f} ms in steps {first}-{last}; rank 0's step times, {left_out})")
 
 
 def _num3(x: Any) -> str:
@@ -246,8 +257,7 @@ def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
                 facts.append(f"{label} {p}")
     if facts:
         lines.append("     " + " | ".join(facts))
-    if all(isinstance(ev.get(k), (int, float)) and not isinstance(ev.get(k), bool) and math.isfinite(ev[k])
-           for k in ("average_ms", "excess_ms", "average_steps")):
+    if all(_finite(ev.get(k)) for k in ("average_ms", "excess_ms", "average_steps")):
         # a burst: the finding's cost is its average; what a slow step cost is said here
         lines.append(f"     in bursts: +{_ms(ev['excess_ms'])} ms/step in the slow steps the vote caught, "
                      f"+{_ms(ev['average_ms'])} on average over the {int(ev['average_steps'])} steps before the window")

@@ -99,6 +99,8 @@ class Runtime:
         self._next_file_check = 0.0
         self._own_s = 0.0
         self._windows: list[tuple[int, int]] = []   # every capture's (first step, k): profiled steps
+        # every gathered capture's (first, last) steps after its window: the summary's build and gather
+        self._deferred: list[tuple[int, int]] = []
         self._job_end_done = False
         self.watchdog: Any = None
         self._world_broken = False   # a peer missed a deadline: never wait for it again
@@ -315,6 +317,7 @@ class Runtime:
         if pending is None:
             return
         self._quiet_until = step + 1 + self.cfg.vote_lag
+        self._deferred.append((pending.close_step + 1, self._quiet_until))
         pending.build.run(None)
         blob = summary_mod.encode(pending.build.result)  # type: ignore[arg-type]
         first, trigger, probe = pending.first, pending.trigger, pending.probe
@@ -590,8 +593,13 @@ class Runtime:
         since = None if self.analyst is None else self.analyst.first_finding_step()
         if since is None:
             return {}
+        deferred = list(self._deferred)
+        pending = self._pending
+        if pending is not None:   # a flush while a summary is still being built: from its close on
+            deferred.append((pending.close_step + 1, self.clock.step + 1))
         lost = timelost.time_lost(list(self.clock.all_ms), list(self._windows), since, warmup=self.cfg.warmup_steps,
-                                  lookback=timelost.lookback(self.cfg.spike_steps, self.cfg.vote_lag))
+                                  lookback=timelost.lookback(self.cfg.spike_steps, self.cfg.vote_lag),
+                                  deferred=deferred)
         return {} if lost is None else {"time_lost": lost.to_json()}
 
     def _write_job_end(self, stats: dict[str, Any]) -> None:

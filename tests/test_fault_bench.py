@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from eroica_runtime.config import Config
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -50,6 +52,9 @@ def test_compute_fault_named_rank_and_category(tmp_path: Path) -> None:
     lost = json.loads((tmp_path / "compute" / "report" / "report.json").read_text())["job"]["time_lost"]
     assert lost["since_step"] >= 50 and 45 < s["cost"]["measured_ms"] == lost["per_step_ms"] < 450, (lost, s["cost"])
     assert s["cost"]["estimated_ms"] == s["top"]["impact_ms_per_step"]
+    # counted on the steps eroica left alone: besides the window (3 steps) and the step after it, the
+    # steps in which every rank built its summary and the gather's vote_lag + 1 are eroica's
+    assert lost["eroica_steps"] > 3 + 1 + Config().vote_lag and lost["eroica_ms"] > 0, lost
     full = (tmp_path / "compute" / "launcher.log").read_text()
     assert f"time lost from step {lost['since_step']} (first finding)" in full, log
 

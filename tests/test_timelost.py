@@ -8,7 +8,7 @@ import numpy as np
 
 from eroica_runtime import report
 from eroica_runtime.config import Config
-from eroica_runtime.engine.timelost import lookback, profiled_steps, since_step, time_lost
+from eroica_runtime.engine.timelost import eroica_steps, lookback, profiled_steps, since_step, time_lost
 
 WARMUP, LOOKBACK = Config().warmup_steps, lookback(Config().spike_steps, Config().vote_lag)   # 10, 9
 
@@ -51,8 +51,43 @@ def test_profiled_steps_count_on_neither_side() -> None:
     slowed = list(history)
     for s in profiled_steps(windows):
         slowed[s - 1] = 500.0
-    assert time_lost(slowed, windows, 67, warmup=WARMUP, lookback=LOOKBACK) == \
-        time_lost(history, windows, 67, warmup=WARMUP, lookback=LOOKBACK)
+    a = time_lost(slowed, windows, 67, warmup=WARMUP, lookback=LOOKBACK)
+    b = time_lost(history, windows, 67, warmup=WARMUP, lookback=LOOKBACK)
+    assert a is not None and b is not None
+    assert (a.per_step_ms, a.steps, a.before_steps) == (b.per_step_ms, b.steps, b.before_steps)
+    assert a.eroica_ms == 500.0 and a.eroica_steps == 4 + 18   # (67, 3): 66-70 from 67 on; (100, 16): 99-116
+
+
+def test_steps_in_which_summaries_were_built_count_on_neither_side_and_are_said() -> None:
+    """After a window every rank builds its summary a slice per boundary until the gather: those steps
+    are slower because of eroica (a 16-step window's build took a shared-core job from 40 to 75 ms a
+    step to its end), not the fault. They are left out like profiled steps, and their mean is kept, so
+    that the report says what eroica itself cost."""
+    history = _job()
+    windows, deferred = [(13, 3), (67, 3)], [(17, 24), (71, 95)]
+    slowed = list(history)
+    for s in range(17, 25):
+        slowed[s - 1] += 30.0
+    for s in range(71, 96):
+        slowed[s - 1] += 35.0
+    clean = time_lost(history, windows, 67, warmup=WARMUP, lookback=LOOKBACK, deferred=deferred)
+    lost = time_lost(slowed, windows, 67, warmup=WARMUP, lookback=LOOKBACK, deferred=deferred)
+    assert lost is not None and clean is not None
+    assert (lost.per_step_ms, lost.steps, lost.before_steps) == (clean.per_step_ms, clean.steps, clean.before_steps)
+    assert 36 < lost.per_step_ms < 44
+    assert lost.steps == 140 - 67 + 1 - 4 - 25    # window 67-69, step 70 and the build 71-95 left out
+    own = [s for s in range(67, 141) if s in eroica_steps(windows, deferred)]
+    assert lost.eroica_steps == len(own) == 29
+    assert lost.eroica_ms == sum(slowed[s - 1] for s in own) / len(own)
+    # counted in, eroica's build would have been booked as the fault's loss
+    naive = time_lost(slowed, windows, 67, warmup=WARMUP, lookback=LOOKBACK)
+    assert naive is not None and naive.per_step_ms > lost.per_step_ms + 5
+
+
+def test_a_build_that_runs_to_the_job_end_leaves_no_figure() -> None:
+    """A capture whose summary was still being built at the job's end: no step after it was eroica's-free."""
+    assert time_lost(_job(), [(13, 3), (100, 16)], 100, warmup=WARMUP, lookback=LOOKBACK,
+                     deferred=[(117, 141)]) is None
 
 
 def test_no_figure_without_healthy_steps_before_the_finding() -> None:
@@ -74,9 +109,15 @@ def test_report_line_says_the_loss_and_what_it_was_measured_on() -> None:
     line = report.format_time_lost(doc)
     assert line.startswith(f"  time lost from step 67 (first finding) to 140: {lost.total_s:.1f} s, "
                            f"+{lost.per_step_ms:.1f} ms a step over {lost.steps} steps")
-    assert "steps 11-57" in line and "profiled steps left out" in line
+    assert "steps 11-57" in line
+    assert line.endswith(f"left out: the {lost.eroica_steps} steps eroica profiled or summarised in, "
+                         f"mean {lost.eroica_ms:.1f} ms)")
     faster = dict(doc, mean_ms=40.0, per_step_ms=-10.0, total_s=0.0)
     assert "none measured" in report.format_time_lost(faster)
+    # a report.json from before eroica's steps were counted: the figure, and what it left out then
+    older = {k: v for k, v in doc.items() if k not in ("eroica_steps", "eroica_ms")}
+    assert report.format_time_lost(older).endswith("rank 0's step times, profiled steps left out)")
+    assert report.format_time_lost(dict(doc, eroica_ms=float("nan"))).endswith("profiled steps left out)")
 
 
 def test_report_line_of_a_spoiled_value_is_empty() -> None:

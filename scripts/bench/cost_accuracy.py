@@ -4,9 +4,11 @@
 For every fault case of a ``scripts/fault-bench --out DIR`` run: the top finding's
 ``impact_ms_per_step`` (the engine's estimate from the profiled window) against the job's measured
 loss a step from its first finding on (``engine/timelost.py``: rank 0's mean step after it against
-the mean before the slowdown, profiled steps left out). A report written before job.time_lost
-existed is measured here from its steps.msgpack and captures with the same function, the capture
-windows taken at the default sizes (3 steps, 16 for a throughput capture).
+the mean before the slowdown, the steps eroica profiled or built its summaries in left out). A report
+written before job.time_lost existed is measured here from its steps.msgpack and captures with the
+same function, the capture windows taken at the default sizes (3 steps, 16 for a throughput capture);
+it has no record of the steps its summaries were built in, so those count as the job's there (as in
+every report before 2026-12-02 17:20 UTC).
 
   .venv/bin/python scripts/bench/cost_accuracy.py /tmp/fb23
 
