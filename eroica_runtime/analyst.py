@@ -195,6 +195,28 @@ def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]]) -> s
                  f"{ms(stats['median_step_ms'])}, p99 {ms(stats['p99_step_ms'])}",
                  by_rank,
                  f"  captures: {caps}"]
+    own = own_time_text(stats.get("per_rank", []))
+    if own:
+        lines.append(own)
     if missing:
         lines.append(f"  {missing} rank(s) did not report at job end")
     return "\n".join(lines)
+
+
+def own_time_text(per_rank: list[Any]) -> str:
+    """What eroica itself took on each rank: its work at the step boundaries (votes, a window's close,
+    the summary's slices, the gathers), which the step clock leaves out of the step times, against
+    the rank's time in steps. So the reader of a healthy job's log knows what watching it cost."""
+    own = [(float(r["eroica_ms"]), float(r["total_ms"])) for r in per_rank
+           if isinstance(r, dict) and report.finite(r.get("eroica_ms")) and report.finite(r.get("total_ms"))
+           and r["eroica_ms"] >= 0 and r["total_ms"] > 0]
+    if not own:
+        return ""
+    secs = sorted(e / 1e3 for e, _ in own)
+    shares = sorted(100.0 * e / (e + t) for e, t in own)
+
+    def span(lo: float, hi: float, fmt: str) -> str:
+        return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{lo:{fmt}}-{hi:{fmt}}"
+
+    return (f"  eroica's own work at step boundaries: {span(secs[0], secs[-1], '.1f')} s a rank, "
+            f"{span(shares[0], shares[-1], '.1f')}% of its time")

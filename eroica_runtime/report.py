@@ -46,14 +46,14 @@ def _plain(v: Any, depth: int = 0) -> Any:
     return _text(v) if isinstance(v, str) else None
 
 
-def _finite(v: Any) -> bool:
+def finite(v: Any) -> bool:
     """A number a report may print: report.json is read back from disk, its fields may be anything."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _self_ms(f: Mapping[str, Any]) -> float:
     v = f.get("self")
-    return float(v) if _finite(v) else float(f.get("ms") or 0.0)
+    return float(v) if finite(v) else float(f.get("ms") or 0.0)
 
 
 def drill_down(summaries: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
@@ -165,7 +165,7 @@ def _ms(x: Any) -> str:
 def calls_text(rank: Any, peers: Any) -> str:
     """", 133 vs 2 calls" when a function's calls per step differ from its peers' (or the baseline's):
     more work, not slower work; nothing when they are about the same or unknown (an older report)."""
-    if not all(_finite(x) for x in (rank, peers)):
+    if not all(finite(x) for x in (rank, peers)):
         return ""
     if abs(rank - peers) <= SAME_CALLS * peers + 0.5:   # the engine's 'same calls' (work_verdict)
         return ""
@@ -185,7 +185,7 @@ def format_time_lost(doc: Any) -> str:
     lost = "none measured" if per_step <= 0 else f"{total:.1f} s, +{per_step:.1f} ms a step over {steps} steps"
     own = doc.get("eroica_steps")
     own_ms = doc.get("eroica_ms")
-    if isinstance(own, int) and not isinstance(own, bool) and own > 0 and _finite(own_ms):
+    if isinstance(own, int) and not isinstance(own, bool) and own > 0 and finite(own_ms):
         # eroica's own cost, said where its steps are left out (a report from before it: the old words)
         left_out = f"left out: the {own} steps eroica profiled or summarised in, mean {float(own_ms):.1f} ms"
     else:
@@ -257,7 +257,7 @@ def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
                 facts.append(f"{label} {p}")
     if facts:
         lines.append("     " + " | ".join(facts))
-    if all(_finite(ev.get(k)) for k in ("average_ms", "excess_ms", "average_steps")):
+    if all(finite(ev.get(k)) for k in ("average_ms", "excess_ms", "average_steps")):
         # a burst: the finding's cost is its average; what a slow step cost is said here
         lines.append(f"     in bursts: +{_ms(ev['excess_ms'])} ms/step in the slow steps the vote caught, "
                      f"+{_ms(ev['average_ms'])} on average over the {int(ev['average_steps'])} steps before the window")

@@ -622,7 +622,8 @@ def _step_stats(history: list[float], cfg: Config) -> dict[str, Any]:
         return {"steps": len(history) + 1 if history else 0, "median_ms": None, "p99_ms": None}
     ordered = sorted(values)
     p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
-    return {"steps": len(history) + 1, "median_ms": round(statistics.median(values), 4), "p99_ms": round(p99, 4)}
+    return {"steps": len(history) + 1, "median_ms": round(statistics.median(values), 4), "p99_ms": round(p99, 4),
+            "total_ms": round(sum(history), 3)}
 
 
 def _torch_version() -> str:

@@ -62,6 +62,24 @@ def test_the_job_summary_ranks_ranks_only_when_their_step_times_differ() -> None
     assert "slowest ranks by median step: rank 1 (vm) 110.0 ms" in text, text
 
 
+def test_the_job_summary_says_what_eroica_itself_took_on_each_rank() -> None:
+    """A healthy job's log has no finding to weigh eroica's cost against: the summary says the time its
+    boundary work took (left out of the step times) as seconds and a share of each rank's time. Ranks
+    that sent no such numbers (an older eroica, a spoiled value) are left out, and none leaves no line."""
+    from eroica_runtime.analyst import format_job_stats, job_stats, own_time_text
+
+    per_rank = {r: {"rank": r, "host": "vm", "steps": 140, "median_ms": 75.0, "p99_ms": 90.0,
+                    "total_ms": 10_000.0, "eroica_ms": e} for r, e in enumerate([120.0, 310.0, 150.0])}
+    per_rank[3] = {"rank": 3, "host": "vm", "steps": 140, "median_ms": 75.0, "p99_ms": 90.0, "eroica_ms": 5000.0}
+    per_rank[4] = {"rank": 4, "host": "vm", "steps": 140, "median_ms": 75.0, "p99_ms": 90.0,
+                   "total_ms": float("nan"), "eroica_ms": 5000.0}
+    text = format_job_stats(job_stats(per_rank, 5), [])
+    assert "  eroica's own work at step boundaries: 0.1-0.3 s a rank, 1.2-3.0% of its time" in text.splitlines(), text
+    assert own_time_text([{"eroica_ms": 50.0, "total_ms": 9950.0}]) == \
+        "  eroica's own work at step boundaries: 0.1 s a rank, 0.5% of its time"
+    assert own_time_text([{"eroica_ms": True, "total_ms": 100.0}, {"eroica_ms": -1.0, "total_ms": 100.0}, "x"]) == ""
+
+
 def test_a_later_capture_says_what_the_job_has_lost_so_far_and_the_partial_report_keeps_it(
         tmp_path: Path, capsys) -> None:
     """A long job slowed at step 46 and captured again at 90: the SRE reading the log sees the time lost

@@ -57,6 +57,7 @@ def test_compute_fault_named_rank_and_category(tmp_path: Path) -> None:
     assert lost["eroica_steps"] > 3 + 1 + Config().vote_lag and lost["eroica_ms"] > 0, lost
     full = (tmp_path / "compute" / "launcher.log").read_text()
     assert f"time lost from step {lost['since_step']} (first finding)" in full, log
+    assert "eroica's own work at step boundaries: " in full, log
 
 
 @pytest.mark.multirank

@@ -85,10 +85,10 @@ CASES: list[Case] = [
     Case("throttle-int", "throttle:rank={rank}:start={start}:quota=0.15:{int}", CPU, note="root"),
     Case("contend", "contend:rank={rank}:start={start}:hogs=2", CPU, note="2 busy processes on the rank's core"),
     Case("contend-int", "contend:rank={rank}:start={start}:hogs=2:{int}", CPU),
-    # its 16-step throughput capture (~75) is summarised until ~120 on 2 shared cores (37k events)
+    # its 16-step throughput capture (~63-75) is summarised until ~115-120 on 2 shared cores (37k events)
     Case("freeze", "freeze:rank={rank}:start={start}:ms=250:every=1.0", ("host",), note="SIGSTOP 250 ms / s",
          min_steps=180),
-    Case("freeze-int", "freeze:rank={rank}:start={start}:ms=250:every=1.0:{int}", ("host",)),
+    Case("freeze-int", "freeze:rank={rank}:start={start}:ms=250:every=1.0:{int}", ("host",), min_steps=180),
     Case("data", "data:rank={rank}:start={start}:ms=80", ("dataloader",)),
     Case("data-int", "data:rank={rank}:start={start}:ms=80:{int}", ("dataloader",)),
     Case("gc", "gc:rank={rank}:start={start}", ("gc",)),
