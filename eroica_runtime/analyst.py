@@ -153,18 +153,35 @@ def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int) -> dict[str,
     """Job-level step-time statistics from every rank's end-of-job numbers."""
     ranks = [per_rank[r] for r in sorted(per_rank)]
     medians = [r["median_ms"] for r in ranks if r.get("median_ms") is not None]
-    slowest = sorted(ranks, key=lambda r: -(r.get("median_ms") or 0))[:3]
+    paces = {id(r): pace_ms(r) for r in ranks}
+    by_pace = all(p is not None for p in paces.values())
+    slowest = sorted(ranks, key=lambda r: -((paces[id(r)] if by_pace else r.get("median_ms")) or 0))[:3]
     return {
         "ranks_reporting": len(ranks), "world_size": world_size,
         "steps": max((r["steps"] for r in ranks), default=0),
         "median_step_ms": statistics.median(medians) if medians else None,
         "p99_step_ms": max((r["p99_ms"] for r in ranks if r.get("p99_ms") is not None), default=None),
         "per_rank": ranks,
-        "slowest": [{"rank": r["rank"], "host": r["host"], "median_ms": r["median_ms"]} for r in slowest],
+        "slowest": [{"rank": r["rank"], "host": r["host"], "median_ms": r["median_ms"],
+                     **({"pace_ms": round(paces[id(r)], 3)} if by_pace else {})} for r in slowest],
     }
 
 
-# per-rank median steps within this factor of each other are alike (synchronous training)
+def pace_ms(rank: dict[str, Any]) -> float | None:
+    """A rank's mean wall time a step: its step times plus eroica's own boundary work (which the step
+    clock leaves out), over its steps; None when the rank sent no totals (an older eroica).
+
+    This, not the median, says which rank is slower: in synchronous training every rank spends the
+    same wall time per step (each waits for the slowest in the collectives), while medians spread with
+    where a rank's step clock falls against the waits (the demo's "slowest by median" was a victim)."""
+    total, own, steps = rank.get("total_ms"), rank.get("eroica_ms", 0.0), rank.get("steps")
+    if not (report.finite(total) and report.finite(own) and isinstance(steps, int) and not isinstance(steps, bool)
+            and steps > 1 and total > 0 and own >= 0):
+        return None
+    return (float(total) + float(own)) / (steps - 1)
+
+
+# per-rank paces (or medians) within this factor of each other are alike (synchronous training)
 ALIKE_STEPS = 1.05
 
 
@@ -175,14 +192,23 @@ def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]]) -> s
 
     caps = ", ".join(f"step {c['step']} ({c['trigger']})" for c in captures) or "none"
     missing = stats["world_size"] - stats["ranks_reporting"]
-    slow = ", ".join(f"rank {r['rank']} ({r['host']}) {ms(r['median_ms'])}" for r in stats["slowest"])
-    medians = [r["median_ms"] for r in stats.get("per_rank", []) if isinstance(r.get("median_ms"), (int, float))]
-    by_rank = f"  slowest ranks by median step: {slow or 'n/a'}"
-    if len(medians) > 1 and max(medians) <= ALIKE_STEPS * min(medians):
+    ranks = [r for r in stats.get("per_rank", []) if isinstance(r, dict)]
+    paces = [pace_ms(r) for r in ranks]
+    if ranks and all(p is not None for p in paces) and all("pace_ms" in r for r in stats["slowest"]):
+        values, what = [p for p in paces if p is not None], "{} ms a step on average, eroica's boundary work included"
+        slow = ", ".join(f"rank {r['rank']} ({r['host']}) {ms(r['pace_ms'])}" for r in stats["slowest"])
+        by_rank = f"  slowest ranks by mean step: {slow}"
+    else:   # an older eroica's ranks sent no totals: their medians are all there is
+        values = [r["median_ms"] for r in ranks if isinstance(r.get("median_ms"), (int, float))]
+        what = "median step {} ms"
+        slow = ", ".join(f"rank {r['rank']} ({r['host']}) {ms(r['median_ms'])}" for r in stats["slowest"])
+        by_rank = f"  slowest ranks by median step: {slow or 'n/a'}"
+    if len(values) > 1 and max(values) <= ALIKE_STEPS * min(values):
         # in synchronous training every rank waits for the slowest each step: a ranking of alike step
         # times is noise, and at 3 a.m. "slowest: rank 0" reads as a culprit
-        by_rank = (f"  median step alike on every rank ({min(medians):.1f}-{max(medians):.1f} ms): ranks wait "
-                   "for each other, so one slow rank slows all; the findings name it")
+        lo, hi = f"{min(values):.1f}", f"{max(values):.1f}"
+        by_rank = (f"  step time alike on every rank ({what.format(lo if lo == hi else f'{lo}-{hi}')}): ranks "
+                   "wait for each other, so one slow rank slows all; the findings name it")
     if not stats["steps"]:
         # a job that ran for hours with eroica silent must say why: steps are counted at optimizer steps
         lines = [f"eroica: job summary: no training step was seen on {stats['world_size']} ranks, so there was "

@@ -46,20 +46,33 @@ def test_a_capture_that_named_a_culprit_or_was_not_a_detectors_is_no_reason_to_c
 
 
 def test_the_job_summary_ranks_ranks_only_when_their_step_times_differ() -> None:
-    """In synchronous training every rank's median step is alike (each waits for the slowest): the
-    summary says so instead of calling a victim "slowest" (the demo printed "slowest ranks by median
-    step: rank 0 (vm) 75.7 ms, rank 2 (vm) 75.2 ms" with rank 2 the culprit). Ranks whose step times
-    really differ (no collective ties them) are still ranked."""
+    """In synchronous training every rank spends the same wall time a step (each waits for the slowest):
+    the summary says so instead of calling a victim "slowest". Medians are no test of that: the demo
+    printed "slowest ranks by median step: rank 3 (vm) 66.7 ms, rank 2 (vm) 65.2 ms" with rank 2 the
+    culprit, its ranks' medians 63.4-66.7 ms while their step times plus eroica's boundary work summed
+    alike. Ranks whose step times really differ (no collective ties them) are still ranked, by that mean."""
     from eroica_runtime.analyst import format_job_stats, job_stats
 
-    def stats(medians: list[float]) -> dict:
-        return job_stats({r: {"rank": r, "host": "vm", "steps": 140, "median_ms": m, "p99_ms": m * 2}
+    def stats(medians: list[float], totals: list[float] | None = None, own: list[float] | None = None) -> dict:
+        return job_stats({r: {"rank": r, "host": "vm", "steps": 141, "median_ms": m, "p99_ms": m * 2,
+                              **({"total_ms": totals[r], "eroica_ms": own[r]} if totals and own else {})}
                           for r, m in enumerate(medians)}, len(medians))
 
+    demo = stats([64.8, 63.4, 65.2, 66.7], [9_160.0, 9_100.0, 9_180.0, 9_150.0], [300.0, 360.0, 280.0, 310.0])
+    text = format_job_stats(demo, [{"step": 68, "trigger": "spike"}])
+    assert ("  step time alike on every rank (67.6 ms a step on average, eroica's boundary work included): "
+            "ranks wait for each other") in text and "slowest" not in text, text
+    unsynced = stats([75.7, 110.0, 75.2, 74.9], [10_600.0, 15_400.0, 10_530.0, 10_490.0], [10.0] * 4)
+    assert "  slowest ranks by mean step: rank 1 (vm) 110.1 ms, rank 0 (vm) 75.8 ms, rank 2 (vm) 75.3 ms" \
+        in format_job_stats(unsynced, []).splitlines()
+    # ranks of an older eroica send no totals: their medians are all there is
     text = format_job_stats(stats([75.7, 75.1, 75.2, 74.9]), [{"step": 68, "trigger": "spike"}])
-    assert "median step alike on every rank (74.9-75.7 ms)" in text and "slowest" not in text, text
+    assert "step time alike on every rank (median step 74.9-75.7 ms)" in text and "slowest" not in text, text
     text = format_job_stats(stats([75.7, 110.0, 75.2, 74.9]), [])
     assert "slowest ranks by median step: rank 1 (vm) 110.0 ms" in text, text
+    # one rank without totals (a spoiled value) ranks every rank by median rather than mixing the two
+    mixed = stats([75.7, 110.0, 75.2, 74.9], [10_600.0, float("nan"), 10_530.0, 10_490.0], [10.0] * 4)
+    assert "slowest ranks by median step: rank 1 (vm) 110.0 ms" in format_job_stats(mixed, [])
 
 
 def test_the_job_summary_says_what_eroica_itself_took_on_each_rank() -> None:
