@@ -1,8 +1,8 @@
-"""CI subset of the fault bench (scripts/fault-bench): two real cases end to end, scored by the bench.
+"""CI subset of the fault bench (scripts/fault-bench): real cases end to end, scored by the bench.
 
-Why: the full bench takes ~25 minutes; these two cases keep its driver, its scoring and eroica's most
+Why: the full bench takes ~15 minutes; these cases keep its driver, its scoring and eroica's most
 basic claims honest on every CI run: a rank with extra compute is named as the culprit with category
-'compute', and a healthy job reports nothing. Assertions are on behaviour, never on absolute times.
+'compute' (in a DDP job, and in an FSDP2 job under torch.compile), and a healthy job reports nothing. Assertions are on behaviour, never on absolute times.
 Scoring itself is also checked offline on a stored report (tests/data/faultbench).
 """
 
@@ -75,6 +75,41 @@ def test_healthy_run_reports_nothing(tmp_path: Path) -> None:
     later = [(c["step"], c["trigger"], f["title"]) for c in report["captures"] if c["trigger"] != "baseline"
              for f in c["findings"]]
     assert not later, (later, bench.phases_of(rdir))
+
+
+@pytest.mark.multirank
+def test_a_culprit_in_an_fsdp2_job_under_torch_compile_is_named_with_its_function(tmp_path: Path) -> None:
+    """FSDP2 (fully_shard per layer: all-gathers in forward and backward, reduce-scatters) under
+    torch.compile (inductor's ops instead of the eager ones) is how many users train. Their collectives
+    are spread over the step rather than one all-reduce at its end, yet the rank with extra compute is
+    named with its function, and its peers are the ones that waited in those collectives."""
+    case = _case("compile-compute")
+    assert case.script_args == ("--parallel", "fsdp2", "--compile")
+    r = bench.run_case(case, argparse.Namespace(ranks=4, steps=100, start=50, out=str(tmp_path), case_timeout=240), None)
+    if r.skipped:   # no C++ compiler on this machine (the README's set-up does not need one)
+        pytest.skip(r.skipped)
+    log = (tmp_path / case.name / "launcher.log").read_text()[-4000:]
+    assert not r.timed_out and r.exit_code == 0, log
+    s = r.score or {}
+    assert s.get("scored") and s["detected"] and s["rank_ok"] and s["category_ok"], (s, log)
+    top = s["top"]
+    assert top["rank"] == 1 and top["category"] == "compute" and top["function"] in ("aten::matmul", "aten::mm"), s
+    assert set(top["victims"]) <= {0, 2, 3} and len(top["victims"]) >= 2, s
+    rep = json.loads((tmp_path / case.name / "report" / "report.json").read_text())
+    ev = next(f for f in rep["findings"] if f["rank"] == 1)["evidence"]
+    assert ev["comm_wait_ms"][0] < ev["comm_wait_ms"][1] and ev["own_work_ms"][0] > ev["own_work_ms"][1], ev
+
+
+def test_a_compiled_case_on_a_machine_without_a_cpp_compiler_is_skipped_with_the_reason(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's set-up needs no C compiler, but torch.compile's CPU kernels do: the bench says so
+    for its compiled cases instead of counting a failed job as a miss."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CXX", raising=False)
+    r = bench.run_case(_case("compile-compute"), _args(tmp_path), None)
+    assert r.skipped and "C++ compiler" in r.skipped and not r.argv
+    assert _case("fsdp-compute").script_args == ("--parallel", "fsdp2")
+    assert bench.compiler_unavailable_reason(_case("fsdp-compute").script_args) is None
 
 
 def test_scoring_on_stored_reports(tmp_path: Path) -> None:

@@ -64,6 +64,7 @@ class Case:
     note: str = ""
     script: Path = TRAIN  # the training job (it must honour EROICA_BENCH_FAULT, --steps and --out)
     needs_modules: tuple[str, ...] = ()  # Python packages the job imports (missing: the case is skipped)
+    script_args: tuple[str, ...] = ()  # more flags for the training job (train_bench: --parallel, --compile)
     # at least this many steps whatever --steps says: a case whose capture's summary is still being
     # built (a slower job) leaves no step eroica did not disturb to measure its time lost on
     min_steps: int = 0
@@ -118,7 +119,27 @@ CASES: list[Case] = [
          needs_modules=("transformers", "accelerate"), note="HF Trainer, tiny GPT-2, grad accum 2; slow dataset"),
     Case("hf-compute", "compute:rank={rank}:start={start}:ms=150", ("compute",), script=TRAIN_HF,
          needs_modules=("transformers", "accelerate"), note="HF Trainer, tiny GPT-2, grad accum 2; extra compute"),
+    # FSDP2 (per-layer all-gathers and reduce-scatters instead of one all-reduce) and torch.compile
+    # (inductor's ops instead of the eager ones): train_bench's own loop, wrapped as users wrap theirs
+    Case("healthy-fsdp", "", ("",), None, script_args=("--parallel", "fsdp2", "--compile"),
+         note="FSDP2 under torch.compile, no fault: expect no finding"),
+    Case("fsdp-compute", "compute:rank={rank}:start={start}:ms=150", ("compute",), script_args=("--parallel", "fsdp2"),
+         note="FSDP2 (fully_shard per layer); extra compute"),
+    Case("fsdp-data", "data:rank={rank}:start={start}:ms=80", ("dataloader",), script_args=("--parallel", "fsdp2"),
+         note="FSDP2 (fully_shard per layer); slow dataset"),
+    Case("compile-compute", "compute:rank={rank}:start={start}:ms=150", ("compute",),
+         script_args=("--parallel", "fsdp2", "--compile"), note="FSDP2 under torch.compile; extra compute"),
 ]
+
+
+def compiler_unavailable_reason(script_args: tuple[str, ...]) -> str | None:
+    """Why a ``--compile`` job cannot run here: inductor builds its CPU kernels with a C++ compiler
+    (``CXX``, else c++/g++/clang++ on PATH), which a machine set up by the README need not have."""
+    if "--compile" not in script_args:
+        return None
+    if any(shutil.which(c) for c in (os.environ.get("CXX", ""), "c++", "g++", "clang++") if c):
+        return None
+    return "torch.compile needs a C++ compiler for its CPU kernels (CXX, c++, g++ or clang++): none on PATH"
 
 
 def modules_unavailable_reason(modules: tuple[str, ...]) -> str | None:
@@ -371,7 +392,7 @@ def run_case(case: Case, args: argparse.Namespace, cluster: netns.Cluster | None
     if case.link_delay_ms and netns.delay_unavailable_reason():
         res.skipped = netns.delay_unavailable_reason()
         return res
-    why_not = modules_unavailable_reason(case.needs_modules)
+    why_not = modules_unavailable_reason(case.needs_modules) or compiler_unavailable_reason(case.script_args)
     if why_not:
         res.skipped = why_not
         return res
@@ -381,7 +402,8 @@ def run_case(case: Case, args: argparse.Namespace, cluster: netns.Cluster | None
     rdir = cdir / "report"
     argv, env = _launcher(args, cluster, ["--report-dir", str(rdir)])
     env["EROICA_BENCH_FAULT"] = fault
-    argv += [str(case.script), "--steps", str(max(args.steps, case.min_steps)), "--out", str(cdir / "steps")]
+    argv += [str(case.script), *case.script_args, "--steps", str(max(args.steps, case.min_steps)),
+             "--out", str(cdir / "steps")]
     res.argv = argv
     marks: list[tuple[float, str]] = []
 

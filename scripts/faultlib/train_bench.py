@@ -6,6 +6,12 @@ by environment only (``EROICA_BENCH_FAULT``, see :mod:`faults`), so the launcher
 
     torchrun --nproc-per-node 4 scripts/faultlib/train_bench.py --steps 60
     EROICA_BENCH_FAULT=compute:rank=2:start=20:ms=50 torchrun --nproc-per-node 4 scripts/faultlib/train_bench.py
+    torchrun --nproc-per-node 4 scripts/faultlib/train_bench.py --parallel fsdp2 --compile   # FSDP2, compiled
+
+``--parallel fsdp2`` shards the model with FSDP2 (``fully_shard`` per layer and at the root, on a 1-D
+CPU device mesh: per-layer all-gathers in forward and backward, reduce-scatters of the gradients)
+instead of DDP's one bucketed all-reduce; ``--compile`` runs the model under ``torch.compile``
+(inductor's CPU code: the compiled graph's ops replace the eager ones in the profile).
 
 Rank/world come from RANK/WORLD_SIZE (torchrun, eroica-run), else PMI_RANK/PMI_SIZE (bare mpiexec);
 MASTER_ADDR/MASTER_PORT default to 127.0.0.1:29500. At the end every rank prints ``BENCH_STEPS {json}``
@@ -102,6 +108,10 @@ def bench_parser(description: str, d_model: int = 128, heads: int = 4) -> argpar
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     e = os.environ.get
     ap = bench_parser(__doc__.splitlines()[0])
+    ap.add_argument("--parallel", choices=("ddp", "fsdp2"), default=e("EROICA_BENCH_PARALLEL", "ddp"),
+                    help="data parallelism: DDP (one bucketed all-reduce) or FSDP2 (fully_shard per layer)")
+    ap.add_argument("--compile", action="store_true", default=e("EROICA_BENCH_COMPILE", "") == "1",
+                    help="run the model under torch.compile")
     ap.add_argument("--device-ms", type=float, default=float(e("EROICA_BENCH_DEVICE_MS", "0")),
                     help="sleep this long per step after the backward, standing in for accelerator time "
                          "the host waits on (a GPU-bound step): the CPU is idle, as on a real GPU job")
@@ -118,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
     ctl = FaultController.from_env(rank)
     try:
-        model = DDP(TinyLM(args.vocab, args.d_model, args.layers, args.heads, args.seq))
+        model = parallel(TinyLM(args.vocab, args.d_model, args.layers, args.heads, args.seq), args.parallel, world)
+        if args.compile:
+            model = torch.compile(model)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         n_items = args.batch_size * world * (args.steps + 1)
         ds = ctl.wrap_dataset(TokenDataset(n_items, args.seq, args.vocab), batch_size=args.batch_size)
@@ -150,6 +162,19 @@ def main(argv: list[str] | None = None) -> int:
         ctl.close()
         dist.destroy_process_group()
     return 0
+
+
+def parallel(model: TinyLM, how: str, world: int) -> nn.Module:
+    """The model wrapped for data parallelism as a user would: DDP, or FSDP2 per layer and at the root."""
+    if how == "ddp":
+        return DDP(model)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+    for layer in model.body.layers:
+        fully_shard(layer, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
 
 
 def report(rank: int, world: int, step_ms: list[float], ctl: FaultController, loss: float, out: str | None) -> None:
