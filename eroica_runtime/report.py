@@ -280,7 +280,8 @@ def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
                      f"({by}{_probe_figures(ev.get('probe'))})")
     victims = f.get("victims") or []
     if victims:
-        lines.append(f"     victims: {len(victims)} ranks only waited on it ({_ranks(victims)})")
+        lines.append(f"     victims: {len(victims)} rank{'' if len(victims) == 1 else 's'} only waited on it "
+                     f"({_ranks(victims)})")
     if f.get("action"):
         lines.append(f"     action: {_text(f['action'], 400)}")
     return lines

@@ -100,6 +100,24 @@ def test_a_culprit_in_an_fsdp2_job_under_torch_compile_is_named_with_its_functio
     assert ev["comm_wait_ms"][0] < ev["comm_wait_ms"][1] and ev["own_work_ms"][0] > ev["own_work_ms"][1], ev
 
 
+@pytest.mark.multirank
+def test_a_culprit_in_a_pipeline_parallel_job_is_compared_with_its_own_stage_only(tmp_path: Path) -> None:
+    """2 pipeline stages x 2 FSDP2 replicas (torch.distributed.pipelining, GPipe): the stages run
+    different layers, so only a stage's two ranks are alike. The rank with extra compute (stage 0) is
+    named from the mesh the job built, against its one stage peer, not against the other stage."""
+    case = _case("pp-compute")
+    r = bench.run_case(case, _args(tmp_path), None)
+    log = (tmp_path / case.name / "launcher.log").read_text()[-4000:]
+    assert not r.timed_out and r.exit_code == 0, log
+    s = r.score or {}
+    assert s.get("scored") and s["detected"] and s["rank_ok"] and s["category_ok"], (s, log)
+    assert s["top"]["rank"] == 1 and s["top"]["function"] in ("aten::matmul", "aten::mm"), s
+    rep = json.loads((tmp_path / case.name / "report" / "report.json").read_text())
+    ev = next(f for f in rep["findings"] if f["rank"] == 1)["evidence"]
+    assert ev["peers"] == {"source": "groups", "size": 2}, ev
+    assert 0 in s["top"]["victims"], s    # its stage peer waited on it in the gradients' reduce-scatter
+
+
 def test_a_compiled_case_on_a_machine_without_a_cpp_compiler_is_skipped_with_the_reason(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The README's set-up needs no C compiler, but torch.compile's CPU kernels do: the bench says so

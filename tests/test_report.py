@@ -98,6 +98,16 @@ def test_text_leads_with_the_answer() -> None:
     assert "vs peers" in text and "victims: 7 ranks" in text and "action:" in text
 
 
+def test_one_victim_is_one_rank_in_the_title_and_the_victims_line() -> None:
+    """A pipeline stage of two data-parallel ranks has one rank to wait on its straggler: "1 rank", as
+    the 3 a.m. reader would write it (a real 2-stage x 2-replica job printed "1 ranks waiting on it")."""
+    from eroica_runtime.engine.model import ranks_waiting
+
+    assert ranks_waiting(1) == "1 rank waiting on it" and ranks_waiting(3) == "3 ranks waiting on it"
+    f = dict(_evil_capture().findings[0].__dict__, victims=(4,))
+    assert "     victims: 1 rank only waited on it (4)" in report.format_finding(f)
+
+
 def test_healthy_is_one_line() -> None:
     d = diagnose(_job(), step=7, trigger="slow_step", world_size=8)
     text = report.format_capture(d)

@@ -61,7 +61,7 @@ from eroica_runtime.engine.categories import (
 from eroica_runtime.engine.commonmode import comm_before_window, common_mode, hang_findings, local_comm_excess
 from eroica_runtime.engine.history import HISTORY_FUNCTION, history_culprits
 from eroica_runtime.engine.impact import culprit_what_if
-from eroica_runtime.engine.model import CATEGORIES, Diagnosis, Finding
+from eroica_runtime.engine.model import CATEGORIES, Diagnosis, Finding, ranks_waiting
 from eroica_runtime.engine.peers import Peers, form_peers, parse_topology
 from eroica_runtime.engine.quota import (
     QUOTA_FUNCTION,
@@ -140,11 +140,11 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float,
         ev.update(work_ev)
         action = work_action(work_ev, work, action, hint)
     title = (f"rank {rank} on {host}: {c.category} in {c.function} "
-             f"(+{c.excess_ms:.1f} ms/step own work, {len(c.victims)} ranks waiting on it)")
+             f"(+{c.excess_ms:.1f} ms/step own work, {ranks_waiting(len(c.victims))})")
     if quota:
         title = (f"rank {rank} on {host}: host — held throttled by its CPU quota{quota_limit(quota)} for "
                  f"{quota['cgroup_throttled_ms'][0]:.1f} ms/step (+{c.excess_ms:.1f} ms/step own work, "
-                 f"{len(c.victims)} ranks waiting on it)")
+                 f"{ranks_waiting(len(c.victims))})")
     return Finding(category=c.category, rank=rank, host=host, function=c.function, phase=c.phase,
                    impact_ms_per_step=c.cost_ms, what_if_step_ms=what_if,
                    victims=tuple(int(v) for v in c.victims), evidence=ev, action=action.strip(), title=title)

@@ -25,7 +25,7 @@ import numpy as np
 from eroica_runtime.engine.attribution import CONTENTION_SHARE, grown_functions
 from eroica_runtime.engine.baseline import Thresholds, center, column_reference, significant
 from eroica_runtime.engine.categories import ACTIONS, work_action, work_evidence
-from eroica_runtime.engine.model import Finding
+from eroica_runtime.engine.model import Finding, ranks_waiting
 from eroica_runtime.engine.peers import Peers
 from eroica_runtime.engine.quota import (
     QUOTA_FUNCTION,
@@ -222,7 +222,7 @@ def _finding(table: Table, rows: np.ndarray, row: int, excess: float, step_ref: 
         action = (f"In the steps just before the window this rank was {what}, in bursts. The window missed "
                   "the slow steps: " + ACTIONS.get(category, ""))
         title = (f"rank {rank} on {host}: {category} in the {HISTORY_RECENT} steps before the window "
-                 f"(+{excess:.1f} ms/step busy{on_average}, {len(victims)} ranks waiting on it)")
+                 f"(+{excess:.1f} ms/step busy{on_average}, {ranks_waiting(len(victims))})")
     else:
         # a steady fault: the window shows it as well, and what the rank ran there names the function
         ev["seen_in"] = f"the window (+{steady:.1f} ms/step) and {seen_in}"
@@ -237,7 +237,7 @@ def _finding(table: Table, rows: np.ndarray, row: int, excess: float, step_ref: 
             action = work_action(work_ev, work, action)
         action = f"This rank was {what}, in the window and the steps before it. " + action
         title = (f"rank {rank} on {host}: {category} in {function} (+{excess:.1f} ms/step busy in the window "
-                 f"and the {HISTORY_RECENT} steps before it, {len(victims)} ranks waiting on it)")
+                 f"and the {HISTORY_RECENT} steps before it, {ranks_waiting(len(victims))})")
     return Finding(category=category, rank=rank, host=host, function=function, phase=phase,
                    impact_ms_per_step=cost, what_if_step_ms=max(step_ref - excess, 0.0), victims=victims,
                    evidence=ev, action=action.strip(), title=title)
@@ -262,4 +262,4 @@ def _quota_finding(table: Table, rows: np.ndarray, row: int, excess: float, step
         action=quota_action(quota, when=when),
         title=(f"rank {rank} on {host}: host — held throttled by its CPU quota{limit} for {mine:.1f} ms/step in "
                f"the {HISTORY_RECENT} steps before the window (+{excess:.1f} ms/step busy{on_average}, "
-               f"{len(victims)} ranks waiting on it)"))
+               f"{ranks_waiting(len(victims))})"))

@@ -64,6 +64,12 @@ class Finding:
                        captures=tuple(doc.get("captures") or ()))
 
 
+def ranks_waiting(n: int) -> str:
+    """The count of a culprit's victims as every finding's title says it: "1 rank waiting on it",
+    "3 ranks waiting on it" (a pipeline stage of two data-parallel ranks has one)."""
+    return f"{n} rank{'' if n == 1 else 's'} waiting on it"
+
+
 def conclusive(ranks_analysed: int, world_size: int) -> bool:
     """See Diagnosis.conclusive (also applied to stored diagnoses, which are plain JSON)."""
     return ranks_analysed >= min(2, max(world_size, 1)) and 2 * ranks_analysed >= world_size

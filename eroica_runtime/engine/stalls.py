@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from eroica_runtime.engine.baseline import Thresholds
-from eroica_runtime.engine.model import Finding
+from eroica_runtime.engine.model import Finding, ranks_waiting
 from eroica_runtime.engine.table import Table
 
 MIN_STOPS = 2          # one stop is an accident (a person's Ctrl-Z); two are a pattern
@@ -65,4 +65,4 @@ def stall_finding(table: Table, row: int, ev: dict[str, Any], step_med: float) -
                    victims=victims, evidence={"stopped": ev, "excess_ms": impact}, action=action(ev),
                    title=f"rank {rank} on {host}: host — process stopped {ev['stops']} times in "
                          f"{ev['steps_seen']} steps (~{ev['stop_ms_each']:.0f} ms each, "
-                         f"+{impact:.1f} ms/step, {len(victims)} ranks waiting on it)")
+                         f"+{impact:.1f} ms/step, {ranks_waiting(len(victims))})")

@@ -39,6 +39,7 @@ TRAIN = ROOT / "scripts" / "faultlib" / "train_bench.py"
 # The same job under real frameworks' loops (issue 12): their own step structure, same fault planting.
 TRAIN_LIGHTNING = ROOT / "scripts" / "faultlib" / "train_lightning.py"
 TRAIN_HF = ROOT / "scripts" / "faultlib" / "train_hf.py"
+TRAIN_PIPELINE = ROOT / "scripts" / "faultlib" / "train_pipeline.py"
 PROFILE_WRAP = ROOT / "scripts" / "faultlib" / "profile_wrap.py"
 BIN = Path(sys.executable).parent
 EROICA_RUN = str(BIN / "eroica-run") if (BIN / "eroica-run").exists() else "eroica-run"
@@ -129,6 +130,14 @@ CASES: list[Case] = [
          note="FSDP2 (fully_shard per layer); slow dataset"),
     Case("compile-compute", "compute:rank={rank}:start={start}:ms=150", ("compute",),
          script_args=("--parallel", "fsdp2", "--compile"), note="FSDP2 under torch.compile; extra compute"),
+    # pipeline parallelism: 2 stages x 2 FSDP2 replicas (rank 1: stage 0, replica 1); only a stage's ranks
+    # are alike, and the other stage waits on the culprit in its point-to-point receives
+    Case("healthy-pp", "", ("",), None, script=TRAIN_PIPELINE,
+         note="2 pipeline stages x 2 replicas (GPipe, FSDP2), no fault: expect no finding"),
+    Case("pp-compute", "compute:rank={rank}:start={start}:ms=150", ("compute",), script=TRAIN_PIPELINE,
+         note="2 pipeline stages x 2 replicas; extra compute on a stage-0 rank"),
+    Case("pp-data", "data:rank={rank}:start={start}:ms=80", ("dataloader",), script=TRAIN_PIPELINE,
+         note="2 pipeline stages x 2 replicas; slow dataset on a stage-0 rank"),
 ]
 
 
