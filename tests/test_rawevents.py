@@ -5,6 +5,7 @@ very summary each rank sent is tests/test_runtime.py's SIGUSR1 test.)"""
 from __future__ import annotations
 
 import zlib
+from pathlib import Path
 
 import msgpack
 import pytest
@@ -136,3 +137,37 @@ def test_differences_allow_the_rounding_of_the_inputs_and_nothing_more() -> None
         "functions[0].name ('aten::bmm' vs 'aten::mm')"]
     assert rawevents.differences({**sent, "functions": []}, sent) == ["functions (length 0 vs 1)"]
     assert rawevents.differences({"phases": sent["phases"], "functions": sent["functions"]}, sent) == ["rank"]
+
+
+PIPELINE = Path(__file__).resolve().parent / "data" / "summary" / "pipeline"
+
+
+def test_a_pipeline_stages_wait_for_its_sends_is_comm_and_every_rank_names_its_whole_step() -> None:
+    """A pipeline-parallel job's send is recorded on the calling thread from its start inside the
+    micro-batch's ``Forward N`` range to its completion, after that range ended; the stage then waits
+    for it outside any op. The builder counted that tail as a main-thread op (it was in no phase) and
+    not as a gap: the first stage's ranks, waiting on a straggler in the second, lost 37 ms of their
+    82 ms step from every phase, and the diagnosis saw one victim instead of three.
+
+    Fixture: ``EROICA_BENCH_FAULT=compute:rank=2:start=8:ms=40 EROICA_KEEP_RAW_EVENTS=1 eroica-run
+    --nproc-per-node 4 --capture-at-steps 20 --no-baseline scripts/faultlib/train_pipeline.py --steps 26``
+    (2 stages x 2 FSDP2 replicas; rank 2 is the second stage's first replica): the capture and every
+    rank's raw events."""
+    from eroica_runtime.engine import diagnose
+    from eroica_runtime.summary.schema import decode_capture
+
+    _, sent, errors = decode_capture((PIPELINE / "capture-20.msgpack").read_bytes())
+    assert not errors and sorted(s["rank"] for s in sent) == [0, 1, 2, 3]
+    rebuilt = []
+    for s in sorted(sent, key=lambda s: s["rank"]):
+        _, events = rawevents.load((PIPELINE / f"raw-20-rank{s['rank']}.msgpack").read_bytes())
+        again, _ = rawevents.rebuild(s, events)
+        p = again["phases"]
+        named = sum(p[k] for k in summary.OWN_WORK_PHASES) + p["comm"]
+        assert abs(named - p["step"]) < 0.02 * p["step"], (s["rank"], p)
+        rebuilt.append(again)
+    first_stage = [r["phases"]["comm"] for r in rebuilt[:2]]
+    assert min(first_stage) > 0.5 * rebuilt[0]["phases"]["step"], first_stage   # they waited on rank 2
+    f = diagnose(rebuilt, step=20, trigger="manual", world_size=4).findings[0]
+    assert (f.rank, f.category) == (2, "compute") and f.evidence["peers"] == {"source": "groups", "size": 2}
+    assert set(f.victims) == {0, 1, 3}, f.victims

@@ -455,7 +455,11 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
         if ev.phase is None:
             ev.phase = positional(ev.start)
     yield
-    main_union = _union([(ev.start, ev.end) for ev in main_evs])
+    # where the main thread ran an op: its self-time segments, not the events' own extents. An async
+    # record (a pipeline stage's gloo:send, from its start inside "Forward N" to its completion) outlives
+    # the range it began in; its tail, clamped off by the nesting, is the thread waiting outside any op
+    # (a gap, comm while a collective is in flight), and counted as an op it was in no phase at all
+    main_union = _union(list(zip(main_segments[0], main_segments[1], strict=True)))
     gaps = _union(_subtract(counted, main_union) + gap_like)
     yield
 
