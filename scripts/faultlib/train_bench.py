@@ -22,6 +22,7 @@ with ``--out DIR`` (or EROICA_BENCH_OUT) each rank also writes ``DIR/steps-rank<
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -29,6 +30,7 @@ import socket
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # so "faultlib" imports when run as a file
@@ -118,16 +120,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+@contextlib.contextmanager
+def joined_job(threads: int) -> Iterator[tuple[int, int, FaultController]]:
+    """(rank, world size, the fault planted on this rank) inside the job's gloo process group, as every
+    bench job runs: torch's threads and seed set, env:// with MASTER_ADDR/PORT defaulting to
+    127.0.0.1:29500. On the way out, after the caller dropped its model (DDP's reducer and FSDP hold the
+    group), the ranks tear down together: a gloo group destroyed at interpreter exit, or while a peer
+    still talks to it, can abort."""
     rank, world = launcher_rank_world()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(threads)
     torch.manual_seed(0)
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
     ctl = FaultController.from_env(rank)
     try:
+        yield rank, world, ctl
+        gc.collect()
+        dist.barrier()
+    finally:
+        ctl.close()
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with joined_job(args.threads) as (rank, world, ctl):
         model = parallel(TinyLM(args.vocab, args.d_model, args.layers, args.heads, args.seq), args.parallel, world)
         if args.compile:
             model = torch.compile(model)
@@ -153,14 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             step_ms.append((time.perf_counter() - t0) * 1e3)
         ctl.close()
         report(rank, world, step_ms, ctl, float(loss.item()), args.out)
-        # Drop DDP (its reducer holds the process group) before tearing down, and tear down together:
-        # a gloo group destroyed at interpreter exit, or while a peer still talks to it, can abort.
-        del model, opt, it, loader
-        gc.collect()
-        dist.barrier()
-    finally:
-        ctl.close()
-        dist.destroy_process_group()
+        del model, opt, it, loader   # DDP's reducer holds the process group: dropped before the teardown
     return 0
 
 

@@ -22,8 +22,6 @@ the same batch of their replica (stage 0 the inputs, stage 1 the targets); fault
 
 from __future__ import annotations
 
-import gc
-import os
 import sys
 import time
 from pathlib import Path
@@ -31,7 +29,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # so "faultlib" imports when run as a file
 
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
@@ -39,8 +36,14 @@ from torch.distributed.pipelining import PipelineStage, ScheduleGPipe  # noqa: E
 from torch.utils.data import DataLoader  # noqa: E402
 from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 
-from faultlib.faults import FaultController  # noqa: E402
-from faultlib.train_bench import TinyLM, TokenDataset, bench_parser, launcher_rank_world, report  # noqa: E402
+from faultlib.train_bench import (  # noqa: E402
+    TinyLM,
+    TokenDataset,
+    bench_parser,
+    joined_job,
+    launcher_rank_world,
+    report,
+)
 
 STAGES = 2
 MICROBATCHES = 2
@@ -72,17 +75,10 @@ class LastStage(nn.Module):
 
 def main(argv: list[str] | None = None) -> int:
     args = bench_parser(__doc__.splitlines()[0]).parse_args(argv)
-    rank, world = launcher_rank_world()
-    if world % STAGES:
-        print(f"train_pipeline: the world size ({world}) must be a multiple of {STAGES} stages", file=sys.stderr)
+    if launcher_rank_world()[1] % STAGES:   # before joining: a refused job must not leave its peers waiting
+        print(f"train_pipeline: the world size must be a multiple of {STAGES} stages", file=sys.stderr)
         return 2
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29500")
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
-    ctl = FaultController.from_env(rank)
-    try:
+    with joined_job(args.threads) as (rank, world, ctl):
         mesh = init_device_mesh("cpu", (STAGES, world // STAGES), mesh_dim_names=("pp", "dp"))
         stage_index, replica = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
         lm = TinyLM(args.vocab, args.d_model, STAGES, args.heads, args.seq)
@@ -114,12 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         ctl.close()
         loss = float(torch.stack(losses).mean()) if losses else 0.0
         report(rank, world, step_ms, ctl, loss, args.out)
-        del schedule, stage, module, opt, it
-        gc.collect()
-        dist.barrier()
-    finally:
-        ctl.close()
-        dist.destroy_process_group()
+        del schedule, stage, module, opt, it   # FSDP holds the process group: dropped before the teardown
     return 0
 
 
