@@ -130,6 +130,15 @@ def test_a_compiled_case_on_a_machine_without_a_cpp_compiler_is_skipped_with_the
     assert bench.compiler_unavailable_reason(_case("fsdp-compute").script_args) is None
 
 
+def test_the_bench_job_refuses_a_parallelism_it_does_not_know_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from faultlib import train_bench
+
+    assert train_bench.parse_args(["--parallel", "fsdp2", "--compile"]).parallel == "fsdp2"
+    monkeypatch.setenv("EROICA_BENCH_PARALLEL", "tp")
+    with pytest.raises(SystemExit):
+        train_bench.parse_args([])
+
+
 def test_scoring_on_stored_reports(tmp_path: Path) -> None:
     """score_case/table on a stored report: a right diagnosis, a wrong rank, and a healthy run with a finding."""
     rdir = tmp_path / "report"

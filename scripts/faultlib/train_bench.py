@@ -117,7 +117,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--device-ms", type=float, default=float(e("EROICA_BENCH_DEVICE_MS", "0")),
                     help="sleep this long per step after the backward, standing in for accelerator time "
                          "the host waits on (a GPU-bound step): the CPU is idle, as on a real GPU job")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.parallel not in ("ddp", "fsdp2"):   # argparse checks choices on the command line, not a default
+        ap.error(f"EROICA_BENCH_PARALLEL={args.parallel!r}: expected ddp or fsdp2")
+    return args
 
 
 @contextlib.contextmanager
