@@ -150,20 +150,22 @@ class Analyst:
 
 
 def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int) -> dict[str, Any]:
-    """Job-level step-time statistics from every rank's end-of-job numbers."""
+    """Job-level step-time statistics from every rank's end-of-job numbers. Ranks are compared by their
+    pace (``pace_ms``) when every rank sent one (``pace_ms``: the list, in rank order), else by median."""
     ranks = [per_rank[r] for r in sorted(per_rank)]
     medians = [r["median_ms"] for r in ranks if r.get("median_ms") is not None]
-    paces = {id(r): pace_ms(r) for r in ranks}
-    by_pace = all(p is not None for p in paces.values())
-    slowest = sorted(ranks, key=lambda r: -((paces[id(r)] if by_pace else r.get("median_ms")) or 0))[:3]
+    paces = [pace_ms(r) for r in ranks]
+    by_pace: list[float] | None = [p for p in paces if p is not None] if ranks and None not in paces else None
+    order = sorted(range(len(ranks)), key=lambda i: -((by_pace[i] if by_pace else ranks[i].get("median_ms")) or 0))
     return {
         "ranks_reporting": len(ranks), "world_size": world_size,
         "steps": max((r["steps"] for r in ranks), default=0),
         "median_step_ms": statistics.median(medians) if medians else None,
         "p99_step_ms": max((r["p99_ms"] for r in ranks if r.get("p99_ms") is not None), default=None),
         "per_rank": ranks,
-        "slowest": [{"rank": r["rank"], "host": r["host"], "median_ms": r["median_ms"],
-                     **({"pace_ms": round(paces[id(r)], 3)} if by_pace else {})} for r in slowest],
+        "pace_ms": [round(p, 3) for p in by_pace] if by_pace else None,
+        "slowest": [{"rank": ranks[i]["rank"], "host": ranks[i]["host"], "median_ms": ranks[i]["median_ms"],
+                     **({"pace_ms": round(by_pace[i], 3)} if by_pace else {})} for i in order[:3]],
     }
 
 
@@ -173,7 +175,8 @@ def pace_ms(rank: dict[str, Any]) -> float | None:
 
     This, not the median, says which rank is slower: in synchronous training every rank spends the
     same wall time per step (each waits for the slowest in the collectives), while medians spread with
-    where a rank's step clock falls against the waits (the demo's "slowest by median" was a victim)."""
+    where a rank's step clock falls against the waits (the demo's "slowest by median" was a victim).
+    ``steps`` counts step boundaries: a rank's step times are ``steps - 1``."""
     total, own, steps = rank.get("total_ms"), rank.get("eroica_ms", 0.0), rank.get("steps")
     if not (report.finite(total) and report.finite(own) and isinstance(steps, int) and not isinstance(steps, bool)
             and steps > 1 and total > 0 and own >= 0):
@@ -192,14 +195,12 @@ def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]]) -> s
 
     caps = ", ".join(f"step {c['step']} ({c['trigger']})" for c in captures) or "none"
     missing = stats["world_size"] - stats["ranks_reporting"]
-    ranks = [r for r in stats.get("per_rank", []) if isinstance(r, dict)]
-    paces = [pace_ms(r) for r in ranks]
-    if ranks and all(p is not None for p in paces) and all("pace_ms" in r for r in stats["slowest"]):
-        values, what = [p for p in paces if p is not None], "{} ms a step on average, eroica's boundary work included"
+    if stats.get("pace_ms"):
+        values, what = stats["pace_ms"], "{} ms a step on average, eroica's boundary work included"
         slow = ", ".join(f"rank {r['rank']} ({r['host']}) {ms(r['pace_ms'])}" for r in stats["slowest"])
         by_rank = f"  slowest ranks by mean step: {slow}"
     else:   # an older eroica's ranks sent no totals: their medians are all there is
-        values = [r["median_ms"] for r in ranks if isinstance(r.get("median_ms"), (int, float))]
+        values = [r["median_ms"] for r in stats.get("per_rank", []) if isinstance(r.get("median_ms"), (int, float))]
         what = "median step {} ms"
         slow = ", ".join(f"rank {r['rank']} ({r['host']}) {ms(r['median_ms'])}" for r in stats["slowest"])
         by_rank = f"  slowest ranks by median step: {slow or 'n/a'}"

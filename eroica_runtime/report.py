@@ -19,7 +19,7 @@ import msgpack
 from eroica_runtime import reportdir
 from eroica_runtime.engine import Diagnosis, Finding, consolidate
 from eroica_runtime.engine.categories import SAME_CALLS
-from eroica_runtime.engine.model import conclusive
+from eroica_runtime.engine.model import conclusive, count_ranks
 
 REPORT_SCHEMA = "eroica.report/1"
 STEPS_SCHEMA = "eroica.steps/1"
@@ -280,8 +280,7 @@ def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
                      f"({by}{_probe_figures(ev.get('probe'))})")
     victims = f.get("victims") or []
     if victims:
-        lines.append(f"     victims: {len(victims)} rank{'' if len(victims) == 1 else 's'} only waited on it "
-                     f"({_ranks(victims)})")
+        lines.append(f"     victims: {count_ranks(len(victims))} only waited on it ({_ranks(victims)})")
     if f.get("action"):
         lines.append(f"     action: {_text(f['action'], 400)}")
     return lines

@@ -64,10 +64,15 @@ class Finding:
                        captures=tuple(doc.get("captures") or ()))
 
 
+def count_ranks(n: int) -> str:
+    """"1 rank", "3 ranks": a culprit's victims as a title and the victims line count them (a pipeline
+    stage of two data-parallel ranks has one)."""
+    return f"{n} rank{'' if n == 1 else 's'}"
+
+
 def ranks_waiting(n: int) -> str:
-    """The count of a culprit's victims as every finding's title says it: "1 rank waiting on it",
-    "3 ranks waiting on it" (a pipeline stage of two data-parallel ranks has one)."""
-    return f"{n} rank{'' if n == 1 else 's'} waiting on it"
+    """Every finding's title's "(..., 3 ranks waiting on it)"."""
+    return f"{count_ranks(n)} waiting on it"
 
 
 def conclusive(ranks_analysed: int, world_size: int) -> bool:

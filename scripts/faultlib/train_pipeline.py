@@ -10,7 +10,8 @@ The model is :class:`train_bench.TinyLM` with 2 encoder layers, cut between them
 embedding and layer 0, stage 1 layer 1, the LM head and the loss. ``torch.distributed.pipelining`` runs
 it (``PipelineStage`` + ``ScheduleGPipe``, 2 micro-batches a step, activations and gradients sent
 between the stages over gloo), each stage's module sharded over its replicas with FSDP2 (``fully_shard``
-on the mesh's dp dim: DDP's reducer cannot take a pipeline's micro-batches, torch's own advice). Rank r
+on the mesh's dp dim: DDP's reducer failed an internal assert on the micro-batches here, "rebuilt
+parameter indices size is not same as original model parameters size", 28 vs 14). Rank r
 is stage ``r // (world / 2)``, replica ``r % (world / 2)`` (the mesh's last dim fastest). Both stages read
 the same batch of their replica (stage 0 the inputs, stage 1 the targets); faults are planted as
 :mod:`train_bench` plants them (``EROICA_BENCH_FAULT``, ``ctl.step(step)`` at the start of every step,
