@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import bisect
+import operator
 import time
 from typing import Any
 
 import msgpack
+import numpy as np
 
 from eroica_runtime.summary.events import (
     OWN_RANGE,
@@ -22,6 +24,7 @@ from eroica_runtime.summary.intervals import intersect as _intersect
 from eroica_runtime.summary.intervals import length as _length
 from eroica_runtime.summary.intervals import subtract as _subtract
 from eroica_runtime.summary.intervals import union as _union
+from eroica_runtime.summary.intervals import union_cols as _union_cols
 from eroica_runtime.summary.resumable import CHUNK, Steps, drain
 from eroica_runtime.summary.schema import FUNCTION_PHASES, PHASES, SCHEMA, validate
 
@@ -49,6 +52,10 @@ OTHER = "<other>"
 # living through a summary's slices push a full collection (~150 ms in a process with torch) into
 # one of the steps after a close.
 Segments = tuple[list[float], list[float], list[Ev]]
+_SYNC = frozenset(SYNC_NAMES)
+_SYNC_PREFIXES = ("cudaStreamSynchronize", "cudaDeviceSynchronize")
+_START = operator.attrgetter("start")
+_END = operator.attrgetter("end")
 
 
 def _nest_steps(thread_events: list[Ev]) -> Steps[Segments]:
@@ -72,7 +79,9 @@ def _nest_steps(thread_events: list[Ev]) -> Steps[Segments]:
         if stack:
             stack[-1][1] = max(stack[-1][1], end)
 
-    ordered = sorted(thread_events, key=lambda e: (e.start, -e.end))
+    # by start, the longer first on a tie (two stable sorts: cheaper than a tuple key per event)
+    ordered = sorted(thread_events, key=_END, reverse=True)
+    ordered.sort(key=_START)
     yield
     for i, ev in enumerate(ordered):
         if not i % CHUNK:
@@ -434,32 +443,45 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
     closures = _closure_ranges(main_evs, bwd_marks)
     yield
 
-    busy_by_phase: dict[str, list[tuple[float, float]]] = {}
-    blocking: dict[str, list[tuple[float, float]]] = {}  # phase-owned blocking (sync calls)
-    comm_ivs: list[tuple[float, float]] = []              # main thread blocked on a collective
-    gap_like: list[tuple[float, float]] = []
-    for i, (s, e, ev) in enumerate(zip(*main_segments, strict=True)):
+    # the main thread's self-time segments by what they were: an op's work in its phase, a blocking
+    # (sync) call in its phase, or the self time of a record_function region (DDP.forward, a user's
+    # "train_step" wrapper), which is Python or an unrecorded wait, never an op: treated like a gap.
+    # Grouped in columns (one small code per segment), each group merged in numpy.
+    groups: dict[tuple[str, str], int] = {}     # (what, phase) -> code
+    code_of: dict[int, int] = {}                # id(event) -> its segments' code
+    for i, ev in enumerate(main_evs):
         if not i % CHUNK:
             yield
         if ev.phase is None:
             ev.phase = positional(ev.start)
         if (ev.kind == "annotation" and ev.marker is None) or id(ev) in closures:
-            # self time of a record_function region (DDP.forward, a user's "train_step"
-            # wrapper) is Python or an unrecorded wait, never an op: treat it like a gap
-            gap_like.append((s, e))
-        elif ev.name in SYNC_NAMES or ev.name.startswith(("cudaStreamSynchronize", "cudaDeviceSynchronize")):
-            blocking.setdefault(ev.phase, []).append((s, e))
+            what = "gap"
+        elif ev.name in _SYNC or ev.name.startswith(_SYNC_PREFIXES):
+            what = "blocking"
         else:
-            busy_by_phase.setdefault(ev.phase, []).append((s, e))
-    for ev in main_evs:
-        if ev.phase is None:
-            ev.phase = positional(ev.start)
+            what = "busy"
+        code_of[id(ev)] = groups.setdefault((what, ev.phase if what != "gap" else ""), len(groups))
+    seg_s = np.asarray(main_segments[0], dtype=np.float64)
+    seg_e = np.asarray(main_segments[1], dtype=np.float64)
+    seg_code = np.fromiter((code_of[id(ev)] for ev in main_segments[2]), np.int64, len(main_segments[2]))
+    yield
+    busy_by_phase: dict[str, list[tuple[float, float]]] = {}   # merged, per phase
+    blocking: dict[str, list[tuple[float, float]]] = {}        # phase-owned blocking (sync calls), merged
+    gap_like: list[tuple[float, float]] = []
+    for (what, phase), code in groups.items():
+        sel = seg_code == code
+        merged = _union_cols(seg_s[sel], seg_e[sel])
+        if what == "gap":
+            gap_like = merged
+        else:
+            (blocking if what == "blocking" else busy_by_phase)[phase] = merged
+    comm_ivs: list[tuple[float, float]] = []              # main thread blocked on a collective
     yield
     # where the main thread ran an op: its self-time segments, not the events' own extents. An async
     # record (a pipeline stage's gloo:send, from its start inside "Forward N" to its completion) outlives
     # the range it began in; its tail, clamped off by the nesting, is the thread waiting outside any op
     # (a gap, comm while a collective is in flight), and counted as an op it was in no phase at all
-    main_union = _union(list(zip(main_segments[0], main_segments[1], strict=True)))
+    main_union = _union_cols(main_segments[0], main_segments[1])
     gaps = _union(_subtract(counted, main_union) + gap_like)
     yield
 

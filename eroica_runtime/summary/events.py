@@ -334,6 +334,12 @@ def parse_copy(name: str) -> tuple[str | None, bool]:
     return direction, "pageable" in (src, dst)
 
 
+# what classify decided, per (name, gpu, annotation, backward scope, activity): a window repeats a few
+# hundred names tens of thousands of times, and the string tests were ~5% of a build
+_CLASSES: dict[tuple[str, bool, bool, bool, str], tuple[str, str | None, str | None, bool]] = {}
+_CLASSES_LIMIT = 1 << 16
+
+
 def classify(ev: Ev) -> None:
     """Set the function kind and, for events that define a phase by themselves, the marker.
 
@@ -342,32 +348,38 @@ def classify(ev: Ev) -> None:
     record_function ranges (ProfilerStep#N, DistributedDataParallel.forward, nccl:all_reduce...) are
     annotations, never kernels, and take no device time.
     """
-    name = ev.name
-    if ev.gpu:
+    key = (ev.name, ev.gpu, ev.annotation, ev.scope == 1, ev.activity)
+    hit = _CLASSES.get(key)
+    if hit is None:
+        hit = _class_of(*key)
+        if len(_CLASSES) >= _CLASSES_LIMIT:   # names are bounded in practice; memory must be too
+            _CLASSES.clear()
+        _CLASSES[key] = hit
+    ev.kind, ev.marker, ev.copy, ev.pageable = hit
+
+
+def _class_of(name: str, gpu: bool, annotation: bool, backward_scope: bool,
+              act: str) -> tuple[str, str | None, str | None, bool]:
+    """(kind, marker, copy direction, pageable) of an event: classify's rules."""
+    if gpu:
         low = name.lower()
-        act = ev.activity
-        if ev.annotation or act.endswith("user_annotation"):
-            ev.kind = "annotation"
-        elif act == "gpu_memcpy" or low.startswith("memcpy"):
-            ev.kind = "memcpy"
-            ev.copy, ev.pageable = parse_copy(name)
-        elif act == "gpu_memset" or low.startswith("memset"):
-            ev.kind = "memset"
-        elif name.startswith(_COLLECTIVE_KERNEL_PREFIXES) or "nccl" in low or "rccl" in low:
-            ev.kind, ev.marker = "collective", "comm"
-        else:
-            ev.kind = "kernel"
-        return
+        if annotation or act.endswith("user_annotation"):
+            return "annotation", None, None, False
+        if act == "gpu_memcpy" or low.startswith("memcpy"):
+            return ("memcpy", None, *parse_copy(name))
+        if act == "gpu_memset" or low.startswith("memset"):
+            return "memset", None, None, False
+        if name.startswith(_COLLECTIVE_KERNEL_PREFIXES) or "nccl" in low or "rccl" in low:
+            return "collective", "comm", None, False
+        return "kernel", None, None, False
     if name.startswith(_COLLECTIVE_PREFIXES) or ("nccl" in name.lower() and not name.startswith("cuda")):
-        ev.kind, ev.marker = "collective", "comm"
-    elif name.startswith(_OPTIMIZER_PREFIXES):
-        ev.kind, ev.marker = "optimizer", "optimizer"
-    elif ev.annotation and any(m in name for m in _DATALOADER_MARKERS):
-        ev.kind, ev.marker = "dataloader", "data"
-    elif (name.startswith("autograd::engine::evaluate_function") or ev.scope == 1
-          or name.startswith(_DDP_REDUCER_PREFIXES)):
-        ev.kind, ev.marker = "cpu_op", "backward"
-    elif ev.annotation:
-        ev.kind = "annotation"
-    else:
-        ev.kind = "cpu_op"
+        return "collective", "comm", None, False
+    if name.startswith(_OPTIMIZER_PREFIXES):
+        return "optimizer", "optimizer", None, False
+    if annotation and any(m in name for m in _DATALOADER_MARKERS):
+        return "dataloader", "data", None, False
+    if name.startswith("autograd::engine::evaluate_function") or backward_scope or name.startswith(_DDP_REDUCER_PREFIXES):
+        return "cpu_op", "backward", None, False
+    if annotation:
+        return "annotation", None, None, False
+    return "cpu_op", None, None, False
