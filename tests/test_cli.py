@@ -38,6 +38,10 @@ def test_shared_flags_parse_like_torchrun(argv: list[str]) -> None:
     ours = parse_args(argv)
     theirs = get_args_parser().parse_args(argv)
     for dest in SHARED:
+        if dest == "master_port" and ours.master_port is None and theirs.master_port == 29500:
+            # torch 2.11's torchrun parses a fixed 29500 when no port is given; 2.13's parses None and
+            # takes a free port on one node, as eroica-run does (plan.py): both are torchrun's default
+            continue
         assert getattr(ours, dest) == getattr(theirs, dest), dest
 
 

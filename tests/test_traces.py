@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -322,7 +323,9 @@ def test_names_torch_wrote_unescaped_are_read_not_refused(tmp_path: Path) -> Non
     quoted = _torch_trace(tmp_path / "trace-rank1.json", quoted=True)
     said: list[str] = []
     reader = tracefile.read(tracefile.inspect(quoted), said.append)
-    assert any("trace-rank1.json: 12 event names with unescaped quotes" in s for s in said), \
+    # 6 ranges and 6 frames at least (torch 2.13 wrote 12 such names, 2.11 wrote 14)
+    counts = [int(m.group(1)) for s in said for m in [re.search(r"trace-rank1\.json: (\d+) event names with unescaped quotes", s)] if m]
+    assert counts and counts[0] >= 12, \
         (said, "torch now escapes them (pytorch/pytorch#146900 fixed?): the re-escaping read is unused")
     assert set(range(6)) <= set(reader.steps)   # 6 ranges and 6 frames; the steps torch marked
     assert sum(ev.name == 'load "batch" 7' for ev in reader.events) == 6

@@ -101,11 +101,13 @@ def main(argv: list[str] | None = None) -> int:
             ctl.step(step)
             batch = next(it)
             opt.zero_grad(set_to_none=True)
+            # contiguous: torch 2.11's stage checks a micro-batch's strides against the shape it
+            # inferred (a column slice of the batch failed there: "stride mismatch")
             if stage_index == 0:
-                schedule.step(batch[:, :-1])
+                schedule.step(batch[:, :-1].contiguous())
             else:
                 losses = []
-                schedule.step(target=batch[:, 1:], losses=losses)
+                schedule.step(target=batch[:, 1:].contiguous(), losses=losses)
             opt.step()
             step_ms.append((time.perf_counter() - t0) * 1e3)
         ctl.close()
