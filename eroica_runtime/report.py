@@ -208,9 +208,11 @@ def _text(x: Any, limit: int = 200) -> str:
 
 
 def _pair(ev: dict[str, Any], key: str) -> str | None:
+    """"12.3 vs peers 4.5 ms"; "vs baseline" for a rank without peers, compared with its baseline self."""
     v = ev.get(key)
     if isinstance(v, list) and len(v) == 2:
-        return f"{_ms(v[0])} vs peers {_ms(v[1])} ms"
+        ref = "baseline" if ev.get("compared_with") else "peers"
+        return f"{_ms(v[0])} vs {ref} {_ms(v[1])} ms"
     return None
 
 

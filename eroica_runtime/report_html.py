@@ -224,7 +224,8 @@ def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
             fns = (f.get("evidence") or {}).get("functions") or []
             if fns:
                 who = f"rank {f['rank']}" if f.get("rank") is not None else f.get("category", "")
-                parts.append(f"<h3>{_e(who)}: functions vs peers</h3>{_bars(fns)}")
+                versus = "baseline" if "now_ms" in fns[0] else "peers"   # a regression, a rank without peers
+                parts.append(f"<h3>{_e(who)}: functions vs {versus}</h3>{_bars(fns)}")
         if isinstance(d.get("drill_down"), dict) and d["drill_down"]:
             parts.append(_drill(d["drill_down"]))
         if d.get("missing"):

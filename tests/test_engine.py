@@ -633,3 +633,50 @@ def test_a_lone_comm_wait_is_no_network_finding_when_the_probe_names_another_hos
     diag = Pipeline(world_size=4).analyse(data, origin="baseline").diagnosis
     assert diag.healthy, [f.title for f in diag.findings]
     assert any("where none of them runs" in n for n in diag.notes), diag.notes
+
+
+PIPELINE4 = DATA / "pipeline-4-stages"
+
+
+def _pipeline4() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A real 4-stage pipeline job, one rank a stage (the fault bench's pp4-compute: rank 1, the second
+    stage, 150 ms of extra matmuls a step from step 50): its baseline capture (step 13) and the spike
+    capture at step 57."""
+    _, base, _ = summary.decode_capture((PIPELINE4 / "13.msgpack").read_bytes())
+    _, now, _ = summary.decode_capture((PIPELINE4 / "57.msgpack").read_bytes())
+    return base, now
+
+
+def test_a_rank_without_peers_is_named_against_its_own_baseline_and_its_waiting_stages_are_victims() -> None:
+    base, now = _pipeline4()
+    dg = diagnose(now, step=57, trigger="spike", world_size=4, baseline=base)
+    assert any("no peers" in n for n in dg.notes)
+    top = dg.findings[0]
+    assert (top.rank, top.category, top.function) == (1, "compute", "aten::matmul"), top.title
+    assert set(top.victims) == {0, 2, 3}
+    assert top.evidence["compared_with"] == "its own baseline capture (step 13)"
+    assert top.evidence["own_work_ms"][0] - top.evidence["own_work_ms"][1] > 100.0
+    assert "vs its baseline capture at step 13" in top.title
+    grown = top.evidence["functions"][0]
+    assert grown["name"] == "aten::matmul" and grown["now_calls"] > grown["baseline_calls"]   # more calls: more work
+    assert top.evidence["work"] == "more" and "in its baseline capture" in top.action   # not "drain the node"
+    lines = format_finding(top)
+    assert "own work" in lines[1] and "vs baseline" in lines[1] and "peers" not in lines[1], lines
+    grew = next(line for line in lines if "grew most:" in line)
+    assert "aten::matmul" in grew and "vs baseline" in grew and "calls" in grew, grew
+    # without a baseline there is nothing to compare a peerless rank with: no culprit, as before
+    assert not [f for f in diagnose(now, step=57, trigger="spike", world_size=4).findings if f.rank is not None]
+
+
+def test_peerless_ranks_all_slower_alike_name_no_culprit() -> None:
+    """Every stage 150 ms slower than its baseline, nobody waiting longer: a job-wide slowdown (the
+    baseline capture's own ranks, each forward grown alike), not a straggler."""
+    base, _ = _pipeline4()
+    slower = copy.deepcopy(base)
+    for s in slower:
+        s["phases"]["forward"] += 150.0
+        s["phases"]["step"] += 150.0
+        for row in s["steps"]:
+            row["ms"] += 150.0
+    dg = diagnose(slower, step=57, trigger="spike", world_size=4, baseline=base)
+    assert not [f for f in dg.findings if f.rank is not None], [f.title for f in dg.findings]

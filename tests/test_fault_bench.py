@@ -119,6 +119,23 @@ def test_a_culprit_in_a_pipeline_parallel_job_is_compared_with_its_own_stage_onl
     assert 0 in s["top"]["victims"], s    # its stage peer waited on it
 
 
+@pytest.mark.multirank
+def test_a_culprit_in_a_pipeline_of_one_rank_per_stage_is_named_against_its_own_baseline(tmp_path: Path) -> None:
+    """4 pipeline stages on 4 ranks: no rank is alike to another, so there is no peer to compare with.
+    The second stage's extra compute is named by comparing it with its own row in the baseline
+    capture, and the other three stages, which waited for it, are its victims."""
+    case = _case("pp4-compute")
+    r = bench.run_case(case, _args(tmp_path), None)
+    log = (tmp_path / case.name / "launcher.log").read_text()[-4000:]
+    assert not r.timed_out and r.exit_code == 0, log
+    s = r.score or {}
+    assert s.get("scored") and s["detected"] and s["rank_ok"] and s["category_ok"], (s, log)
+    rep = json.loads((tmp_path / case.name / "report" / "report.json").read_text())
+    ev = next(f for f in rep["findings"] if f["rank"] == 1)["evidence"]
+    assert ev["peers"]["size"] == 1 and ev["compared_with"].startswith("its own baseline capture"), ev
+    assert set(s["top"]["victims"]) == {0, 2, 3}, s
+
+
 def test_a_compiled_case_on_a_machine_without_a_cpp_compiler_is_skipped_with_the_reason(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The README's set-up needs no C compiler, but torch.compile's CPU kernels do: the bench says so
@@ -137,6 +154,19 @@ def test_the_bench_job_refuses_a_parallelism_it_does_not_know_in_one_line(monkey
     monkeypatch.setenv("EROICA_BENCH_PARALLEL", "tp")
     with pytest.raises(SystemExit):
         train_bench.parse_args([])
+
+
+def test_the_pipeline_job_refuses_stages_that_do_not_divide_the_world_before_joining(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A refused job must exit before it joins the process group: its peers would wait for it."""
+    from faultlib import train_pipeline
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "0")
+    assert train_pipeline.main(["--stages", "3"]) == 2
+    assert "--stages 3" in capsys.readouterr().err
+    monkeypatch.setenv("EROICA_BENCH_STAGES", "1")
+    assert train_pipeline.main([]) == 2
 
 
 def test_scoring_on_stored_reports(tmp_path: Path) -> None:

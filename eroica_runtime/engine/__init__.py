@@ -56,12 +56,14 @@ from eroica_runtime.engine.categories import (
     telemetry_refinement,
     transfer_evidence,
     work_action,
+    work_against,
     work_evidence,
 )
 from eroica_runtime.engine.commonmode import comm_before_window, common_mode, hang_findings, local_comm_excess
 from eroica_runtime.engine.history import HISTORY_FUNCTION, history_culprits
 from eroica_runtime.engine.impact import culprit_what_if
 from eroica_runtime.engine.model import CATEGORIES, Diagnosis, Finding, ranks_waiting
+from eroica_runtime.engine.ownbaseline import lone_culprits
 from eroica_runtime.engine.peers import Peers, form_peers, parse_topology
 from eroica_runtime.engine.quota import (
     QUOTA_FUNCTION,
@@ -135,12 +137,20 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float,
         action = hint + " " + ACTIONS.get(c.category, "")
     if quota:
         action = hint
+    if c.baseline_step is not None:   # no peers: compared with itself in the baseline capture
+        ev["compared_with"] = f"its own baseline capture (step {c.baseline_step})"
     if c.category == "compute" and c.function_col is not None:
-        work_ev, work = work_evidence(table, row, peers.groups[c.group], c.function_col)
+        if c.baseline_step is None:
+            work_ev, work = work_evidence(table, row, peers.groups[c.group], c.function_col)
+        else:
+            fn = next((f for f in c.functions if f["name"] == c.function), None)
+            work_ev, work = work_against(c.function, fn["now_calls"], fn["now_ms"], fn["baseline_calls"],
+                                         fn["baseline_ms"], baseline=True) if fn else ({}, "")
         ev.update(work_ev)
         action = work_action(work_ev, work, action, hint)
+    versus = "" if c.baseline_step is None else f" vs its baseline capture at step {c.baseline_step}"
     title = (f"rank {rank} on {host}: {c.category} in {c.function} "
-             f"(+{c.excess_ms:.1f} ms/step own work, {ranks_waiting(len(c.victims))})")
+             f"(+{c.excess_ms:.1f} ms/step own work{versus}, {ranks_waiting(len(c.victims))})")
     if quota:
         title = (f"rank {rank} on {host}: host — held throttled by its CPU quota{quota_limit(quota)} for "
                  f"{quota['cgroup_throttled_ms'][0]:.1f} ms/step (+{c.excess_ms:.1f} ms/step own work, "
@@ -247,8 +257,10 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
     step_col = table.col("step")
     step_med = float(np.median(step_col))
 
+    base = baseline if isinstance(baseline, Table) or baseline is None else build_table(baseline)
     culprits = find_culprits(table, peers, th, notes)
     attribute(table, peers, culprits, th)
+    culprits += lone_culprits(table, base, peers, th)
     find_victims(table, culprits, th)
     if table.n > 1:
         # a rank nobody waited on did not slow the job: its extra own work overlapped the others'
@@ -288,8 +300,7 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
            for r in (f.evidence.get("ranks") or ([f.rank] if f.rank is not None else []))])})
 
     slower = None   # (median step now, at the baseline) when the step grew and nothing explains it
-    if baseline is not None:
-        base = baseline if isinstance(baseline, Table) else build_table(baseline)
+    if base is not None:
         if base.n:
             extra, more_notes, slower = common_mode(table, base, th, max(excesses, default=0.0), link_probe,
                                                    np.asarray(sorted(named), dtype=np.int64))

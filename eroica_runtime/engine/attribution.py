@@ -65,6 +65,8 @@ class Culprit:
     device: bool = False        # compared on the device timeline (a GPU job)
     waited_ms: float | None = None   # how much longer its victims waited than it did (median), ms per step
     sched: dict[str, Any] | None = None   # run-queue evidence (scheduler_luck), host timeline only
+    baseline_step: int | None = None   # compared with its own row in the baseline capture at this step
+                                       # (a rank without peers: ownbaseline.py), not with peers
 
     @property
     def cost_ms(self) -> float:

@@ -193,27 +193,37 @@ def work_evidence(table: Table, row: int, peer_rows: np.ndarray, col: int) -> tu
     path, a loop over a rank-dependent count) needs a code or data fix; the same calls each slower point
     at the hardware or co-located load (or larger inputs: shapes are not recorded). Draining a node for
     the first would be the wrong action. Returns (evidence, a sentence for the action; '' when neither)."""
-    calls, ms = float(table.fn_count[row, col]), float(table.fn_ms[row, col])
     peers_calls = float(column_reference(table.fn_count[:, [col]], peer_rows)[0])
     peers_ms = float(column_reference(table.fn_ms[:, [col]], peer_rows)[0])
-    if not all(math.isfinite(v) for v in (calls, ms, peers_calls, peers_ms)) or calls <= 0:
+    return work_against(table.fn_names[col], float(table.fn_count[row, col]), float(table.fn_ms[row, col]),
+                        peers_calls, peers_ms)
+
+
+def work_against(name: str, calls: float, ms: float, ref_calls: float, ref_ms: float,
+                 baseline: bool = False) -> tuple[dict[str, Any], str]:
+    """``work_evidence`` for one function's calls and ms per step on the culprit against a reference: its
+    peers' (median), or with ``baseline`` its own in the baseline capture (a rank without peers)."""
+    if not all(math.isfinite(v) for v in (calls, ms, ref_calls, ref_ms)) or calls <= 0:
         return {}, ""
     per_call = ms / calls
-    peers_per_call = peers_ms / peers_calls if peers_calls > 0 else None
-    ev: dict[str, Any] = {"calls": [calls, peers_calls], "per_call_ms": [per_call, peers_per_call]}
-    name = table.fn_names[col]
-    verdict = work_verdict(calls, ms, peers_calls, peers_ms)
+    ref_per_call = ref_ms / ref_calls if ref_calls > 0 else None
+    ev: dict[str, Any] = {"calls": [calls, ref_calls], "per_call_ms": [per_call, ref_per_call]}
+    verdict = work_verdict(calls, ms, ref_calls, ref_ms)
     if verdict == "more":
         ev["work"] = "more"
-        return ev, (f"{name} ran {_count(calls)} times a step on this rank vs {_count(peers_calls)} on its peers: it "
-                    "does more work than they do, not the same work slower. Look for work only this rank does or "
-                    "gets more of: a code path taken on this rank alone (logging, metrics, evaluation, checkpoint "
-                    "helpers), a loop whose count depends on the rank or its data (micro-batches, experts routed "
+        than = ("in its baseline capture: it does more work than it did, not the same work slower. Look for "
+                "work this rank started doing or gets more of: " if baseline else
+                "on its peers: it does more work than they do, not the same work slower. Look for work only this "
+                "rank does or gets more of: a code path taken on this rank alone (logging, metrics, evaluation, "
+                "checkpoint helpers), ")
+        return ev, (f"{name} ran {_count(calls)} times a step on this rank vs {_count(ref_calls)} {than}"
+                    "a loop whose count depends on the rank or its data (micro-batches, experts routed "
                     "to it), leftover debug code.")
     if verdict == "slower":
         ev["work"] = "slower"
-        return ev, (f"The same {_count(calls)} calls of {name} a step as its peers, each slower ({per_call:.3g} vs "
-                    f"{peers_per_call:.3g} ms): the same work runs slower on this rank (throttled or slower "
+        than = "in its baseline capture" if baseline else "as its peers"
+        return ev, (f"The same {_count(calls)} calls of {name} a step {than}, each slower ({per_call:.3g} vs "
+                    f"{ref_per_call:.3g} ms): the same work runs slower on this rank (throttled or slower "
                     "hardware, another job on its GPU/CPU) or on larger inputs (shapes are not recorded).")
     return ev, ""
 

@@ -138,6 +138,13 @@ CASES: list[Case] = [
          note="2 pipeline stages x 2 replicas; extra compute on a stage-0 rank"),
     Case("pp-data", "data:rank={rank}:start={start}:ms=80", ("dataloader",), script=TRAIN_PIPELINE,
          note="2 pipeline stages x 2 replicas; slow dataset on a stage-0 rank"),
+    # 4 stages x 1 replica: no rank has a peer of its own stage (rank 1 is the second stage)
+    Case("healthy-pp4", "", ("",), None, script=TRAIN_PIPELINE, script_args=("--stages", "4"),
+         note="4 pipeline stages, one rank each (GPipe), no fault: expect no finding"),
+    Case("pp4-compute", "compute:rank={rank}:start={start}:ms=150", ("compute",), script=TRAIN_PIPELINE,
+         script_args=("--stages", "4"), note="4 pipeline stages, one rank each; extra compute on the second stage"),
+    Case("pp4-data", "data:rank={rank}:start={start}:ms=80", ("dataloader",), script=TRAIN_PIPELINE,
+         script_args=("--stages", "4"), note="4 pipeline stages, one rank each; slow dataset on the second stage"),
 ]
 
 
