@@ -387,20 +387,28 @@ def attribute(table: Table, peers: Peers, culprits: list[Culprit], th: Threshold
     fn_ref_cache: dict[int, np.ndarray] = {}
     for c in culprits:
         c.category, c.phase = pick_category(c.phase_excess)
+        col = phase = None
         if table.fn_names:
             ref = fn_ref_cache.get(c.group)
             if ref is None:
                 ref = fn_ref_cache[c.group] = column_reference(table.fn_ms, peers.groups[c.group])
-            c.function_col, phase, c.functions = grown_functions(table, c.row, ref, c.category, c.excess_ms, th,
-                                                                 peers.groups[c.group])
-            if c.function_col is not None:
-                c.function = table.fn_names[c.function_col]
-            if phase in c.phase_excess:
-                c.phase = phase
-            if c.category == "compute" and is_memory_function(c.function):
-                c.category = "memory"
-        if c.function is None:
-            c.function = f"({c.phase})"
+            col, phase, c.functions = grown_functions(table, c.row, ref, c.category, c.excess_ms, th,
+                                                      peers.groups[c.group])
+        settle_function(table, c, col, phase)
+
+
+def settle_function(table: Table, c: Culprit, col: int | None, phase: str | None) -> None:
+    """Name a culprit's function from ``grown_functions``' column and phase (in place): the phase it ran
+    in, "memory" for a compute excess in an allocator call, and "(<phase>)" when no function was named."""
+    c.function_col = col
+    if col is not None:
+        c.function = table.fn_names[col]
+    if phase in c.phase_excess:
+        c.phase = phase
+    if c.category == "compute" and is_memory_function(c.function):
+        c.category = "memory"
+    if c.function is None:
+        c.function = f"({c.phase})"
 
 
 def find_victims(table: Table, culprits: list[Culprit], th: Thresholds) -> None:

@@ -20,9 +20,9 @@ import math
 
 import numpy as np
 
-from eroica_runtime.engine.attribution import WAIT_SHARE, Culprit, grown_functions, views
+from eroica_runtime.engine.attribution import WAIT_SHARE, Culprit, grown_functions, settle_function, views
 from eroica_runtime.engine.baseline import Thresholds
-from eroica_runtime.engine.categories import is_memory_function, pick_category
+from eroica_runtime.engine.categories import pick_category
 from eroica_runtime.engine.peers import Peers
 from eroica_runtime.engine.table import Table
 
@@ -73,23 +73,16 @@ def _attribute(table: Table, base: Table, c: Culprit, b: int, th: Thresholds) ->
     """Category, phase and grown functions against the rank's own baseline row (functions matched by
     name and phase; one the baseline did not have counts from zero)."""
     c.category, c.phase = pick_category(c.phase_excess)
+    col = phase = None
     if table.fn_names:
         bidx = {k: i for i, k in enumerate(zip(base.fn_names, base.fn_phase, strict=True))}
         cols = [bidx.get(k) for k in zip(table.fn_names, table.fn_phase, strict=True)]
         ref = np.asarray([base.fn_ms[b, j] if j is not None else 0.0 for j in cols], dtype=np.float64)
         calls = np.asarray([base.fn_count[b, j] if j is not None else 0.0 for j in cols], dtype=np.float64)
-        c.function_col, phase, c.functions = grown_functions(table, c.row, ref, c.category, c.excess_ms, th,
-                                                             np.asarray([c.row]))
+        col, phase, grown = grown_functions(table, c.row, ref, c.category, c.excess_ms, th, np.asarray([c.row]))
         # against itself then, in the shape the reports print as "now vs baseline" (commonmode's)
         col_of = {k: j for j, k in enumerate(zip(table.fn_names, table.fn_phase, strict=True))}
         c.functions = [{"name": f["name"], "phase": f["phase"], "kind": f["kind"], "now_ms": f["rank_ms"],
                         "baseline_ms": f["peers_ms"], "now_calls": f["rank_calls"],
-                        "baseline_calls": float(calls[col_of[(f["name"], f["phase"])]])} for f in c.functions]
-        if c.function_col is not None:
-            c.function = table.fn_names[c.function_col]
-        if phase in c.phase_excess:
-            c.phase = phase
-        if c.category == "compute" and is_memory_function(c.function):
-            c.category = "memory"
-    if c.function is None:
-        c.function = f"({c.phase})"
+                        "baseline_calls": float(calls[col_of[(f["name"], f["phase"])]])} for f in grown]
+    settle_function(table, c, col, phase)
