@@ -650,7 +650,8 @@ def _pipeline4() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 def test_a_rank_without_peers_is_named_against_its_own_baseline_and_its_waiting_stages_are_victims() -> None:
     base, now = _pipeline4()
     dg = diagnose(now, step=57, trigger="spike", world_size=4, baseline=base)
-    assert any("no peers" in n for n in dg.notes)
+    assert "4 rank(s) have no peers to compare with: each is compared with itself in the baseline capture " \
+        "(step 13)" in dg.notes
     top = dg.findings[0]
     assert (top.rank, top.category, top.function) == (1, "compute", "aten::matmul"), top.title
     assert set(top.victims) == {0, 2, 3}
@@ -664,8 +665,11 @@ def test_a_rank_without_peers_is_named_against_its_own_baseline_and_its_waiting_
     assert "own work" in lines[1] and "vs baseline" in lines[1] and "peers" not in lines[1], lines
     grew = next(line for line in lines if "grew most:" in line)
     assert "aten::matmul" in grew and "vs baseline" in grew and "calls" in grew, grew
-    # without a baseline there is nothing to compare a peerless rank with: no culprit, as before
-    assert not [f for f in diagnose(now, step=57, trigger="spike", world_size=4).findings if f.rank is not None]
+    # without a baseline there is nothing to compare a peerless rank with: no culprit, as before, and the
+    # log says why
+    alone = diagnose(now, step=57, trigger="spike", world_size=4)
+    assert not [f for f in alone.findings if f.rank is not None]
+    assert any("no baseline capture to compare them with themselves" in n for n in alone.notes), alone.notes
 
 
 def test_peerless_ranks_all_slower_alike_name_no_culprit() -> None:

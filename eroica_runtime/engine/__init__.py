@@ -252,12 +252,18 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
     peers = form_peers(table, topology=topology, world_size=world_size)
     notes.extend(table.notes)
     notes.extend(peers.notes)
-    if any(len(g) == 1 for g in peers.groups):
-        notes.append(f"{sum(len(g) == 1 for g in peers.groups)} rank(s) have no peers to compare with")
+    base = baseline if isinstance(baseline, Table) or baseline is None else build_table(baseline)
+    lone = sum(len(g) == 1 for g in peers.groups)
+    if lone and table.n > 1:
+        notes.append(f"{lone} rank(s) have no peers to compare with: " + (
+            f"each is compared with itself in the baseline capture (step {base.capture_step})"
+            if base is not None and base.n else
+            "and no baseline capture to compare them with themselves (--no-baseline?)"))
+    elif lone:
+        notes.append(f"{lone} rank(s) have no peers to compare with")
     step_col = table.col("step")
     step_med = float(np.median(step_col))
 
-    base = baseline if isinstance(baseline, Table) or baseline is None else build_table(baseline)
     culprits = find_culprits(table, peers, th, notes)
     attribute(table, peers, culprits, th)
     culprits += lone_culprits(table, base, peers, th)
