@@ -14,6 +14,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,19 +102,24 @@ def test_a_culprit_in_an_fsdp2_job_under_torch_compile_is_named_with_its_functio
     assert ev["comm_wait_ms"][0] < ev["comm_wait_ms"][1] and ev["own_work_ms"][0] > ev["own_work_ms"][1], ev
 
 
-@pytest.mark.multirank
-def test_a_culprit_in_a_pipeline_parallel_job_is_compared_with_its_own_stage_only(tmp_path: Path) -> None:
-    """2 pipeline stages x 2 FSDP2 replicas (torch.distributed.pipelining, GPipe): the stages run
-    different layers, so only a stage's two ranks are alike. The rank with extra compute (stage 0) is
-    named from the mesh the job built, against its one stage peer, not against the other stage."""
-    case = _case("pp-compute")
+def _named_right(name: str, tmp_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run one bench case; assert it ended and named the planted rank and category. (score, report.json)"""
+    case = _case(name)
     r = bench.run_case(case, _args(tmp_path), None)
     log = (tmp_path / case.name / "launcher.log").read_text()[-4000:]
     assert not r.timed_out and r.exit_code == 0, log
     s = r.score or {}
     assert s.get("scored") and s["detected"] and s["rank_ok"] and s["category_ok"], (s, log)
+    return s, json.loads((tmp_path / case.name / "report" / "report.json").read_text())
+
+
+@pytest.mark.multirank
+def test_a_culprit_in_a_pipeline_parallel_job_is_compared_with_its_own_stage_only(tmp_path: Path) -> None:
+    """2 pipeline stages x 2 FSDP2 replicas (torch.distributed.pipelining, GPipe): the stages run
+    different layers, so only a stage's two ranks are alike. The rank with extra compute (stage 0) is
+    named from the mesh the job built, against its one stage peer, not against the other stage."""
+    s, rep = _named_right("pp-compute", tmp_path)
     assert s["top"]["rank"] == 1 and s["top"]["function"] in ("aten::matmul", "aten::mm"), s
-    rep = json.loads((tmp_path / case.name / "report" / "report.json").read_text())
     ev = next(f for f in rep["findings"] if f["rank"] == 1)["evidence"]
     assert ev["peers"] == {"source": "groups", "size": 2}, ev
     assert 0 in s["top"]["victims"], s    # its stage peer waited on it
@@ -124,13 +130,7 @@ def test_a_culprit_in_a_pipeline_of_one_rank_per_stage_is_named_against_its_own_
     """4 pipeline stages on 4 ranks: no rank is alike to another, so there is no peer to compare with.
     The second stage's extra compute is named by comparing it with its own row in the baseline
     capture, and the other three stages, which waited for it, are its victims."""
-    case = _case("pp4-compute")
-    r = bench.run_case(case, _args(tmp_path), None)
-    log = (tmp_path / case.name / "launcher.log").read_text()[-4000:]
-    assert not r.timed_out and r.exit_code == 0, log
-    s = r.score or {}
-    assert s.get("scored") and s["detected"] and s["rank_ok"] and s["category_ok"], (s, log)
-    rep = json.loads((tmp_path / case.name / "report" / "report.json").read_text())
+    s, rep = _named_right("pp4-compute", tmp_path)
     ev = next(f for f in rep["findings"] if f["rank"] == 1)["evidence"]
     assert ev["peers"]["size"] == 1 and ev["compared_with"].startswith("its own baseline capture"), ev
     assert set(s["top"]["victims"]) == {0, 2, 3}, s

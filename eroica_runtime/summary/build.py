@@ -157,8 +157,9 @@ def _unclosed_collective(main_evs: list[Ev], evs: list[Ev], main: Any,
     that step's whole wait looked like host time outside any op (``host_gap``, not ``comm``): the
     victim dropped out of the culprit's list (torch 2.11; tests/data/summary/closure-last-step).
 
-    Only a launch whose name had a worker record start during it earlier in the window (evidence that
-    this job's collectives are recorded that way), and with no worker record started after it.
+    Only a launch with no worker record started after it, and whose name had, earlier in the window, a
+    launch with a worker record starting during it or within ``PICKUP_MS`` of its start (evidence that
+    this job's collectives are recorded that way).
     """
     workers = sorted(ev.start for ev in evs if ev.kind == "collective" and not ev.gpu and ev.thread != main)
     launches = [ev for ev in main_evs if ev.kind == "collective"]
@@ -487,7 +488,7 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
     # (sync) call in its phase, or the self time of a record_function region (DDP.forward, a user's
     # "train_step" wrapper), which is Python or an unrecorded wait, never an op: treated like a gap.
     # Grouped in columns (one small code per segment), each group merged in numpy.
-    groups: dict[tuple[str, str], int] = {}     # (what, phase) -> code
+    seg_groups: dict[tuple[str, str], int] = {}     # (what, phase) -> code
     code_of: dict[int, int] = {}                # id(event) -> its segments' code
     for i, ev in enumerate(main_evs):
         if not i % CHUNK:
@@ -500,7 +501,7 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
             what = "blocking"
         else:
             what = "busy"
-        code_of[id(ev)] = groups.setdefault((what, ev.phase if what != "gap" else ""), len(groups))
+        code_of[id(ev)] = seg_groups.setdefault((what, ev.phase if what != "gap" else ""), len(seg_groups))
     seg_s = np.asarray(main_segments[0], dtype=np.float64)
     seg_e = np.asarray(main_segments[1], dtype=np.float64)
     seg_code = np.fromiter((code_of[id(ev)] for ev in main_segments[2]), np.int64, len(main_segments[2]))
@@ -508,7 +509,7 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
     busy_by_phase: dict[str, list[tuple[float, float]]] = {}   # merged, per phase
     blocking: dict[str, list[tuple[float, float]]] = {}        # phase-owned blocking (sync calls), merged
     gap_like: list[tuple[float, float]] = []
-    for (what, phase), code in groups.items():
+    for (what, phase), code in seg_groups.items():
         sel = seg_code == code
         merged = _union_cols(seg_s[sel], seg_e[sel])
         if what == "gap":

@@ -76,7 +76,8 @@ class Stage(nn.Module):
 
 def main(argv: list[str] | None = None) -> int:
     ap = bench_parser(__doc__.splitlines()[0])
-    ap.add_argument("--stages", type=int, default=int(os.environ.get("EROICA_BENCH_STAGES", "2")),
+    # a string default goes through type=int too: a bad EROICA_BENCH_STAGES is argparse's one-line error
+    ap.add_argument("--stages", type=int, default=os.environ.get("EROICA_BENCH_STAGES", "2"),
                     help="pipeline stages (one encoder layer each); the world size must be a multiple of it")
     args = ap.parse_args(argv)
     stages = args.stages
