@@ -145,6 +145,19 @@ CASES: list[Case] = [
          script_args=("--stages", "4"), note="4 pipeline stages, one rank each; extra compute on the second stage"),
     Case("pp4-data", "data:rank={rank}:start={start}:ms=80", ("dataloader",), script=TRAIN_PIPELINE,
          script_args=("--stages", "4"), note="4 pipeline stages, one rank each; slow dataset on the second stage"),
+    # interleaved schedules (Megatron's placement: 2 stages a rank, stage i on pp rank i mod 2) and the
+    # zero-bubble one (a stage's backward split into input- and weight-gradient passes run apart)
+    Case("healthy-ipp", "", ("",), None, script=TRAIN_PIPELINE, script_args=("--schedule", "interleaved-1f1b"),
+         note="interleaved 1F1B, 2 pipeline ranks x 2 stages each x 2 replicas, no fault: expect no finding"),
+    Case("ipp-compute", "compute:rank={rank}:start={start}:ms=150", ("compute",), script=TRAIN_PIPELINE,
+         script_args=("--schedule", "interleaved-1f1b"), note="interleaved 1F1B; extra compute on a pp-rank-0 rank"),
+    Case("zb-compute", "compute:rank={rank}:start={start}:ms=150", ("compute",), script=TRAIN_PIPELINE,
+         script_args=("--schedule", "zero-bubble"), note="interleaved zero-bubble; extra compute on a pp-rank-0 rank"),
+    Case("ipp4-compute", "compute:rank={rank}:start={start}:ms=150", ("compute",), script=TRAIN_PIPELINE,
+         script_args=("--schedule", "interleaved-1f1b", "--stages", "4"),
+         note="interleaved 1F1B, 4 pipeline ranks x 2 stages each, no replicas; extra compute on pp rank 1"),
+    Case("zb-data", "data:rank={rank}:start={start}:ms=80", ("dataloader",), script=TRAIN_PIPELINE,
+         script_args=("--schedule", "zero-bubble"), note="interleaved zero-bubble; slow dataset on a pp-rank-0 rank"),
 ]
 
 

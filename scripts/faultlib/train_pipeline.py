@@ -7,13 +7,17 @@ waits on a straggler in its point-to-point receives, must not be taken for one. 
 ranks (``--stages 4`` on 4 ranks) no rank has a peer at all: each can only be compared with itself in
 the baseline capture (engine/ownbaseline.py).
 
-The model is :class:`train_bench.TinyLM` with S encoder layers (``--stages``, env
-``EROICA_BENCH_STAGES``, default 2), one a stage: the first stage also holds the embedding, the last
-the LM head and the loss. ``torch.distributed.pipelining`` runs it (``PipelineStage`` +
-``ScheduleGPipe``, 2 micro-batches a step, activations and gradients sent between the stages over
-gloo), each stage's module sharded over its replicas with FSDP2 (``fully_shard`` on the mesh's dp dim:
+The model is :class:`train_bench.TinyLM` with S x V encoder layers, one a stage: S pipeline ranks
+(``--stages``, env ``EROICA_BENCH_STAGES``, default 2) holding V stages each (``--virtual``); the first
+stage also holds the embedding, the last the LM head and the loss. ``torch.distributed.pipelining``
+runs it (``PipelineStage`` and ``--schedule``, env ``EROICA_BENCH_SCHEDULE``: ``gpipe`` (default) and
+``1f1b`` with one stage a rank, ``interleaved-1f1b`` and ``zero-bubble`` with V = 2 by default, stage
+i on pp rank i mod S, the placement Megatron's interleaving uses; the zero-bubble schedule runs a
+stage's backward as two passes, input gradients first and weight gradients later; 2 micro-batches a
+step, activations and gradients sent between the stages over gloo), each stage's module sharded over
+its replicas with FSDP2 (``fully_shard`` on the mesh's dp dim:
 DDP's reducer failed an internal assert on the micro-batches here, "rebuilt parameter indices size is
-not same as original model parameters size", 28 vs 14). Rank r is stage ``r // (world / S)``, replica
+not same as original model parameters size", 28 vs 14). Rank r is pp rank ``r // (world / S)``, replica
 ``r % (world / S)`` (the mesh's last dim fastest). Every stage reads the same batch of its replica (the
 first stage feeds the inputs, the last the targets); faults are planted as :mod:`train_bench` plants
 them (``EROICA_BENCH_FAULT``, ``ctl.step(step)`` at the start of every step, ``ctl.wrap_dataset``), and
@@ -21,6 +25,7 @@ them (``EROICA_BENCH_FAULT``, ``ctl.step(step)`` at the start of every step, ``c
 
     eroica-run --nproc-per-node 4 scripts/faultlib/train_pipeline.py --steps 60
     eroica-run --nproc-per-node 4 scripts/faultlib/train_pipeline.py --stages 4 --steps 60
+    eroica-run --nproc-per-node 4 scripts/faultlib/train_pipeline.py --schedule interleaved-1f1b --steps 60
     EROICA_BENCH_FAULT=compute:rank=1:start=20:ms=50 torchrun --nproc-per-node 4 scripts/faultlib/train_pipeline.py
 """
 
@@ -37,7 +42,13 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
-from torch.distributed.pipelining import PipelineStage, ScheduleGPipe  # noqa: E402
+from torch.distributed.pipelining import (  # noqa: E402
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+)
 from torch.utils.data import DataLoader  # noqa: E402
 from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 
@@ -51,6 +62,10 @@ from faultlib.train_bench import (  # noqa: E402
 )
 
 MICROBATCHES = 2
+# schedule name -> class; the MULTI_STAGE ones take a list of stages (several a rank)
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B,
+             "zero-bubble": ScheduleInterleavedZeroBubble}
+MULTI_STAGE = frozenset({"interleaved-1f1b", "zero-bubble"})
 
 
 class Stage(nn.Module):
@@ -78,24 +93,37 @@ def main(argv: list[str] | None = None) -> int:
     ap = bench_parser(__doc__.splitlines()[0])
     # a string default goes through type=int too: a bad EROICA_BENCH_STAGES is argparse's one-line error
     ap.add_argument("--stages", type=int, default=os.environ.get("EROICA_BENCH_STAGES", "2"),
-                    help="pipeline stages (one encoder layer each); the world size must be a multiple of it")
+                    help="pipeline ranks (the mesh's pp dim); the world size must be a multiple of it")
+    ap.add_argument("--schedule", choices=sorted(SCHEDULES), default=os.environ.get("EROICA_BENCH_SCHEDULE", "gpipe"),
+                    help="torch.distributed.pipelining schedule; the interleaved ones hold --virtual stages a rank")
+    ap.add_argument("--virtual", type=int, default=None,
+                    help="stages a rank holds (looped: stage i on pp rank i %% stages); default 2 for the "
+                         "interleaved schedules, 1 for the others")
     args = ap.parse_args(argv)
     stages = args.stages
+    multi = args.schedule in MULTI_STAGE
+    virtual = args.virtual if args.virtual is not None else (2 if multi else 1)
     world_size = launcher_rank_world()[1]
-    if stages < 2 or world_size % stages:   # before joining: a refused job must not leave its peers waiting
-        print(f"train_pipeline: --stages {stages}: need 2 or more stages and a world size ({world_size}) "
-              "that is a multiple of them", file=sys.stderr)
+    # before joining: a refused job must not leave its peers waiting
+    if stages < 2 or world_size % stages or virtual < 1 or (virtual > 1 and not multi):
+        print(f"train_pipeline: --stages {stages} --virtual {virtual} --schedule {args.schedule}: need 2 or more "
+              f"stages, a world size ({world_size}) that is a multiple of them, and --virtual 1 unless the "
+              f"schedule is one of {', '.join(sorted(MULTI_STAGE))}", file=sys.stderr)
         return 2
+    layers = stages * virtual
     with joined_job(args.threads) as (rank, world, ctl):
         mesh = init_device_mesh("cpu", (stages, world // stages), mesh_dim_names=("pp", "dp"))
-        stage_index, replica = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
-        lm = TinyLM(args.vocab, args.d_model, stages, args.heads, args.seq)
-        module = fully_shard(Stage(lm, stage_index, stages), mesh=mesh["dp"])
-        stage = PipelineStage(module, stage_index, stages, torch.device("cpu"), group=mesh["pp"].get_group())
+        pp_rank, replica = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
+        lm = TinyLM(args.vocab, args.d_model, layers, args.heads, args.seq)
+        mine = range(pp_rank, layers, stages)    # looped placement, as the interleaved schedules expect
+        modules = [fully_shard(Stage(lm, i, layers), mesh=mesh["dp"]) for i in mine]
+        pstages = [PipelineStage(m, i, layers, torch.device("cpu"), group=mesh["pp"].get_group())
+                   for m, i in zip(modules, mine, strict=True)]
         loss_fn = nn.CrossEntropyLoss()
-        schedule = ScheduleGPipe(stage, n_microbatches=MICROBATCHES,
-                                 loss_fn=lambda out, tgt: loss_fn(out.reshape(-1, args.vocab), tgt.reshape(-1)))
-        opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
+        schedule = SCHEDULES[args.schedule](
+            pstages if multi else pstages[0], n_microbatches=MICROBATCHES,
+            loss_fn=lambda out, tgt: loss_fn(out.reshape(-1, args.vocab), tgt.reshape(-1)))
+        opt = torch.optim.AdamW([p for m in modules for p in m.parameters()], lr=1e-3)
         replicas = world // stages
         ds = ctl.wrap_dataset(TokenDataset(args.batch_size * replicas * (args.steps + 1), args.seq, args.vocab),
                               batch_size=args.batch_size)
@@ -110,9 +138,9 @@ def main(argv: list[str] | None = None) -> int:
             opt.zero_grad(set_to_none=True)
             # contiguous: torch 2.11's stage checks a micro-batch's strides against the shape it
             # inferred (a column slice of the batch failed there: "stride mismatch")
-            if stage_index == 0:
+            if pp_rank == 0:
                 schedule.step(batch[:, :-1].contiguous())
-            elif stage_index == stages - 1:
+            elif pp_rank == stages - 1:
                 losses = []
                 schedule.step(target=batch[:, 1:].contiguous(), losses=losses)
             else:
@@ -122,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         ctl.close()
         loss = float(torch.stack(losses).mean()) if losses else 0.0
         report(rank, world, step_ms, ctl, loss, args.out)
-        del schedule, stage, module, opt, it   # FSDP holds the process group: dropped before the teardown
+        del schedule, pstages, modules, opt, it   # FSDP holds the process group: dropped before the teardown
     return 0
 
 
