@@ -156,6 +156,12 @@ CASES: list[Case] = [
     Case("ipp4-compute", "compute:rank={rank}:start={start}:ms=150", ("compute",), script=TRAIN_PIPELINE,
          script_args=("--schedule", "interleaved-1f1b", "--stages", "4"),
          note="interleaved 1F1B, 4 pipeline ranks x 2 stages each, no replicas; extra compute on pp rank 1"),
+    # tensor parallelism inside the stages (2 pp ranks x 2 tp ranks: rank 1 is stage 0's second tp
+    # shard): its tp partner waits for it in the feed-forward's all-reduce, inside forward and backward
+    Case("tp-compute", "compute:rank={rank}:start={start}:ms=150", ("compute",), script=TRAIN_PIPELINE,
+         script_args=("--tp", "2"), note="2 pipeline stages x 2 tensor-parallel ranks (GPipe); extra compute"),
+    Case("tp-data", "data:rank={rank}:start={start}:ms=80", ("dataloader",), script=TRAIN_PIPELINE,
+         script_args=("--tp", "2"), note="2 pipeline stages x 2 tensor-parallel ranks (GPipe); slow dataset"),
     Case("zb-data", "data:rank={rank}:start={start}:ms=80", ("dataloader",), script=TRAIN_PIPELINE,
          script_args=("--schedule", "zero-bubble"), note="interleaved zero-bubble; slow dataset on a pp-rank-0 rank"),
 ]

@@ -1,9 +1,9 @@
-"""Pipeline-parallel job for the fault bench: the bench's tiny LM in S stages x world/S data-parallel replicas.
+"""Pipeline-parallel job for the fault bench: the bench's tiny LM in S stages x replicas x tensor-parallel ranks.
 
 Why: in pipeline parallelism the ranks of different stages run different layers, so only the ranks of
 one stage are alike; eroica must compare a rank with its own stage's ranks only, from the mesh the job
-builds (``init_device_mesh(..., mesh_dim_names=("pp", "dp"))``), and a rank of another stage, which
-waits on a straggler in its point-to-point receives, must not be taken for one. With as many stages as
+builds (``init_device_mesh(..., mesh_dim_names=("pp", "dp", "tp"))``), and a rank of another stage,
+which waits on a straggler in its point-to-point receives, must not be taken for one. With as many stages as
 ranks (``--stages 4`` on 4 ranks) no rank has a peer at all: each can only be compared with itself in
 the baseline capture (engine/ownbaseline.py).
 
@@ -14,18 +14,22 @@ runs it (``PipelineStage`` and ``--schedule``, env ``EROICA_BENCH_SCHEDULE``: ``
 ``1f1b`` with one stage a rank, ``interleaved-1f1b`` and ``zero-bubble`` with V = 2 by default, stage
 i on pp rank i mod S, the placement Megatron's interleaving uses; the zero-bubble schedule runs a
 stage's backward as two passes, input gradients first and weight gradients later; 2 micro-batches a
-step, activations and gradients sent between the stages over gloo), each stage's module sharded over
-its replicas with FSDP2 (``fully_shard`` on the mesh's dp dim:
-DDP's reducer failed an internal assert on the micro-batches here, "rebuilt parameter indices size is
-not same as original model parameters size", 28 vs 14). Rank r is pp rank ``r // (world / S)``, replica
-``r % (world / S)`` (the mesh's last dim fastest). Every stage reads the same batch of its replica (the
-first stage feeds the inputs, the last the targets); faults are planted as :mod:`train_bench` plants
-them (``EROICA_BENCH_FAULT``, ``ctl.step(step)`` at the start of every step, ``ctl.wrap_dataset``), and
-``--out DIR`` writes the same step files, so the bench scores it unchanged.
+step, activations and gradients sent between the stages over gloo), each stage's feed-forward split
+over ``--tp`` tensor-parallel ranks (env ``EROICA_BENCH_TP``, default 1: ``ColwiseParallel`` and
+``RowwiseParallel`` on its two linears, an all-reduce in every forward and backward, as Megatron
+splits an MLP) and its module sharded over its replicas with FSDP2 (``fully_shard`` on the mesh's dp
+dim: DDP's reducer failed an internal assert on the micro-batches here, "rebuilt parameter indices size is
+not same as original model parameters size", 28 vs 14). Rank r is pp rank ``r // (world / S)``,
+then replica, then tp rank (the mesh's dims ``("pp", "dp", "tp")``, the last fastest). Every stage
+reads the same batch of its replica (the first stage feeds the inputs, the last the targets); faults
+are planted as :mod:`train_bench` plants them (``EROICA_BENCH_FAULT``, ``ctl.step(step)`` at the
+start of every step, ``ctl.wrap_dataset``), and ``--out DIR`` writes the same step files, so the
+bench scores it unchanged.
 
     eroica-run --nproc-per-node 4 scripts/faultlib/train_pipeline.py --steps 60
     eroica-run --nproc-per-node 4 scripts/faultlib/train_pipeline.py --stages 4 --steps 60
     eroica-run --nproc-per-node 4 scripts/faultlib/train_pipeline.py --schedule interleaved-1f1b --steps 60
+    eroica-run --nproc-per-node 4 scripts/faultlib/train_pipeline.py --tp 2 --steps 60
     EROICA_BENCH_FAULT=compute:rank=1:start=20:ms=50 torchrun --nproc-per-node 4 scripts/faultlib/train_pipeline.py
 """
 
@@ -40,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # so "faultlib"
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
-from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
 from torch.distributed.pipelining import (  # noqa: E402
     PipelineStage,
@@ -49,6 +53,7 @@ from torch.distributed.pipelining import (  # noqa: E402
     ScheduleInterleaved1F1B,
     ScheduleInterleavedZeroBubble,
 )
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 
@@ -89,6 +94,13 @@ class Stage(nn.Module):
         return self.head(h) if self.last else h
 
 
+def _parallel(stage: Stage, mesh: DeviceMesh) -> nn.Module:
+    """Tensor parallel over the mesh's tp dim (the feed-forward's two linears), then FSDP2 over dp."""
+    if mesh["tp"].size() > 1:
+        parallelize_module(stage.layer, mesh["tp"], {"linear1": ColwiseParallel(), "linear2": RowwiseParallel()})
+    return fully_shard(stage, mesh=mesh["dp"])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = bench_parser(__doc__.splitlines()[0])
     # a string default goes through type=int too: a bad EROICA_BENCH_STAGES is argparse's one-line error
@@ -99,24 +111,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--virtual", type=int, default=None,
                     help="stages a rank holds (looped: stage i on pp rank i %% stages); default 2 for the "
                          "interleaved schedules, 1 for the others")
+    ap.add_argument("--tp", type=int, default=os.environ.get("EROICA_BENCH_TP", "1"),
+                    help="tensor-parallel ranks a stage (the mesh's tp dim, fastest): each stage's feed-forward "
+                         "split column-/row-wise over them, an all-reduce in every forward and backward")
     args = ap.parse_args(argv)
-    stages = args.stages
+    stages, tp = args.stages, args.tp
     multi = args.schedule in MULTI_STAGE
     virtual = args.virtual if args.virtual is not None else (2 if multi else 1)
     world_size = launcher_rank_world()[1]
     # before joining: a refused job must not leave its peers waiting
-    if stages < 2 or world_size % stages or virtual < 1 or (virtual > 1 and not multi):
+    if stages < 2 or tp < 1 or world_size % (stages * tp) or virtual < 1 or (virtual > 1 and not multi):
         print(f"train_pipeline: --stages {stages} --virtual {virtual} --schedule {args.schedule}: need 2 or more "
               f"stages, a world size ({world_size}) that is a multiple of them, and --virtual 1 unless the "
               f"schedule is one of {', '.join(sorted(MULTI_STAGE))}", file=sys.stderr)
         return 2
     layers = stages * virtual
     with joined_job(args.threads) as (rank, world, ctl):
-        mesh = init_device_mesh("cpu", (stages, world // stages), mesh_dim_names=("pp", "dp"))
+        replicas = world // (stages * tp)
+        mesh = init_device_mesh("cpu", (stages, replicas, tp), mesh_dim_names=("pp", "dp", "tp"))
         pp_rank, replica = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
         lm = TinyLM(args.vocab, args.d_model, layers, args.heads, args.seq)
         mine = range(pp_rank, layers, stages)    # looped placement, as the interleaved schedules expect
-        modules = [fully_shard(Stage(lm, i, layers), mesh=mesh["dp"]) for i in mine]
+        modules = [_parallel(Stage(lm, i, layers), mesh) for i in mine]
         pstages = [PipelineStage(m, i, layers, torch.device("cpu"), group=mesh["pp"].get_group())
                    for m, i in zip(modules, mine, strict=True)]
         loss_fn = nn.CrossEntropyLoss()
@@ -124,7 +140,6 @@ def main(argv: list[str] | None = None) -> int:
             pstages if multi else pstages[0], n_microbatches=MICROBATCHES,
             loss_fn=lambda out, tgt: loss_fn(out.reshape(-1, args.vocab), tgt.reshape(-1)))
         opt = torch.optim.AdamW([p for m in modules for p in m.parameters()], lr=1e-3)
-        replicas = world // stages
         ds = ctl.wrap_dataset(TokenDataset(args.batch_size * replicas * (args.steps + 1), args.seq, args.vocab),
                               batch_size=args.batch_size)
         sampler = DistributedSampler(ds, num_replicas=replicas, rank=replica, shuffle=False)
@@ -148,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             opt.step()
             step_ms.append((time.perf_counter() - t0) * 1e3)
         ctl.close()
-        loss = float(torch.stack(losses).mean()) if losses else 0.0
+        loss = float(torch.stack(losses).detach().mean()) if losses else 0.0
         report(rank, world, step_ms, ctl, loss, args.out)
         del schedule, pstages, modules, opt, it   # FSDP holds the process group: dropped before the teardown
     return 0
