@@ -167,6 +167,12 @@ def test_the_pipeline_job_refuses_stages_that_do_not_divide_the_world_before_joi
     assert "--stages 3" in capsys.readouterr().err
     monkeypatch.setenv("EROICA_BENCH_STAGES", "1")
     assert train_pipeline.main([]) == 2
+    monkeypatch.delenv("EROICA_BENCH_STAGES")
+    # a V holds exactly two stages a pp rank, and DualPipeV needs a micro-batch per stage (2S)
+    assert train_pipeline.main(["--schedule", "zbv", "--virtual", "3"]) == 2
+    assert "(2 for dualpipev, zbv)" in capsys.readouterr().err
+    assert train_pipeline.main(["--schedule", "dualpipev", "--batch-size", "6"]) == 2
+    assert "splits into 4 micro-batches" in capsys.readouterr().err
 
 
 def test_scoring_on_stored_reports(tmp_path: Path) -> None:

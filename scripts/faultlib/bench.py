@@ -156,6 +156,15 @@ CASES: list[Case] = [
     Case("ipp4-compute", "compute:rank={rank}:start={start}:ms=150", ("compute",), script=TRAIN_PIPELINE,
          script_args=("--schedule", "interleaved-1f1b", "--stages", "4"),
          note="interleaved 1F1B, 4 pipeline ranks x 2 stages each, no replicas; extra compute on pp rank 1"),
+    # V-shaped zero-bubble (ZBV: pp rank r holds stages r and 2S-1-r, so pp rank 0 holds the first and
+    # the last stage, feeds the inputs and computes the loss)
+    Case("healthy-zbv", "", ("",), None, script=TRAIN_PIPELINE, script_args=("--schedule", "zbv"),
+         note="ZBV zero-bubble, 2 pipeline ranks x 2 stages each (a V) x 2 replicas, no fault: expect no finding"),
+    Case("zbv-compute", "compute:rank={rank}:start={start}:ms=150", ("compute",), script=TRAIN_PIPELINE,
+         script_args=("--schedule", "zbv"), note="ZBV zero-bubble; extra compute on a pp-rank-0 rank"),
+    Case("zbv4-compute", "compute:rank={rank}:start={start}:ms=150", ("compute",), script=TRAIN_PIPELINE,
+         script_args=("--schedule", "zbv", "--stages", "4"),
+         note="ZBV zero-bubble, 4 pipeline ranks x 2 stages each, no replicas; extra compute on pp rank 1"),
     # tensor parallelism inside the stages (2 pp ranks x 2 tp ranks: rank 1 is stage 0's second tp
     # shard): its tp partner waits for it in the feed-forward's all-reduce, inside forward and backward
     Case("tp-compute", "compute:rank={rank}:start={start}:ms=150", ("compute",), script=TRAIN_PIPELINE,

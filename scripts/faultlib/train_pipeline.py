@@ -12,9 +12,11 @@ The model is :class:`train_bench.TinyLM` with S x V encoder layers, one a stage:
 stage also holds the embedding, the last the LM head and the loss. ``torch.distributed.pipelining``
 runs it (``PipelineStage`` and ``--schedule``, env ``EROICA_BENCH_SCHEDULE``: ``gpipe`` (default) and
 ``1f1b`` with one stage a rank, ``interleaved-1f1b`` and ``zero-bubble`` with V = 2 by default, stage
-i on pp rank i mod S, the placement Megatron's interleaving uses; the zero-bubble schedule runs a
-stage's backward as two passes, input gradients first and weight gradients later; 2 micro-batches a
-step, activations and gradients sent between the stages over gloo), each stage's feed-forward split
+i on pp rank i mod S, the placement Megatron's interleaving uses; the zero-bubble schedules run a
+stage's backward as two passes, input gradients first and weight gradients later; ``zbv`` and
+``dualpipev`` with V = 2 in a V: pp rank r holds stages r and 2S-1-r, so pp rank 0 holds the first and
+the last stage and feeds both the inputs and the targets; 2 micro-batches a step (2S for
+``dualpipev``, which needs one a stage), activations and gradients sent between the stages over gloo), each stage's feed-forward split
 over ``--tp`` tensor-parallel ranks (env ``EROICA_BENCH_TP``, default 1: ``ColwiseParallel`` and
 ``RowwiseParallel`` on its two linears, an all-reduce in every forward and backward, as Megatron
 splits an MLP) and its module sharded over its replicas with FSDP2 (``fully_shard`` on the mesh's dp
@@ -29,6 +31,7 @@ bench scores it unchanged.
     eroica-run --nproc-per-node 4 scripts/faultlib/train_pipeline.py --steps 60
     eroica-run --nproc-per-node 4 scripts/faultlib/train_pipeline.py --stages 4 --steps 60
     eroica-run --nproc-per-node 4 scripts/faultlib/train_pipeline.py --schedule interleaved-1f1b --steps 60
+    eroica-run --nproc-per-node 4 scripts/faultlib/train_pipeline.py --schedule zbv --steps 60
     eroica-run --nproc-per-node 4 scripts/faultlib/train_pipeline.py --tp 2 --steps 60
     EROICA_BENCH_FAULT=compute:rank=1:start=20:ms=50 torchrun --nproc-per-node 4 scripts/faultlib/train_pipeline.py
 """
@@ -49,9 +52,11 @@ from torch.distributed.fsdp import fully_shard  # noqa: E402
 from torch.distributed.pipelining import (  # noqa: E402
     PipelineStage,
     Schedule1F1B,
+    ScheduleDualPipeV,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
     ScheduleInterleavedZeroBubble,
+    ScheduleZBVZeroBubble,
 )
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
@@ -69,8 +74,11 @@ from faultlib.train_bench import (  # noqa: E402
 MICROBATCHES = 2
 # schedule name -> class; the MULTI_STAGE ones take a list of stages (several a rank)
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B,
-             "zero-bubble": ScheduleInterleavedZeroBubble}
-MULTI_STAGE = frozenset({"interleaved-1f1b", "zero-bubble"})
+             "zero-bubble": ScheduleInterleavedZeroBubble, "zbv": ScheduleZBVZeroBubble,
+             "dualpipev": ScheduleDualPipeV}
+MULTI_STAGE = frozenset({"interleaved-1f1b", "zero-bubble", "zbv", "dualpipev"})
+# V placement: pp rank r holds stages r and 2S-1-r, so the first and the last stage share pp rank 0
+V_SHAPED = frozenset({"zbv", "dualpipev"})
 
 
 class Stage(nn.Module):
@@ -120,24 +128,31 @@ def main(argv: list[str] | None = None) -> int:
     virtual = args.virtual if args.virtual is not None else (2 if multi else 1)
     world_size = launcher_rank_world()[1]
     # before joining: a refused job must not leave its peers waiting
-    if stages < 2 or tp < 1 or world_size % (stages * tp) or virtual < 1 or (virtual > 1 and not multi):
-        print(f"train_pipeline: --stages {stages} --virtual {virtual} --schedule {args.schedule}: need 2 or more "
-              f"stages, a world size ({world_size}) that is a multiple of them, and --virtual 1 unless the "
-              f"schedule is one of {', '.join(sorted(MULTI_STAGE))}", file=sys.stderr)
-        return 2
+    v_shaped = args.schedule in V_SHAPED
     layers = stages * virtual
+    microbatches = layers if args.schedule == "dualpipev" else MICROBATCHES
+    if stages < 2 or tp < 1 or world_size % (stages * tp) or virtual < 1 or (virtual > 1 and not multi) \
+            or (v_shaped and virtual != 2) or args.batch_size % microbatches:
+        print(f"train_pipeline: --stages {stages} --virtual {virtual} --schedule {args.schedule} --batch-size "
+              f"{args.batch_size}: need 2 or more stages, a world size ({world_size}) that is a multiple of them, "
+              f"--virtual 1 unless the schedule is one of {', '.join(sorted(MULTI_STAGE))} (2 for "
+              f"{', '.join(sorted(V_SHAPED))}), and a batch that splits into {microbatches} micro-batches",
+              file=sys.stderr)
+        return 2
     with joined_job(args.threads) as (rank, world, ctl):
         replicas = world // (stages * tp)
         mesh = init_device_mesh("cpu", (stages, replicas, tp), mesh_dim_names=("pp", "dp", "tp"))
         pp_rank, replica = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
         lm = TinyLM(args.vocab, args.d_model, layers, args.heads, args.seq)
-        mine = range(pp_rank, layers, stages)    # looped placement, as the interleaved schedules expect
+        # looped placement, as the interleaved schedules expect; a V for zbv and dualpipev
+        mine = [pp_rank, layers - 1 - pp_rank] if v_shaped else list(range(pp_rank, layers, stages))
+        feeds_inputs, feeds_targets = 0 in mine, layers - 1 in mine
         modules = [_parallel(Stage(lm, i, layers), mesh) for i in mine]
         pstages = [PipelineStage(m, i, layers, torch.device("cpu"), group=mesh["pp"].get_group())
                    for m, i in zip(modules, mine, strict=True)]
         loss_fn = nn.CrossEntropyLoss()
         schedule = SCHEDULES[args.schedule](
-            pstages if multi else pstages[0], n_microbatches=MICROBATCHES,
+            pstages if multi else pstages[0], n_microbatches=microbatches,
             loss_fn=lambda out, tgt: loss_fn(out.reshape(-1, args.vocab), tgt.reshape(-1)))
         opt = torch.optim.AdamW([p for m in modules for p in m.parameters()], lr=1e-3)
         ds = ctl.wrap_dataset(TokenDataset(args.batch_size * replicas * (args.steps + 1), args.seq, args.vocab),
@@ -153,13 +168,12 @@ def main(argv: list[str] | None = None) -> int:
             opt.zero_grad(set_to_none=True)
             # contiguous: torch 2.11's stage checks a micro-batch's strides against the shape it
             # inferred (a column slice of the batch failed there: "stride mismatch")
-            if pp_rank == 0:
-                schedule.step(batch[:, :-1].contiguous())
-            elif pp_rank == stages - 1:
+            inputs = (batch[:, :-1].contiguous(),) if feeds_inputs else ()
+            if feeds_targets:
                 losses = []
-                schedule.step(target=batch[:, 1:].contiguous(), losses=losses)
+                schedule.step(*inputs, target=batch[:, 1:].contiguous(), losses=losses)
             else:
-                schedule.step()
+                schedule.step(*inputs)
             opt.step()
             step_ms.append((time.perf_counter() - t0) * 1e3)
         ctl.close()
