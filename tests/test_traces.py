@@ -2,8 +2,9 @@
 
 Why: the traces teams already have must get the diagnosis eroica would have printed live. Real NCCL GPU
 traces (tests/data/traces, HolisticTraceAnalysis test data) prove the GPU reading: NCCL kernels are
-communication, never compute; phases and device time are there; two sampled ranks of a 128-rank job
-are compared as peers. Small synthetic traces pin the bad-input errors. The multi-rank test runs the
+communication, never compute; copies are split by direction and pageable/pinned host memory with the
+trace's own times and bytes; device copies of user annotations are never kernels; phases and device
+time are there; two sampled ranks of a 128-rank job are compared as peers. Small synthetic traces pin the bad-input errors. The multi-rank test runs the
 fault bench's job live under eroica and profiled as torch documents it (a schedule that repeats, a
 file per cycle and rank), and checks that the traces' cycles, one capture each, name the culprit and
 category the live captures named.
@@ -106,6 +107,53 @@ def test_phases_and_device_time_are_nonzero(path: Path) -> None:
     assert dev["busy"] > 0 and dev["compute"] > 0 and dev["comm"] > 0 and dev["comm_exposed"] > 0
     assert dev["compute"] < ph["step"] and dev["forward"] + dev["backward"] > 0
     assert s["steps"] and all(st["ms"] > 0 for st in s["steps"])
+
+
+@pytest.mark.parametrize("path", SAMPLED, ids=lambda p: p.name)
+def test_copies_are_split_by_direction_and_host_memory_kind(path: Path) -> None:
+    """A rank whose host-to-device copies grew must be told whether they came from pageable memory (pin
+    it) and how many bytes went which way. The sampled GPU traces hold pageable and pinned HtoD copies,
+    pageable DtoH and DtoD ones and memsets: the summary's per-direction time and bytes a step are the
+    trace's own sums (all of its 2 steps are the window), and no copy or memset is a kernel row."""
+    raw = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    want: dict[str, float] = {}
+    for ev in raw:
+        if ev.get("cat") != "gpu_memcpy":
+            continue
+        way = re.search(r"\b(HtoD|DtoH|DtoD|PtoP)\b", ev["name"]).group(1).lower()
+        for key in (way, f"{way}_pageable") if "Pageable" in ev["name"] else (way,):
+            want[f"{key}_ms"] = want.get(f"{key}_ms", 0.0) + ev["dur"] / 1e3
+            want[f"{key}_mb"] = want.get(f"{key}_mb", 0.0) + ev["args"]["bytes"] / 1e6
+    (s,) = _summaries([path])
+    steps = len(s["steps"])
+    assert steps == 2 and {"htod_pageable_ms", "htod_ms", "dtoh_pageable_ms", "dtod_ms"} <= set(want), want
+    dev = s["device_phases"]
+    got = {k: dev.get(k) for k in want}
+    assert got == pytest.approx({k: v / steps for k, v in want.items()}, rel=1e-3, abs=1e-3), (got, want)
+    assert 0 < dev["htod_pageable_ms"] < dev["htod_ms"] and 0 < dev["htod_pageable_mb"] < dev["htod_mb"]
+    copies_ms = sum(ev["dur"] for ev in raw if ev.get("cat") in ("gpu_memcpy", "gpu_memset")) / 1e3 / steps
+    assert max(dev["htod_ms"], dev["dtod_ms"]) <= dev["transfer"] <= copies_ms + 1e-3, (dev["transfer"], copies_ms)
+    assert not [f["name"] for f in s["functions"] if f["kind"] == "kernel" and re.match(r"Mem(cpy|set)\b", f["name"])]
+
+
+def test_device_copies_of_user_annotations_are_never_kernels() -> None:
+    """On the GPU the profiler copies record_function ranges onto the device timeline (ProfilerStep#N,
+    DistributedDataParallel.forward, Optimizer.step#..., nccl:all_reduce): they span whole phases, so read
+    as kernels they would count a phase's wall time as compute (gpu-check failed that way on the H200).
+    In the NCCL trace they are there, and none is a kernel row or in the device's compute time."""
+    raw = json.loads(gzip.decompress(NCCL.read_bytes()))["traceEvents"]
+    notes = {ev["name"] for ev in raw if ev.get("cat") == "gpu_user_annotation"}
+    assert {"DistributedDataParallel.forward", "nccl:all_reduce"} <= notes, notes
+    (s,) = _summaries([NCCL])
+    assert not [f for f in s["functions"] if f["name"] in notes and f["kind"] == "kernel"], s["functions"]
+    # device compute a step is what the compute kernels ran (the window is the trace's 3 steps): the
+    # annotations' spans (~123 ms a step, three times the kernels) add nothing
+    steps = len(s["steps"])
+    kernels_ms = sum(ev["dur"] for ev in raw if ev.get("cat") == "kernel"
+                     and "nccl" not in ev["name"].lower()) / 1e3 / steps
+    notes_ms = sum(ev["dur"] for ev in raw if ev.get("cat") == "gpu_user_annotation") / 1e3 / steps
+    assert steps == 3 and notes_ms > 2 * kernels_ms > 0, (steps, notes_ms, kernels_ms)
+    assert s["device_phases"]["compute"] == pytest.approx(kernels_ms, rel=1e-3), (s["device_phases"], kernels_ms)
 
 
 def test_kernels_are_tied_to_the_ops_that_launched_them() -> None:
