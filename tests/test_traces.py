@@ -3,8 +3,8 @@
 Why: the traces teams already have must get the diagnosis eroica would have printed live. Real NCCL GPU
 traces (tests/data/traces, HolisticTraceAnalysis test data) prove the GPU reading: NCCL kernels are
 communication, never compute; copies are split by direction and pageable/pinned host memory with the
-trace's own times and bytes; device copies of user annotations are never kernels; phases and device
-time are there; two sampled ranks of a 128-rank job are compared as peers. Small synthetic traces pin the bad-input errors. The multi-rank test runs the
+trace's own times and bytes; device copies of user annotations are never kernels; device compute,
+collective, exposed-collective, copy, busy and idle time a step are the trace's own interval arithmetic; two sampled ranks of a 128-rank job are compared as peers. Small synthetic traces pin the bad-input errors. The multi-rank test runs the
 fault bench's job live under eroica and profiled as torch documents it (a schedule that repeats, a
 file per cycle and rank), and checks that the traces' cycles, one capture each, name the culprit and
 category the live captures named.
@@ -134,6 +134,60 @@ def test_copies_are_split_by_direction_and_host_memory_kind(path: Path) -> None:
     copies_ms = sum(ev["dur"] for ev in raw if ev.get("cat") in ("gpu_memcpy", "gpu_memset")) / 1e3 / steps
     assert max(dev["htod_ms"], dev["dtod_ms"]) <= dev["transfer"] <= copies_ms + 1e-3, (dev["transfer"], copies_ms)
     assert not [f["name"] for f in s["functions"] if f["kind"] == "kernel" and re.match(r"Mem(cpy|set)\b", f["name"])]
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _ms(spans: list[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in spans) / 1e3
+
+
+def _minus(keep: list[tuple[float, float]], cut: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in keep:
+        for c, d in cut:
+            if d <= a or c >= b:
+                continue
+            if c > a:
+                out.append((a, c))
+            a = max(a, d)
+        if a < b:
+            out.append((a, b))
+    return out
+
+
+@pytest.mark.parametrize("path", PUBLIC, ids=lambda p: p.name)
+def test_device_timeline_a_step_is_the_traces_own_interval_arithmetic(path: Path) -> None:
+    """What the engine weighs on a GPU job: compute kernels (a culprit's excess), collective kernels and
+    the part of them nothing else overlapped (a victim spinning for its peers), copies, busy and idle.
+    Each a step equals the same arithmetic done here on the raw trace (every trace is one window of
+    whole steps): union of the compute kernels, of the NCCL kernels, of copies and memsets; exposed =
+    NCCL less (compute or copy); busy = all three; idle = step - busy."""
+    raw = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+
+    def spans(keep: Any) -> list[tuple[float, float]]:
+        return _union([(ev["ts"], ev["ts"] + ev["dur"]) for ev in raw if keep(ev)])
+
+    compute = spans(lambda ev: ev.get("cat") == "kernel" and "nccl" not in ev["name"].lower())
+    nccl = spans(lambda ev: ev.get("cat") == "kernel" and "nccl" in ev["name"].lower())
+    copies = spans(lambda ev: ev.get("cat") in ("gpu_memcpy", "gpu_memset"))
+    (s,) = _summaries([path])
+    n, dev = len(s["steps"]), s["device_phases"]
+    want = {"compute": _ms(compute) / n, "comm": _ms(nccl) / n, "transfer": _ms(copies) / n,
+            "comm_exposed": _ms(_minus(nccl, _union(compute + copies))) / n,
+            "busy": _ms(_union(compute + nccl + copies)) / n}
+    want["idle"] = s["phases"]["step"] - want["busy"]
+    got = {k: dev[k] for k in want}
+    assert got == pytest.approx(want, rel=1e-3, abs=1e-3), (got, want)
+    assert 0 < dev["comm_exposed"] < dev["comm"] and dev["compute"] > 0
 
 
 def test_device_copies_of_user_annotations_are_never_kernels() -> None:

@@ -251,7 +251,7 @@ def _device_phases(gpu_evs: list[Ev], spans: list[tuple[float, float]],
 
     On a GPU the host runs ahead and may never block where the wait happens, so the host
     phases can miss it; on the device a victim's wait is the NCCL kernel spinning for its
-    peers (``comm_exposed``: collective time with no compute kernel running), and a culprit's
+    peers (``comm_exposed``: collective time with no compute kernel or copy running), and a culprit's
     excess is compute kernel time. Compute per phase comes from the op that launched the kernel.
     Copies are their own time (``transfer``), by direction, with the bytes moved and how many of
     them came from or went to pageable host memory (the slow, synchronous path). Annotations
