@@ -73,6 +73,23 @@ def test_gpu_straggler_is_named_from_the_device_timeline_not_communication() -> 
     assert "160 times a step" in top.action and "drain" not in top.action
 
 
+def test_on_one_shared_gpu_the_rank_that_launched_the_extra_kernels_is_named_not_a_job_wide_slowdown() -> None:
+    """Ranks that share a GPU time-slice it: the culprit's 120 extra GEMMs make its peers' 40 GEMMs each
+    ~1.8x longer too, so against the baseline capture every rank's device compute grew (the shape of
+    the GPU bench on one H200, issue 11 item 5). The rank that launched more work is the finding, with
+    its victims; the peers' slower kernels are no job-wide regression and no hardware problem."""
+    base = [_rank(r) for r in range(4)]
+    ranks = [_rank(r, compute=20.0, gemm=16.0, exposed=22.0) for r in range(4)]
+    ranks[2] = _rank(2, compute=48.0, exposed=1.0, gemm=44.0, gemm_calls=160)
+    for s in ranks:
+        s["phases"]["step"], s["steps"] = 70.0, [{"step": 100 + i, "ms": 70.0} for i in range(3)]
+    d = diagnose(ranks, step=100, trigger="spike", world_size=4, baseline=base)
+    assert [(f.rank, f.category) for f in d.findings] == [(2, "compute")], [f.title for f in d.findings]
+    top = d.findings[0]
+    assert top.function == "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n" and sorted(top.victims) == [0, 1, 3]
+    assert top.evidence["work"] == "more" and top.evidence["compared_on"] == "device"
+
+
 def test_a_throttled_gpu_runs_the_same_kernels_slower_and_keeps_the_hardware_action() -> None:
     ranks = [_rank(r) for r in range(4)]
     ranks[2] = _rank(2, compute=40.0, exposed=1.0, gemm=36.0)     # the same 40 GEMMs, each 4x longer
