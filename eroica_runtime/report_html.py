@@ -31,6 +31,11 @@ def _num(x: Any, fmt: str = ".1f") -> str:
     return format(x, fmt) if isinstance(x, (int, float)) else "–"
 
 
+def _cell(v: Any) -> str:
+    """A table cell: ms to a tenth (report.json keeps the full figure), anything else as it is."""
+    return f"{v:.1f}" if isinstance(v, float) else _short(v)
+
+
 def _timeline(steps: dict[str, list] | None, captures: list[dict[str, Any]], width: int = 1000,
               height: int = 220) -> str:
     if not steps or not steps.get("steps"):
@@ -196,7 +201,7 @@ def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
     if job:
         scalars = {k: v for k, v in job.items() if not isinstance(v, (list, dict))}
         parts.append("<h3>Job</h3><table>" + "".join(
-            f"<tr><th>{_e(k)}</th><td>{_e(_short(v))}</td></tr>" for k, v in list(scalars.items())[:40])
+            f"<tr><th>{_e(k)}</th><td>{_e(_cell(v))}</td></tr>" for k, v in list(scalars.items())[:40])
             + "</table>")
         lost = format_time_lost(job.get("time_lost"))
         if lost:
@@ -210,7 +215,7 @@ def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
             cols = ["rank", "host", "steps", "median_ms", "p99_ms", "eroica_ms"]
             parts.append("<h3>Ranks (step time after warm-up)</h3><table><tr>"
                          + "".join(f"<th>{c}</th>" for c in cols) + "</tr>" + "".join(
-                             "<tr>" + "".join(f"<td>{_e(_short(r.get(c)))}</td>" for c in cols) + "</tr>"
+                             "<tr>" + "".join(f"<td>{_e(_cell(r.get(c)))}</td>" for c in cols) + "</tr>"
                              for r in per_rank[:64]) + "</table>"
                          + (f"<p>… {len(per_rank) - 64} more ranks in report.json</p>" if len(per_rank) > 64 else ""))
     parts += ["<h2>Step time</h2>", _timeline(steps, report.get("captures") or [])]

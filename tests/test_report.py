@@ -70,6 +70,20 @@ def test_write_capture_and_job(tmp_path: Path) -> None:
     assert "<polyline" in html and "<script" not in html.lower() and "http" not in html
 
 
+def test_html_job_and_rank_tables_show_ms_to_a_tenth_and_report_json_keeps_the_figure(tmp_path: Path) -> None:
+    """An SRE reads "141.9", not "141.9001"; report.json keeps what was measured."""
+    job = {"median_step_ms": 76.747, "p99_step_ms": 141.9001, "steps": 140,
+           "per_rank": [{"rank": 0, "host": "vm", "steps": 140, "median_ms": 75.355, "p99_ms": 131.6567,
+                         "eroica_ms": 441.76}]}
+    report.write_job(tmp_path, diagnoses=[], world_size=1, steps=140, job=job)
+    assert json.loads((tmp_path / "report.json").read_text())["job"]["p99_step_ms"] == 141.9001
+    html = (tmp_path / "report.html").read_text()
+    for shown in ("<td>76.7</td>", "<td>141.9</td>", "<td>140</td>", "<td>75.4</td>", "<td>131.7</td>",
+                  "<td>441.8</td>", "<td>vm</td>"):
+        assert shown in html, shown
+    assert "141.9001" not in html and "131.6567" not in html
+
+
 def test_html_escapes_names_and_tolerates_no_history(tmp_path: Path) -> None:
     d = _evil_capture()
     assert d.findings[0].host == EVIL_HOST and d.findings[0].function == EVIL_FN
