@@ -51,7 +51,15 @@ def test_compute_fault_named_rank_and_category(tmp_path: Path) -> None:
     assert s["summary_bytes"]["n"] >= 4 and 0 < s["summary_bytes"]["median"] < 1_000_000
     # what the job lost from the finding on, measured on rank 0's step times, is printed and kept: about
     # the 150 ms a step planted (its compute shares 2 cores with 3 other ranks: generous bounds)
-    lost = json.loads((tmp_path / "compute" / "report" / "report.json").read_text())["job"]["time_lost"]
+    rep = json.loads((tmp_path / "compute" / "report" / "report.json").read_text())
+    # the 36 healthy steps before the onset: no capture a detector asked for blames anyone (the baseline
+    # capture, right after warm-up, is left out: under a loaded shared box it can name a rank whose
+    # warm-up is still settling, which the bench's healthy runs report; the suite's healthy jobs are
+    # test_runtime's and test_diagnosis_e2e's)
+    early = [(c["step"], c["trigger"], f["title"]) for c in rep["captures"]
+             if c["trigger"] != "baseline" and c["step"] < 50 for f in c["findings"]]
+    assert not early, (early, bench.phases_of(tmp_path / "compute" / "report"))
+    lost = rep["job"]["time_lost"]
     assert lost["since_step"] >= 50 and 45 < s["cost"]["measured_ms"] == lost["per_step_ms"] < 450, (lost, s["cost"])
     assert s["cost"]["estimated_ms"] == s["top"]["impact_ms_per_step"]
     # counted on the steps eroica left alone: besides the window (3 steps) and the step after it, the
@@ -60,23 +68,6 @@ def test_compute_fault_named_rank_and_category(tmp_path: Path) -> None:
     full = (tmp_path / "compute" / "launcher.log").read_text()
     assert f"time lost from step {lost['since_step']} (first finding)" in full, log
     assert "eroica's own work at step boundaries: " in full, log
-
-
-@pytest.mark.multirank
-def test_healthy_run_reports_nothing(tmp_path: Path) -> None:
-    """No spike/drift capture on a healthy job blames anyone. The baseline capture (step ~13, right after
-    warm-up) is left out: under a loaded shared box it sometimes names a rank whose warm-up is still
-    settling (a known eroica false positive, reported by the bench's healthy rows), which would make CI flaky."""
-    r = bench.run_case(_case("healthy-1"), _args(tmp_path), None)
-    rdir = tmp_path / "healthy-1" / "report"
-    log = (tmp_path / "healthy-1" / "launcher.log").read_text()[-4000:]
-    assert not r.timed_out and r.exit_code == 0, log
-    s = r.score or {}
-    assert s.get("scored"), s
-    report = json.loads((rdir / "report.json").read_text())
-    later = [(c["step"], c["trigger"], f["title"]) for c in report["captures"] if c["trigger"] != "baseline"
-             for f in c["findings"]]
-    assert not later, (later, bench.phases_of(rdir))
 
 
 @pytest.mark.multirank

@@ -53,27 +53,31 @@ def test_slowdown_fires_exactly_one_synchronized_capture(tmp_path) -> None:
 
 def test_healthy_run_captures_only_after_a_real_slowdown_and_finds_nothing(tmp_path) -> None:
     """On a healthy job the detectors stay quiet through jitter; a capture happens only after the job
-    really slowed, and finds nothing.
+    really slowed, and finds nothing. The captures a person asks for (steps 50 and 90, every rank
+    profiled whatever the detectors say; one is skipped only if a detector's window is open then) are
+    judged healthy too: the engine on a healthy capture.
 
     This machine is shared: another process taking a core for a few hundred ms slows every rank for
     several steps (a fresh-clone CI run saw 40-58 ms steps for 14 steps against a 37 ms median), and
     a capture then is right. What must never happen is a capture with no such rise before it (the
     detectors firing on jitter), or a finding on a healthy job."""
     # DIM 512: ~40 ms steps, so one preemption on a shared 2-core machine is not a persistent rise
-    proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, TRAIN, env={"STEPS": "120", "DIM": "512"},
-                      timeout=240)
+    proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, "--capture-at-steps", "50,90", TRAIN,
+                      env={"STEPS": "120", "DIM": "512"}, timeout=240)
     assert proc.returncode == 0, explain(proc)
     caps = captures(tmp_path)
     triggers = [meta["trigger"] for meta, _, _ in caps.values()]
-    assert triggers[0] == "baseline" and set(triggers[1:]) <= {"spike", "drift", "throughput"}, explain(proc)
+    assert triggers[0] == "baseline" and "manual" in triggers, explain(proc)
+    assert set(triggers[1:]) <= {"manual", "spike", "drift", "throughput"}, explain(proc)
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["findings"] == [], explain(proc)
+    assert "healthy" in proc.stderr
     history = report_mod.load_steps(tmp_path)
     assert history is not None
     by_step = dict(zip(history["steps"], history["ms"], strict=True))
     median = sorted(history["ms"])[len(history["ms"]) // 2]
     for step, (meta, _, _) in caps.items():
-        if meta["trigger"] == "baseline":
+        if meta["trigger"] in ("baseline", "manual"):
             continue
         before = [by_step[s] for s in range(step - 14, step) if s in by_step]
         assert sum(ms > 1.4 * median for ms in before) >= 2, (step, before, median, explain(proc))

@@ -1,4 +1,4 @@
-"""An unmodified torchrun-style DDP script: gloo, env://, a spawn DataLoader with 2 workers.
+"""An unmodified torchrun-style DDP script: gloo, env://, a spawn DataLoader with a worker.
 
 Writes its torchrun environment and training result to $OUT_DIR/rank<R>.json.
 """
@@ -24,7 +24,7 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(1)
     ds = TensorDataset(torch.randn(64, 16, generator=g), torch.randn(64, 4, generator=g))
-    dl = DataLoader(ds, batch_size=8, num_workers=2, multiprocessing_context="spawn")
+    dl = DataLoader(ds, batch_size=8, num_workers=1, multiprocessing_context="spawn")
     for x, y in dl:
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
