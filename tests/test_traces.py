@@ -4,10 +4,11 @@ Why: the traces teams already have must get the diagnosis eroica would have prin
 traces (tests/data/traces, HolisticTraceAnalysis test data) prove the GPU reading: NCCL kernels are
 communication, never compute; copies are split by direction and pageable/pinned host memory with the
 trace's own times and bytes; device copies of user annotations are never kernels; device compute,
-collective, exposed-collective, copy, busy and idle time a step are the trace's own interval arithmetic; two sampled ranks of a 128-rank job are compared as peers. Small synthetic traces pin the bad-input errors. The multi-rank test runs the
-fault bench's job live under eroica and profiled as torch documents it (a schedule that repeats, a
-file per cycle and rank), and checks that the traces' cycles, one capture each, name the culprit and
-category the live captures named.
+collective, exposed-collective, copy, busy and idle time a step are the trace's own interval
+arithmetic; two sampled ranks of a 128-rank job are compared as peers. Small synthetic traces pin the
+bad-input errors. The multi-rank test runs the fault bench's job live under eroica and profiled as
+torch documents it (a schedule that repeats, a file per cycle and rank), and checks that the traces'
+cycles, one capture each, name the culprit and category the live captures named.
 """
 
 from __future__ import annotations
@@ -136,6 +137,8 @@ def test_copies_are_split_by_direction_and_host_memory_kind(path: Path) -> None:
     assert not [f["name"] for f in s["functions"] if f["kind"] == "kernel" and re.match(r"Mem(cpy|set)\b", f["name"])]
 
 
+# plain interval arithmetic for the device-timeline test, written apart from summary/intervals.py on
+# purpose: the builder's own functions would check the builder against itself
 def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     out: list[tuple[float, float]] = []
     for a, b in sorted(spans):
