@@ -327,6 +327,44 @@ def test_device_annotations_are_not_kernels_and_take_no_device_time() -> None:
     assert doc["phases"]["comm"] == pytest.approx(30)     # the host view is unchanged by them
 
 
+def _lagged_window(raw: bool) -> list[Any]:
+    """A window (step 5, 30-60 ms) whose host ran ahead of its GPU: the lead-in step's GEMM still ran
+    when step 5 began, and step 5's last kernel ran on after it closed."""
+    from test_rawevents import _Kineto
+
+    def ev(name: str, start: float, end: float, gpu: bool = False, **kw: Any) -> Any:
+        if raw:
+            return _Kineto(name, "CUDA" if gpu else "CPU", int(start * 1e6), int(end * 1e6),
+                           is_user_annotation=kw.get("annotation", False),
+                           correlation_id=kw.get("corr", 0), linked_correlation_id=kw.get("linked", 0))
+        return _E(name, start, end, device="CUDA" if gpu else "CPU", stream=7 if gpu else 0, **kw)
+
+    return [ev("ProfilerStep#4", 0, 30, annotation=True),                  # the lead-in step
+            ev("aten::mm", 20, 22, corr=1),
+            ev("gemm_a", 25, 40, gpu=True, corr=2, linked=1),              # launched in it, ran 25-40
+            ev("ProfilerStep#5", 30, 60, annotation=True),
+            ev("aten::mm", 50, 52, corr=3),
+            ev("gemm_b", 55, 70, gpu=True, corr=4, linked=3),              # ran 55-70
+            ev("gemm_c", 62, 66, gpu=True, corr=5, linked=3)]              # wholly after the step
+
+
+@pytest.mark.parametrize("raw", [True, False], ids=["raw kineto events", "FunctionEvents"])
+def test_a_window_counts_the_device_work_that_ran_during_its_steps(raw: bool) -> None:
+    """The device runs behind the host (a step or more on an asynchronous NCCL job, furthest on the rank
+    whose GPU is slowest). The live capture records the device from its lead-in step on: a kernel the
+    lead-in launched that was still running when the window began is the window's device work, and
+    one launched in the window that ran only after its last step is the next step's. Read either way
+    the same (a chrome trace too: tests/test_traces.py)."""
+    doc = summary.build(_lagged_window(raw), identity=IDENTITY, capture={"step": 5, "trigger": "t", "k": 1},
+                        steps=[{"step": 5, "ms": 30.0}], gc={"count": 0, "ms": 0.0}, telemetry=TELEMETRY)
+    dev = doc["device_phases"]
+    assert dev["compute"] == pytest.approx(15)          # 30-40 of gemm_a, 55-60 of gemm_b
+    assert dev["idle"] == pytest.approx(15)
+    rows = {f["name"]: f for f in doc["functions"] if f["kind"] == "kernel"}
+    assert set(rows) == {"gemm_a", "gemm_b"}, rows
+    assert rows["gemm_a"]["ms"] == pytest.approx(15) and rows["gemm_b"]["launcher"] == "aten::mm"
+
+
 def test_kernels_get_their_own_share_of_the_function_budget() -> None:
     """Thousands of short kernels must not all fold into <other> behind the host ops."""
     events = _gpu_step()

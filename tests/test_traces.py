@@ -34,6 +34,8 @@ DATA = Path(__file__).resolve().parent / "data" / "traces"
 SAMPLED = [DATA / "hta-sampled_rank-0.json.gz", DATA / "hta-sampled_rank-1.json.gz"]
 NCCL = DATA / "hta-nccl_data.json.gz"
 PUBLIC = [*SAMPLED, NCCL]
+LAGGED = DATA / "hta-trace_diff-test.json.gz"   # the host runs ~40 ms ahead of its GPU
+ROCM = DATA / "hta-mi250-rank-0.json.gz"         # an AMD MI250 under ROCm
 
 
 def _summaries(paths: list[Path], *ranges: tuple[int, int]) -> list[dict[str, Any]]:
@@ -167,22 +169,31 @@ def _minus(keep: list[tuple[float, float]], cut: list[tuple[float, float]]) -> l
     return out
 
 
-@pytest.mark.parametrize("path", PUBLIC, ids=lambda p: p.name)
+def _window(raw: list[dict[str, Any]], s: dict[str, Any]) -> list[tuple[float, float]]:
+    """The host's ProfilerStep spans of the summary's steps, in the raw trace."""
+    names = {f"ProfilerStep#{st['step']}" for st in s["steps"]}
+    return _union([(ev["ts"], ev["ts"] + ev["dur"]) for ev in raw
+                   if ev.get("cat") == "user_annotation" and ev.get("name") in names])
+
+
+@pytest.mark.parametrize("path", [*PUBLIC, LAGGED], ids=lambda p: p.name)
 def test_device_timeline_a_step_is_the_traces_own_interval_arithmetic(path: Path) -> None:
     """What the engine weighs on a GPU job: compute kernels (a culprit's excess), collective kernels and
     the part of them nothing else overlapped (a victim spinning for its peers), copies, busy and idle.
-    Each a step equals the same arithmetic done here on the raw trace (every trace is one window of
-    whole steps): union of the compute kernels, of the NCCL kernels, of copies and memsets; exposed =
+    Each a step equals the same arithmetic done here on the raw trace, over the host's spans of the
+    window's steps: union of the compute kernels, of the NCCL kernels, of copies and memsets; exposed =
     NCCL less (compute or copy); busy = all three; idle = step - busy."""
     raw = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    (s,) = _summaries([path])
+    window = _window(raw, s)
 
     def spans(keep: Any) -> list[tuple[float, float]]:
-        return _union([(ev["ts"], ev["ts"] + ev["dur"]) for ev in raw if keep(ev)])
+        ran = _union([(ev["ts"], ev["ts"] + ev["dur"]) for ev in raw if keep(ev)])
+        return _minus(ran, _minus(ran, window))   # what ran during the window's steps
 
     compute = spans(lambda ev: ev.get("cat") == "kernel" and "nccl" not in ev["name"].lower())
     nccl = spans(lambda ev: ev.get("cat") == "kernel" and "nccl" in ev["name"].lower())
     copies = spans(lambda ev: ev.get("cat") in ("gpu_memcpy", "gpu_memset"))
-    (s,) = _summaries([path])
     n, dev = len(s["steps"]), s["device_phases"]
     want = {"compute": _ms(compute) / n, "comm": _ms(nccl) / n, "transfer": _ms(copies) / n,
             "comm_exposed": _ms(_minus(nccl, _union(compute + copies))) / n,
@@ -191,6 +202,53 @@ def test_device_timeline_a_step_is_the_traces_own_interval_arithmetic(path: Path
     got = {k: dev[k] for k in want}
     assert got == pytest.approx(want, rel=1e-3, abs=1e-3), (got, want)
     assert 0 < dev["comm_exposed"] < dev["comm"] and dev["compute"] > 0
+
+
+def test_device_work_counts_in_the_steps_it_ran_in_when_the_host_runs_ahead() -> None:
+    """On an asynchronous NCCL job the host enqueues a step's kernels and moves on: the GPU runs them
+    later, and furthest behind on the rank whose GPU is slowest. In the lagged trace (rank 1 of a
+    2-rank job, host ~40 ms ahead), the window's first steps run kernels launched before the window
+    and its last step's kernels run after the host closed it. The device timeline is what the GPU did
+    during the window's steps: taking kernels by launch and clipping them to the steps (as the trace
+    reader once did) lost 12 of 87 ms of compute a step, and would lose most on the culprit."""
+    raw = json.loads(gzip.decompress(LAGGED.read_bytes()))["traceEvents"]
+    (s,) = _summaries([LAGGED])
+    window = _window(raw, s)
+    lo, hi, n = window[0][0], window[-1][1], len(s["steps"])
+    launched = {ev["args"]["correlation"]: ev["ts"] for ev in raw
+                if ev.get("cat") == "cuda_runtime" and "correlation" in ev.get("args", {})}
+    kernels = [ev for ev in raw if ev.get("cat") == "kernel" and "nccl" not in ev["name"].lower()]
+    when = [(ev, launched.get(ev["args"].get("correlation"))) for ev in kernels]
+    early = sum(ev["dur"] for ev, t in when if t is not None and t < lo < ev["ts"] + ev["dur"]) / 1e3
+    late = sum(ev["dur"] for ev, t in when if t is not None and lo <= t < hi <= ev["ts"]) / 1e3
+    assert early > 30 and late > 30, (early, late)   # the trace's shape: ms of kernels across each edge
+
+    def clipped(evs: list[dict[str, Any]]) -> float:
+        ran = _union([(ev["ts"], ev["ts"] + ev["dur"]) for ev in evs])
+        return _ms(_minus(ran, _minus(ran, window))) / n
+
+    ran_in = clipped(kernels)
+    by_launch = clipped([ev for ev, t in when if t is not None and lo <= t < hi])
+    assert ran_in - by_launch > 5, (ran_in, by_launch)   # the two readings differ on this trace
+    assert s["device_phases"]["compute"] == pytest.approx(ran_in, rel=1e-3)
+
+
+def test_a_rocm_trace_reads_like_a_cuda_one() -> None:
+    """An AMD MI250 under ROCm 6.2 (torch.profiler through roctracer): Tensile GEMMs (Cijk_...) and
+    ATen's HIP kernels are compute, tied to the ops that launched them and their phases; the HtoD
+    copies are transfers (roctracer records no bytes: 0 MB, not a guess); the device copies of
+    ProfilerStep and Optimizer.step are annotations."""
+    (s,) = _summaries([ROCM])
+    rows = {f["name"]: f for f in s["functions"]}
+    gemms = [f for name, f in rows.items() if name.startswith("Cijk_")]
+    assert {(f["kind"], f["launcher"], f["phase"]) for f in gemms} == {("kernel", "aten::addmm", "forward"),
+                                                                      ("kernel", "aten::mm", "backward")}, gemms
+    assert not [f for f in s["functions"] if f["kind"] == "collective"]
+    assert not [f for f in s["functions"] if f["kind"] == "kernel" and f["name"].startswith(("ProfilerStep",
+                                                                                             "Optimizer.step"))]
+    dev = s["device_phases"]
+    assert dev["compute"] > 0 and dev["htod_ms"] > 0 and dev["htod_mb"] == 0 and dev["comm"] == 0
+    assert dev["forward"] > 0 and dev["backward"] > 0 and dev["optimizer"] > 0
 
 
 def test_device_copies_of_user_annotations_are_never_kernels() -> None:

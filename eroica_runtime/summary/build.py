@@ -19,6 +19,7 @@ from eroica_runtime.summary.events import (
     Records,
     classify,
     normalize_steps,
+    ran_in,
 )
 from eroica_runtime.summary.intervals import intersect as _intersect
 from eroica_runtime.summary.intervals import length as _length
@@ -596,8 +597,8 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
     device = _device_phases([ev for ev in evs if ev.gpu], spans, n_steps)
     yield
 
-    # the function table covers the window only (not a lead-in step before it); device work
-    # launched inside the window may finish after it
+    # the function table covers the window only (not a lead-in step before it); device work that
+    # ran during it, whichever step launched it (events.ran_in)
     lo_w = spans[0][0] if spans else float("-inf")
     hi_w = spans[-1][1] if spans else float("inf")
     groups: dict[tuple[str, str, str], tuple[list[float], list[float]]] = {}
@@ -606,7 +607,7 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
     for i, ev in enumerate(evs):
         if not i % CHUNK:
             yield
-        if ev.start < lo_w or (ev.start > hi_w and not ev.gpu):
+        if not ran_in(ev, lo_w, hi_w) if ev.gpu else not lo_w <= ev.start <= hi_w:
             continue
         if (ev.gpu and ev.kind == "annotation") or ev.name == OWN_RANGE:
             continue   # the device-side copy of a record_function range (the host row says it), or eroica

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from eroica_runtime.summary.events import _FILTERED_NAMES, STEP_PREFIX, Ev
+from eroica_runtime.summary.events import _FILTERED_NAMES, STEP_PREFIX, Ev, ran_in
 
 DEVICE_CATS = frozenset(("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"))
 HOST_CATS = frozenset(("cpu_op", "user_annotation"))
@@ -183,7 +183,8 @@ def _innermost_ops(events: list[Ev], calls: list[Ev]) -> dict[int, Ev]:
 def select(reader: Reader, steps: list[int]) -> list[Ev]:
     """The records of one capture window (ProfilerStep#N for N in ``steps``), as a live capture of
     those steps would have recorded them: host events that start inside the window, the device
-    work launched inside it (wherever it ran), and only the window's own ProfilerStep marks.
+    work that ran during it (``events.ran_in``: whichever step launched it, as the live capture
+    records the device from its lead-in step on), and only the window's own ProfilerStep marks.
 
     Resets what a previous build wrote into the records, so windows of one trace can be built one
     after the other (they must not overlap).
@@ -195,9 +196,7 @@ def select(reader: Reader, steps: list[int]) -> list[Ev]:
     out: list[Ev] = []
     for ev in reader.events:
         if ev.gpu:
-            call = reader.runtime.get(ev.corr) if ev.corr else None
-            t = call.start if call is not None else ev.start
-            keep = lo <= t < hi
+            keep = ran_in(ev, lo, hi)
         elif ev.name.startswith(STEP_PREFIX):
             keep = id(ev) in chosen
         else:

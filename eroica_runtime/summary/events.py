@@ -181,14 +181,34 @@ def demangle(name: str) -> str:
     return hit
 
 
+def ran_in(ev: Ev, lo: float, hi: float = float("inf")) -> bool:
+    """Whether device work belongs to the window [lo, hi) of the host's steps: whether it ran then,
+    whichever step launched it (a kernel running across an edge counts; the device timeline is
+    clipped to the steps anyway).
+
+    Why not by launch: the host runs ahead of the device, by a step or more on an asynchronous NCCL
+    job, and furthest on the rank whose device is slowest. Device work taken by launch and then
+    clipped to the host's steps loses that lead at both ends of the window: 12 ms a step of an
+    8-GPU job's 87 ms of kernels (HolisticTraceAnalysis's trace_diff trace, whose host is ~36 ms
+    ahead), and most of all on the culprit. Host events belong to the window they start in."""
+    return ev.end > lo and ev.start < hi
+
+
+def _in_window(ev: Ev, t0: float) -> bool:
+    """The live capture's cut at its window's first step (``t0``): the lead-in step's host events go,
+    device work still running at ``t0`` stays (``ran_in``)."""
+    return ran_in(ev, t0) if ev.gpu else ev.start >= t0
+
+
 def normalize_raw(events: Any, window_start: str | None = None) -> list[Ev]:
     """Read raw kineto events (``prof.profiler.kineto_results.events()``, methods not fields).
 
     About 100x cheaper than ``prof.events()``, which builds FunctionEvents and an op tree the
     builder does not need. Mirrors torch's post-processing: drops the same utility records and
     moves device-runtime calls (cudaLaunchKernel...) onto the thread of the op that made them.
-    With ``window_start`` (``ProfilerStep#<first window step>``), everything that started before
-    that annotation (the capture's lead-in step) is left out.
+    With ``window_start`` (``ProfilerStep#<first window step>``), the host events that started before
+    that annotation (the capture's lead-in step) are left out, and the device work that had ended by
+    then (``ran_in``).
     """
     return drain(normalize_raw_steps(events, window_start))
 
@@ -223,7 +243,7 @@ def normalize_raw_steps(events: Any, window_start: str | None = None, lease: Lea
             if not gpu and device_type_name(dtype) == "CPU":
                 cpu_type = dtype
         start = ke.start_ns()
-        if t0 is None and name == window_start:
+        if t0 is None and name == window_start and not gpu:
             t0 = start
         starts.append(start)
         if gpu:
@@ -239,7 +259,7 @@ def normalize_raw_steps(events: Any, window_start: str | None = None, lease: Lea
                     int(ke.scope() or 0), int(ke.correlation_id() or 0), int(ke.linked_correlation_id() or 0))
         out.append(ev)
     if t0 is not None:
-        out = [ev for ev in out if ev.start >= t0]
+        out = [ev for ev in out if _in_window(ev, t0)]
         starts = [ev.start for ev in out]
     yield
     base = min(starts) if starts else 0
@@ -273,7 +293,7 @@ def normalize_steps(events: Any, window_start: str | None = None, lease: Lease |
         return normalize(events)
     evs = normalize(events)
     t0 = next((ev.start for ev in evs if not ev.gpu and ev.name == window_start), None)
-    return evs if t0 is None else [ev for ev in evs if ev.start >= t0]
+    return evs if t0 is None else [ev for ev in evs if _in_window(ev, t0)]
 
 
 def normalize(events: Any) -> list[Ev]:
