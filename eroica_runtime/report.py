@@ -190,7 +190,12 @@ def format_time_lost(doc: Any) -> str:
         left_out = f"left out: the {own} steps eroica profiled or summarised in, mean {float(own_ms):.1f} ms"
     else:
         left_out = "profiled steps left out"
-    return (f"  time lost from step {since} (first finding) to {end}: {lost} (mean step {mean:.1f} ms vs "
+    start = doc.get("onset_step")
+    if isinstance(start, int) and not isinstance(start, bool) and start < since:
+        origin = f"step {start} (the slowdown's onset in rank 0's step times; first finding at {since})"
+    else:
+        origin = f"step {since} (first finding)"
+    return (f"  time lost from {origin} to {end}: {lost} (mean step {mean:.1f} ms vs "
             f"{before:.1f} ms in steps {first}-{last}; rank 0's step times, {left_out})")
 
 

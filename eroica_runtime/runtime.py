@@ -597,9 +597,11 @@ class Runtime:
         pending = self._pending
         if pending is not None:   # a flush while a summary is still being built: from its close on
             deferred.append((pending.close_step + 1, self.clock.step + 1))
-        lost = timelost.time_lost(list(self.clock.all_ms), list(self._windows), since, warmup=self.cfg.warmup_steps,
-                                  lookback=timelost.lookback(self.cfg.spike_steps, self.cfg.vote_lag),
-                                  deferred=deferred)
+        cfg = self.cfg
+        lost = timelost.time_lost(list(self.clock.all_ms), list(self._windows), since, warmup=cfg.warmup_steps,
+                                  lookback=timelost.lookback(cfg.spike_steps, cfg.vote_lag), deferred=deferred,
+                                  reach=timelost.reach(cfg.spike_steps, cfg.vote_lag, cfg.drift_window,
+                                                       cfg.lost_window))
         return {} if lost is None else {"time_lost": lost.to_json()}
 
     def _write_job_end(self, stats: dict[str, Any]) -> None:

@@ -68,7 +68,10 @@ def test_compute_fault_named_rank_and_category(tmp_path: Path) -> None:
     # steps in which every rank built its summary and the gather's vote_lag + 1 are eroica's
     assert lost["eroica_steps"] > 3 + 1 + Config().vote_lag and lost["eroica_ms"] > 0, lost
     full = (tmp_path / "compute" / "launcher.log").read_text()
-    assert f"time lost from step {lost['since_step']} (first finding)" in full, log
+    # counted from the fault's onset at step 50, found in rank 0's step times, not from the capture
+    assert lost["onset_step"] is not None and abs(lost["onset_step"] - 50) <= 2, lost
+    assert (f"time lost from step {lost['onset_step']} (the slowdown's onset in rank 0's step times; first "
+            f"finding at {lost['since_step']})") in full, log
     assert "eroica's own work at step boundaries: " in full, log
 
 

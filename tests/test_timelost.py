@@ -1,16 +1,26 @@
-"""The job's measured time lost from its first finding on (engine/timelost.py) and its report line."""
+"""The job's measured time lost from the slowdown's onset (else its first finding) on (engine/timelost.py) and its report line."""
 
 from __future__ import annotations
 
 import json
 
 import numpy as np
+import pytest
 
 from eroica_runtime import report
 from eroica_runtime.config import Config
-from eroica_runtime.engine.timelost import eroica_steps, lookback, profiled_steps, since_step, time_lost
+from eroica_runtime.engine.timelost import (
+    eroica_steps,
+    lookback,
+    onset,
+    profiled_steps,
+    reach,
+    since_step,
+    time_lost,
+)
 
 WARMUP, LOOKBACK = Config().warmup_steps, lookback(Config().spike_steps, Config().vote_lag)   # 10, 9
+REACH = reach(Config().spike_steps, Config().vote_lag, Config().drift_window, Config().lost_window)   # 55
 
 
 def _job(n: int = 140, onset: int = 60, extra_ms: float = 40.0, every: int = 1, seed: int = 0) -> list[float]:
@@ -152,3 +162,51 @@ def test_the_loss_is_counted_from_the_first_capture_that_named_something() -> No
     assert since_step([(13, "baseline", True), (40, "spike", False), (67, "drift", True), (90, "manual", True)]) == 67
     assert since_step([(13, "baseline", True), (200, "hang", True)]) is None
     assert since_step([]) is None
+
+
+def test_a_late_capture_counts_the_loss_from_the_slowdowns_onset() -> None:
+    """The throughput and drift rules see a slowdown up to their window late (the bench's freeze case:
+    21 steps). Counted from the capture, the 21 slow steps would be lost from the total, and the 12 of
+    them before the spike's lookback would sit in the healthy reference, a fifth of the loss a step
+    gone. Counted from the onset found in rank 0's step times, neither."""
+    history = _job(onset=50)
+    windows = [(13, 3), (71, 3)]
+    late = time_lost(history, windows, 71, warmup=WARMUP, lookback=LOOKBACK, reach=REACH)
+    floor = time_lost(history, windows, 71, warmup=WARMUP, lookback=LOOKBACK)
+    assert late is not None and floor is not None
+    assert late.onset_step is not None and abs(late.onset_step - 50) <= 1, late.onset_step
+    assert late.from_step == late.onset_step and late.since_step == 71
+    assert 36 < late.per_step_ms < 44 and floor.per_step_ms < 33, (late.per_step_ms, floor.per_step_ms)
+    assert late.before_last < late.onset_step and late.steps > floor.steps + 15
+    assert late.total_s > 1.2 * floor.total_s
+
+
+def test_the_onset_of_a_fault_in_bursts_is_its_first_slow_steps() -> None:
+    history = _job(onset=60, extra_ms=120.0, every=4)
+    lost = time_lost(history, [(13, 3), (70, 16)], 70, warmup=WARMUP, lookback=LOOKBACK, reach=REACH)
+    assert lost is not None and lost.onset_step is not None and 56 <= lost.onset_step <= 60, lost.onset_step
+    assert 20 < lost.per_step_ms < 40
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_healthy_noise_has_no_onset(seed: int) -> None:
+    """A finding on a job whose step times did not move (a straggler the job absorbs, a minor finding):
+    no onset is made up from noise, and the figure stays the floor's."""
+    history = _job(extra_ms=0.0, seed=seed)
+    assert onset(history, 67, warmup=WARMUP, skip=profiled_steps([(13, 3), (67, 3)]), reach=REACH) is None
+
+
+def test_a_slowdown_older_than_the_detectors_reach_keeps_the_floor() -> None:
+    """Slower from step 15 on, named at step 100: a new level long before the capture is the job's
+    pace, not a fault's onset the detectors missed; and with too few healthy steps, no figure."""
+    history = _job(onset=15)
+    assert onset(history, 100, warmup=WARMUP, skip=profiled_steps([(13, 3), (100, 3)]), reach=REACH) is None
+
+
+def test_report_line_names_the_onset_and_the_first_finding() -> None:
+    lost = time_lost(_job(onset=50), [(13, 3), (71, 3)], 71, warmup=WARMUP, lookback=LOOKBACK, reach=REACH)
+    assert lost is not None and lost.onset_step is not None
+    line = report.format_time_lost(json.loads(json.dumps(lost.to_json())))
+    assert line.startswith(f"  time lost from step {lost.onset_step} (the slowdown's onset in rank 0's step "
+                           f"times; first finding at 71) to 140: {lost.total_s:.1f} s"), line
+    assert f"steps 11-{lost.before_last}" in line

@@ -1,8 +1,8 @@
-"""What the job lost from its first finding on, measured on rank 0's own step times.
+"""What the job lost from the slowdown's onset on, measured on rank 0's own step times.
 
 A finding's cost per step is the engine's estimate from a few profiled steps. This is what happened:
-the mean step from the first capture that named something to the end of the job, against the mean
-step before the slowdown. In synchronous training every rank runs at the job's pace, so rank 0's
+the mean step from the slowdown's onset (below; else the first capture that named something) to the
+end of the job, against the mean step before it. In synchronous training every rank runs at the job's pace, so rank 0's
 steps are the job's.
 
 - Means, not medians: a fault in bursts (8 slow steps in 20) leaves the median alone but costs the
@@ -17,9 +17,16 @@ steps are the job's.
   end: "+36 ms a step" against 6 measured on the same job without that capture (docs/benchmarks.md
   §5b). Those steps' mean is kept next to the figure, so that eroica's own cost is said
   too (``eroica_steps``, ``eroica_ms``).
-- The steps in which the detectors were still seeing the slowdown (``lookback`` before the capture)
-  count on neither side: they may be healthy or slow. So the figure is a floor: the fault's steps
-  before its capture are not counted as lost.
+- The slowdown began before the capture that named it: the detectors need a few steps to see a
+  spike, and up to their window (50 steps) for a drift or a loss of throughput. Counted from the
+  capture, those steps would be lost from the total and, further back than the spike's ``lookback``,
+  counted as the healthy reference, lowering the figure a step (a fault 20 steps old at its capture,
+  in a 60-step reference: a fifth of it). So the loss is counted from the slowdown's onset
+  (``onset``): the split of rank 0's steps into a level before and one after that fits them best,
+  searched over the detectors' reach before the capture, and taken only when the steps it adds
+  before the capture are slow like the ones after it. Otherwise (no clear onset) the steps in which
+  the detectors were still seeing the slowdown (``lookback`` before the capture) count on neither
+  side, and the figure is a floor.
 
 Pure (no MPI, no torch): the runtime calls it at job end and for a flushed report, and keeps the
 result in report.json (``job.time_lost``).
@@ -31,13 +38,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 MIN_BEFORE = 10   # fewer healthy steps than this are no reference (a fault from the job's start)
+SURE = 4.0      # an onset's two levels differ by this many standard errors (of healthy noise) at least
 MIN_AFTER = 10  # a mean of fewer steps is luck for a rare stall (5 steps of freeze-int: -14 ms a step)
 
 
 @dataclass(frozen=True)
 class TimeLost:
-    since_step: int       # the first capture with a finding: steps from here on are "after"
+    since_step: int       # the first capture with a finding (the onset's search starts from it)
     last_step: int
     steps: int            # after steps counted (profiled ones left out)
     mean_ms: float
@@ -45,8 +55,14 @@ class TimeLost:
     before_last: int
     before_steps: int
     before_ms: float
-    eroica_steps: int = 0          # steps from ``since_step`` on left out as eroica's (profiled, building)
+    eroica_steps: int = 0          # steps from ``from_step`` on left out as eroica's (profiled, building)
     eroica_ms: float | None = None  # their mean step
+    onset_step: int | None = None   # where the slowdown began (``onset``), when it is clear
+
+    @property
+    def from_step(self) -> int:
+        """The first step counted as lost: the onset when there is one, else the first finding."""
+        return self.since_step if self.onset_step is None else self.onset_step
 
     @property
     def per_step_ms(self) -> float:
@@ -63,7 +79,8 @@ class TimeLost:
                 "before_count": self.before_steps, "before_ms": round(self.before_ms, 3),
                 "per_step_ms": round(self.per_step_ms, 3), "total_s": round(self.total_s, 3),
                 "eroica_steps": self.eroica_steps,
-                "eroica_ms": None if self.eroica_ms is None else round(self.eroica_ms, 3)}
+                "eroica_ms": None if self.eroica_ms is None else round(self.eroica_ms, 3),
+                "onset_step": self.onset_step}
 
 
 def since_step(captures: Iterable[tuple[int, str, bool]]) -> int | None:
@@ -97,21 +114,70 @@ def eroica_steps(windows: Iterable[tuple[int, int]], deferred: Iterable[tuple[in
     return out
 
 
+def reach(spike_steps: int, vote_lag: int, *windows: int) -> int:
+    """How many steps before a capture its slowdown may have begun: the longest detector window (the
+    drift and throughput rules judge a window of steps) and the vote's lag, or the spike's lookback."""
+    return max(lookback(spike_steps, vote_lag), max(windows, default=0) + vote_lag + 2)
+
+
+def onset(history: Sequence[float], since: int, *, warmup: int, skip: set[int], reach: int) -> int | None:
+    """The step the slowdown seen at ``since`` began, from rank 0's step times, or None.
+
+    The least-squares split of the steps after warm-up (eroica's own left out) into a level before a
+    step t and one from t to the job's end, for t within ``reach`` steps before ``since`` (the steps
+    after ``since`` pin the slow level). Taken only when the slow level is above the healthy one and
+    the steps from t up to ``since`` are nearer the slow level than the healthy one: otherwise noise
+    picked t, and there is no clear onset."""
+    pts = [(s, ms) for s, ms in enumerate(history, 1) if s > warmup and s not in skip]
+    if len(pts) < MIN_BEFORE + MIN_AFTER:
+        return None
+    steps = np.array([s for s, _ in pts])
+    ms = np.array([m for _, m in pts], dtype=float)
+    # candidate splits: index i puts pts[:i] before; at least MIN_BEFORE before, t <= since
+    first = max(MIN_BEFORE, int(np.searchsorted(steps, since - reach)))
+    last = int(np.searchsorted(steps, since, side="right"))
+    if first >= last:
+        return None
+    csum, csq = np.cumsum(ms), np.cumsum(ms * ms)
+    n, total, total_sq = len(ms), csum[-1], csq[-1]
+    i = np.arange(first, last)
+    left_n, right_n = i, n - i
+    left_s, left_q = csum[i - 1], csq[i - 1]
+    right_s, right_q = total - left_s, total_sq - left_q
+    sse = (left_q - left_s ** 2 / left_n) + (right_q - right_s ** 2 / right_n)
+    k = int(np.argmin(sse))
+    best = int(i[k])
+    healthy, slow = float(ms[:best].mean()), float(ms[best:].mean())
+    spread = float(ms[:best].std(ddof=1))      # the healthy steps' noise (a burst's spread is the fault)
+    t = int(steps[best])
+    gap = ms[(steps >= t) & (steps < since)]
+    if slow - healthy <= SURE * spread * float(np.sqrt(1 / best + 1 / (n - best))):
+        return None          # two levels no clearer than noise
+    if len(gap) and float(gap.mean()) < (healthy + slow) / 2:
+        return None          # the steps it would add before the capture are not slow
+    return t
+
+
 def time_lost(history: Sequence[float], windows: Iterable[tuple[int, int]], since: int, *,
-              warmup: int, lookback: int, deferred: Iterable[tuple[int, int]] = ()) -> TimeLost | None:
+              warmup: int, lookback: int, deferred: Iterable[tuple[int, int]] = (),
+              reach: int = 0) -> TimeLost | None:
     """``history[i]`` is step i + 1's time (ms); ``windows`` every capture's (first step, k);
     ``deferred`` the (first, last) steps of every capture's summary build and gather; ``since`` the
-    first step of the first capture with a finding. None when there are fewer than MIN_BEFORE
-    healthy steps before it (a fault from the start) or MIN_AFTER steps after it that eroica left
+    first step of the first capture with a finding; ``reach`` how far before it the onset is looked
+    for (``reach()``; 0: not looked for). None when there are fewer than MIN_BEFORE healthy steps
+    before the loss is counted (a fault from the start) or MIN_AFTER steps after that eroica left
     alone."""
     skip = eroica_steps(windows, deferred)
+    start = onset(history, since, warmup=warmup, skip=skip, reach=reach) if reach > 0 else None
+    end_before = since - lookback if start is None else start
+    begin = since if start is None else start
     before = [(s, ms) for s, ms in enumerate(history, 1)
-              if warmup < s < since - lookback and s not in skip]
-    after = [ms for s, ms in enumerate(history, 1) if s >= since and s not in skip]
-    own = [ms for s, ms in enumerate(history, 1) if s >= since and s in skip]
+              if warmup < s < end_before and s not in skip]
+    after = [ms for s, ms in enumerate(history, 1) if s >= begin and s not in skip]
+    own = [ms for s, ms in enumerate(history, 1) if s >= begin and s in skip]
     if len(before) < MIN_BEFORE or len(after) < MIN_AFTER:
         return None
     return TimeLost(since_step=since, last_step=len(history), steps=len(after), mean_ms=sum(after) / len(after),
                     before_first=before[0][0], before_last=before[-1][0], before_steps=len(before),
                     before_ms=sum(ms for _, ms in before) / len(before), eroica_steps=len(own),
-                    eroica_ms=sum(own) / len(own) if own else None)
+                    eroica_ms=sum(own) / len(own) if own else None, onset_step=start)

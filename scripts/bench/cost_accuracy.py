@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from eroica_runtime.config import Config  # noqa: E402
-from eroica_runtime.engine.timelost import lookback, since_step, time_lost  # noqa: E402
+from eroica_runtime.engine.timelost import lookback, reach, since_step, time_lost  # noqa: E402
 
 
 def measured(report_dir: Path, cfg: Config) -> dict[str, Any] | None:
@@ -56,7 +56,8 @@ def measured(report_dir: Path, cfg: Config) -> dict[str, Any] | None:
     since = since_step((int(c["step"]), c["trigger"], bool(c.get("findings"))) for c in caps)
     if since is None:
         return None
-    lost = time_lost(history, windows, since, warmup=cfg.warmup_steps, lookback=lookback(cfg.spike_steps, cfg.vote_lag))
+    lost = time_lost(history, windows, since, warmup=cfg.warmup_steps, lookback=lookback(cfg.spike_steps, cfg.vote_lag),
+                     reach=reach(cfg.spike_steps, cfg.vote_lag, cfg.drift_window, cfg.lost_window))
     return None if lost is None else lost.to_json()
 
 
