@@ -38,7 +38,10 @@ Say = Callable[[str], None]
 PROGRESS_EVERY_S = 5.0
 _HEADER_KEYS = frozenset(("distributedInfo", "host_name", "deviceProperties", "schemaVersion"))
 _STEP_RE = re.compile(rb'"ProfilerStep#(\d+)"')
-_RANK_RES = (re.compile(r"rank[-_]?(\d+)", re.IGNORECASE), re.compile(r"[-_](\d+)\.json(?:\.gz)?$", re.IGNORECASE))
+# rank3 / rank-3 / rank_3 anywhere; worker3.<timestamp>.pt.trace.json (tensorboard_trace_handler with
+# worker_name=f"worker{rank}", as PyTorch's profiler tutorials name them); a trailing -3.json / _3.json
+_RANK_RES = (re.compile(r"rank[-_]?(\d+)", re.IGNORECASE), re.compile(r"^worker[-_]?(\d+)(?:\.|$)", re.IGNORECASE),
+             re.compile(r"[-_](\d+)\.json(?:\.gz)?$", re.IGNORECASE))
 _BAD_INPUT = (ijson.JSONError, OSError, EOFError, zlib.error, UnicodeDecodeError)
 # A "name" value holding a quote, backslash or control character, laid out as Kineto writes it: alone
 # on its line, ending the line (`    "name": "...",`, torch >= 2.1), or third on an event's first line,
@@ -197,7 +200,8 @@ def _scan_steps(path: Path, say: Say | None) -> list[int]:
 
 
 def rank_from_name(path: Path) -> int | None:
-    """3 for trace-rank3.json, rank-3.json.gz, rank_3.json, worker_3.json; None when the name says nothing."""
+    """3 for trace-rank3.json, rank-3.json.gz, rank_3.json, worker_3.json, worker3.1623143089861.pt.trace.json.gz;
+    None when the name says nothing (hostname_pid.<timestamp>.pt.trace.json, the handler's default)."""
     for rx in _RANK_RES:
         m = rx.search(path.name)
         if m:

@@ -523,6 +523,7 @@ def test_older_torch_layout_is_reescaped_and_one_line_json_never_rewritten(tmp_p
 
 @pytest.mark.parametrize("name,rank", [("trace-rank3.json", 3), ("rank-12.json.gz", 12), ("RANK_4.json", 4),
                                        ("worker_5.json", 5), ("job-7.json.gz", 7),
+                                       ("worker1.1623143089861.pt.trace.json.gz", 1), ("worker12.json", 12),
                                        ("host_123.1700000000.pt.trace.json", None), ("trace.json", None)])
 def test_rank_from_file_name(name: str, rank: int | None) -> None:
     assert tracefile.rank_from_name(Path(name)) == rank
