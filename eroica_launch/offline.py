@@ -87,9 +87,11 @@ def _traced_steps(meta: dict[str, Any]) -> list[list[int]]:
     return []
 
 
-def run_analysis(root: Path, *, topology: str | None = None) -> tuple[list[Diagnosis], dict[str, Any], list[str]]:
+def run_analysis(root: Path, *, topology: str | None = None,
+                 lone: list[dict[str, Any]] | None = None) -> tuple[list[Diagnosis], dict[str, Any], list[str]]:
     """Analyse every capture under ``root`` in step order through the live analyst's pipeline;
-    return (diagnoses, report doc, problems)."""
+    return (diagnoses, report doc, problems). ``lone`` receives the summary of every capture that
+    held one rank alone (nothing to compare it with: its profile is what can be said)."""
     files = capture_files(root)
     if not files:
         raise click.ClickException(f"{root}: no captures/*.msgpack to analyse")
@@ -105,6 +107,8 @@ def run_analysis(root: Path, *, topology: str | None = None) -> tuple[list[Diagn
             if isinstance(data, Exception):
                 raise data
             result = pipeline.analyse(data, origin=origin)
+            if lone is not None and result.diagnosis.ranks_analysed == 1:
+                lone.extend(summary.decode_capture(data, origin=origin)[1])
             del data
         except (OSError, InputError, summary.SummaryError) as exc:
             problems.append(str(exc) if isinstance(exc, (InputError, summary.SummaryError)) else f"{origin}: {exc}")
@@ -129,9 +133,12 @@ def run_analysis(root: Path, *, topology: str | None = None) -> tuple[list[Diagn
 
 
 def _print_analysis(report_dir: Path, topology: str | None) -> None:
-    """Analyse REPORT_DIR's captures, print the rank-0 text and exit as `eroica analyze` documents."""
+    """Analyse REPORT_DIR's captures, print the rank-0 text and exit as `eroica analyze` documents;
+    for a capture of one rank alone (one rank's trace, a one-process job: nothing to compare it
+    with), that rank's profile too (``report.format_profile``)."""
+    alone: list[dict[str, Any]] = []
     try:
-        diagnoses, doc, problems = run_analysis(report_dir, topology=topology)
+        diagnoses, doc, problems = run_analysis(report_dir, topology=topology, lone=alone)
     except click.ClickException as exc:
         _fail(f"analyze: {exc.message}", 2)
         return
@@ -140,6 +147,8 @@ def _print_analysis(report_dir: Path, topology: str | None) -> None:
         return
     for d in diagnoses:
         click.echo(report.format_capture(d))
+    for s in alone:
+        click.echo("\n".join(report.format_profile(s)))
     click.echo(report.format_job(doc, report_dir))
     for p in problems:
         click.echo(f"eroica: analyze: rejected {' '.join(p.split())}", err=True)

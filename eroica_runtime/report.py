@@ -172,6 +172,65 @@ def calls_text(rank: Any, peers: Any) -> str:
     return f", {rank:.0f} vs {peers:.0f} calls" if max(rank, peers) >= 10 else f", {rank:.1f} vs {peers:.1f} calls"
 
 
+PROFILE_ROWS = 5   # functions of each side (host, device) in a lone rank's profile
+
+
+def _fine(x: Any) -> str:
+    """ms or MB for a profile: a tenth from 1 up, two decimals below (a toy trace's kernels)."""
+    return "?" if not finite(x) else f"{x:.1f}" if abs(x) >= 1 or x == 0 else f"{x:.2f}"
+
+
+def _device_row(f: Mapping[str, Any]) -> bool:
+    """A function row of device work: kernels, copies, memsets, and collective kernels (rows that
+    name a launching op; the host's collective records do not)."""
+    return f.get("kind") in ("kernel", "memcpy", "memset") or (f.get("kind") == "collective" and "launcher" in f)
+
+
+def format_profile(s: Mapping[str, Any]) -> list[str]:
+    """Where one rank's step went, from its summary alone: for a rank with nothing to compare it with
+    (`eroica analyze --traces` over one rank's trace, which is often all a team kept). No culprit can
+    be named without peers, but the split of the step, the device's busy and idle time and the
+    heaviest host ops and kernels say where to look. ``s`` is a validated summary."""
+    ph = s.get("phases") or {}
+    steps = [st.get("step") for st in s.get("steps") or [] if isinstance(st.get("step"), int)]
+    span = f"steps {steps[0]}-{steps[-1]}" if len(steps) > 1 else (f"step {steps[0]}" if steps else "its window")
+    n = (s.get("profile") or {}).get("steps")
+    counted = f", {n} counted" if isinstance(n, int) and steps and n != len(steps) else ""
+    out = [f"eroica: rank {_text(s.get('rank'))} alone, {span}{counted}: {_ms(ph.get('step'))} ms a step "
+           "(no peer to compare it with: where its step went, not a diagnosis)"]
+    parts = [f"{k} {_ms(ph.get(k))}" for k in ("data", "forward", "backward", "optimizer") if finite(ph.get(k))]
+    parts.append(f"waiting in collectives {_ms(ph.get('comm'))} (collectives in flight {_ms(ph.get('comm_total'))})")
+    parts += [f"{label} {_ms(ph.get(k))}" for k, label in (("host_gap", "outside any op"), ("gc", "gc"), ("io", "io"))
+              if finite(ph.get(k)) and ph.get(k)]
+    out.append("  host ms a step: " + ", ".join(parts))
+    dev = s.get("device_phases")
+    if isinstance(dev, Mapping) and finite(dev.get("busy")):
+        step = ph.get("step")
+        share = f" ({100 * dev['busy'] / step:.0f}% of the step)" if finite(step) and step > 0 else ""
+        line = (f"  device ms a step: busy {_fine(dev.get('busy'))}{share}: compute {_fine(dev.get('compute'))}, "
+                f"collectives {_fine(dev.get('comm'))} ({_fine(dev.get('comm_exposed'))} with no compute or copy "
+                f"beside them), copies {_fine(dev.get('transfer'))}; idle {_fine(dev.get('idle'))}")
+        copies = []
+        for way in ("HtoD", "DtoH", "DtoD", "PtoP"):
+            ms, mb, pageable = (dev.get(f"{way.lower()}{k}") for k in ("_ms", "_mb", "_pageable_mb"))
+            if finite(ms) and (ms >= 0.005 or (finite(mb) and mb >= 0.005)):
+                copies.append(f"{way} {_fine(ms)} ms {_fine(mb)} MB"
+                              + (f" ({_fine(pageable)} MB of it pageable)" if finite(pageable) and pageable >= 0.005
+                                 else ""))
+        out.append(line + (f"; {', '.join(copies)}" if copies else ""))
+    fns = [f for f in s.get("functions") or [] if f.get("kind") not in ("annotation", "other")]
+    host = sorted((f for f in fns if not _device_row(f)), key=lambda f: -_self_ms(f))[:PROFILE_ROWS]
+    device = sorted((f for f in fns if _device_row(f)), key=lambda f: -float(f.get("ms") or 0.0))[:PROFILE_ROWS]
+    if host:
+        out.append("  heaviest host ops (own time, ms a step): " + "; ".join(
+            f"{_text(f.get('name'), 80)} {_fine(_self_ms(f))} [{_text(f.get('phase'))}]" for f in host))
+    if device:
+        out.append("  heaviest device work (ms a step): " + "; ".join(
+            f"{_text(f.get('name'), 80)} {_fine(f.get('ms'))} [{_text(f.get('phase'))}"
+            + (f", from {_text(f.get('launcher'), 60)}" if f.get("launcher") else "") + "]" for f in device))
+    return out
+
+
 def format_time_lost(doc: Any) -> str:
     """The job summary's line for ``engine.timelost.TimeLost.to_json()``: measured, next to the
     findings' estimates, so a reader sees how much of the slowdown they account for. Empty for a

@@ -313,6 +313,31 @@ def test_a_lone_trace_is_summarised_but_not_diagnosed(tmp_path: Path) -> None:
     assert meta["world_size"] == 2 and meta["missing"] == [1] and sums[0]["device"]["name"].startswith("NVIDIA")
 
 
+def test_a_lone_trace_gets_its_ranks_profile(tmp_path: Path) -> None:
+    """Often one rank's trace is all a team kept. Nothing can be compared, but where the step went can
+    be said: the host's phases, the device's busy, compute, collective (and exposed) and copy time,
+    and the heaviest host ops and device work with the op that launched it, from the summary itself."""
+    out = tmp_path / "r"
+    res = _analyze("--traces", LAGGED, "--out", out)
+    assert res.exit_code == 0, res.output
+    (s,) = _summaries([LAGGED])
+    dev = s["device_phases"]
+    lines = res.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("eroica: rank 1 alone, steps 1010-1013: "))
+    assert f"{s['phases']['step']:.1f} ms a step" in lines[head] and "not a diagnosis" in lines[head]
+    assert lines[head + 1].startswith("  host ms a step: ") and f"forward {s['phases']['forward']:.1f}" in lines[head + 1]
+    assert lines[head + 2].startswith(f"  device ms a step: busy {dev['busy']:.1f} ")
+    assert f"compute {dev['compute']:.1f}, collectives {dev['comm']:.1f} ({dev['comm_exposed']:.1f} with no" in lines[head + 2]
+    assert f"HtoD {dev['htod_ms']:.1f} ms {dev['htod_mb']:.1f} MB" in lines[head + 2]
+    assert "heaviest device work" in lines[head + 4] and "ncclKernel_SendRecv" in lines[head + 4]
+    assert "from nccl:all_to_all" in lines[head + 4]
+    # the report directory says the same when analysed again
+    again = _analyze(out)
+    assert again.stdout == res.stdout
+    # ranks with peers get their diagnosis, not a profile
+    assert "alone" not in _analyze("--traces", *SAMPLED, "--out", tmp_path / "two").stdout
+
+
 def test_gzip_and_plain_json_give_the_same_summary(tmp_path: Path) -> None:
     plain = tmp_path / "hta-sampled_rank-0.json"
     plain.write_bytes(gzip.decompress(SAMPLED[0].read_bytes()))
