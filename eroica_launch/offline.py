@@ -219,8 +219,9 @@ def analyze_cmd(paths: tuple[Path, ...], from_traces: bool, out: Path | None, st
 
     With --traces, each trace is one rank's. Its rank, world size and process groups come from the
     trace's distributedInfo, else the rank from its file name (trace-rank3.json, rank_3.json.gz,
-    worker_3.json, worker3.<time>.pt.trace.json); then the files must be ranks 0..n-1. A rank may have one trace per profiling
-    cycle (schedule(wait, warmup, active, repeat) with tensorboard_trace_handler writes them so): each
+    worker_3.json, worker3.<time>.pt.trace.json); then the files must be ranks 0..n-1. A rank may
+    have one trace per profiling cycle (schedule(wait, warmup, active, repeat) with
+    tensorboard_trace_handler writes them so): each
     cycle is then a capture, built from that cycle's trace of every rank. Traces of fewer ranks than their
     distributedInfo's world size are analysed as a job of their own (said on stderr). Steps are the
     ProfilerStep#N annotations (profile with a schedule and call prof.step() every step). Each

@@ -600,8 +600,8 @@ class Runtime:
         cfg = self.cfg
         lost = timelost.time_lost(list(self.clock.all_ms), list(self._windows), since, warmup=cfg.warmup_steps,
                                   lookback=timelost.lookback(cfg.spike_steps, cfg.vote_lag), deferred=deferred,
-                                  reach=timelost.reach(cfg.spike_steps, cfg.vote_lag, cfg.drift_window,
-                                                       cfg.lost_window))
+                                  reach=timelost.onset_reach(cfg.spike_steps, cfg.vote_lag, cfg.drift_window,
+                                                             cfg.lost_window))
         return {} if lost is None else {"time_lost": lost.to_json()}
 
     def _write_job_end(self, stats: dict[str, Any]) -> None:

@@ -2,8 +2,8 @@
 
 A finding's cost per step is the engine's estimate from a few profiled steps. This is what happened:
 the mean step from the slowdown's onset (below; else the first capture that named something) to the
-end of the job, against the mean step before it. In synchronous training every rank runs at the job's pace, so rank 0's
-steps are the job's.
+end of the job, against the mean step before it. In synchronous training every rank runs at the
+job's pace, so rank 0's steps are the job's.
 
 - Means, not medians: a fault in bursts (8 slow steps in 20) leaves the median alone but costs the
   job every slow step.
@@ -55,14 +55,9 @@ class TimeLost:
     before_last: int
     before_steps: int
     before_ms: float
-    eroica_steps: int = 0          # steps from ``from_step`` on left out as eroica's (profiled, building)
+    eroica_steps: int = 0          # steps from where the loss is counted on that were eroica's (profiled, building)
     eroica_ms: float | None = None  # their mean step
-    onset_step: int | None = None   # where the slowdown began (``onset``), when it is clear
-
-    @property
-    def from_step(self) -> int:
-        """The first step counted as lost: the onset when there is one, else the first finding."""
-        return self.since_step if self.onset_step is None else self.onset_step
+    onset_step: int | None = None   # where the slowdown began (``onset``): counted from it, else since_step
 
     @property
     def per_step_ms(self) -> float:
@@ -114,7 +109,7 @@ def eroica_steps(windows: Iterable[tuple[int, int]], deferred: Iterable[tuple[in
     return out
 
 
-def reach(spike_steps: int, vote_lag: int, *windows: int) -> int:
+def onset_reach(spike_steps: int, vote_lag: int, *windows: int) -> int:
     """How many steps before a capture its slowdown may have begun: the longest detector window (the
     drift and throughput rules judge a window of steps) and the vote's lag, or the spike's lookback."""
     return max(lookback(spike_steps, vote_lag), max(windows, default=0) + vote_lag + 2)
@@ -164,7 +159,7 @@ def time_lost(history: Sequence[float], windows: Iterable[tuple[int, int]], sinc
     """``history[i]`` is step i + 1's time (ms); ``windows`` every capture's (first step, k);
     ``deferred`` the (first, last) steps of every capture's summary build and gather; ``since`` the
     first step of the first capture with a finding; ``reach`` how far before it the onset is looked
-    for (``reach()``; 0: not looked for). None when there are fewer than MIN_BEFORE healthy steps
+    for (``onset_reach()``; 0: not looked for). None when there are fewer than MIN_BEFORE healthy steps
     before the loss is counted (a fault from the start) or MIN_AFTER steps after that eroica left
     alone."""
     skip = eroica_steps(windows, deferred)

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from eroica_runtime.config import Config  # noqa: E402
-from eroica_runtime.engine.timelost import lookback, reach, since_step, time_lost  # noqa: E402
+from eroica_runtime.engine.timelost import lookback, onset_reach, since_step, time_lost  # noqa: E402
 
 
 def measured(report_dir: Path, cfg: Config) -> dict[str, Any] | None:
@@ -57,7 +57,7 @@ def measured(report_dir: Path, cfg: Config) -> dict[str, Any] | None:
     if since is None:
         return None
     lost = time_lost(history, windows, since, warmup=cfg.warmup_steps, lookback=lookback(cfg.spike_steps, cfg.vote_lag),
-                     reach=reach(cfg.spike_steps, cfg.vote_lag, cfg.drift_window, cfg.lost_window))
+                     reach=onset_reach(cfg.spike_steps, cfg.vote_lag, cfg.drift_window, cfg.lost_window))
     return None if lost is None else lost.to_json()
 
 
