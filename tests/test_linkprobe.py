@@ -27,7 +27,7 @@ from faultlib import bench, netns  # noqa: E402
 
 pytestmark = [pytest.mark.root, pytest.mark.multirank]
 SKIP = netns.unavailable_reason() or (None if shutil.which("tc") else "iproute2 'tc' not installed")
-STEPS = 115
+STEPS = 95
 ONSET = 55
 
 
