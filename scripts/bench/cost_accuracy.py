@@ -11,6 +11,7 @@ it has no record of the steps its summaries were built in, so those count as the
 every report before 2026-12-02 17:20 UTC).
 
   .venv/bin/python scripts/bench/cost_accuracy.py /tmp/fb23
+  .venv/bin/python scripts/bench/cost_accuracy.py /tmp/fb36 --from-first-finding   # the old yardstick
 
 With ``--reanalyse-with CHECKOUT`` every case's report directory is first copied under ``--work`` and
 re-analysed by ``eroica analyze`` run from that checkout (a ``git worktree`` of any revision: its
@@ -61,6 +62,25 @@ def measured(report_dir: Path, cfg: Config) -> dict[str, Any] | None:
     return None if lost is None else lost.to_json()
 
 
+def from_first_finding(report_dir: Path, lost: dict[str, Any], cfg: Config) -> dict[str, Any]:
+    """``lost`` (report.json job.time_lost, counted from the slowdown's onset) counted the old way, from
+    the first finding: the steps from the onset to the capture's lead-in step taken out of the after
+    side, the spike rule's lookback before the capture out of the healthy side (their positions are in
+    steps.msgpack; eroica's own steps stay out as the report left them out). A report without an onset
+    is returned as it is."""
+    onset, since = lost.get("onset_step"), int(lost["since_step"])
+    if not isinstance(onset, int) or onset >= since:
+        return lost
+    ms = list(msgpack.unpackb((report_dir / "steps.msgpack").read_bytes(), raw=False, strict_map_key=False)["ms"])
+    gone_after = [ms[s - 1] for s in range(onset, since - 1)]          # since - 1 is the lead-in (eroica's)
+    gone_before = [ms[s - 1] for s in range(since - lookback(cfg.spike_steps, cfg.vote_lag), onset)]
+    n_after, n_before = lost["steps"] - len(gone_after), lost["before_count"] - len(gone_before)
+    mean = (lost["mean_ms"] * lost["steps"] - sum(gone_after)) / n_after
+    before = (lost["before_ms"] * lost["before_count"] - sum(gone_before)) / n_before
+    return {**lost, "onset_step": None, "steps": n_after, "mean_ms": mean, "before_count": n_before,
+            "before_ms": before, "per_step_ms": mean - before}
+
+
 def reanalysed_top(report_dir: Path, checkout: Path, work: Path) -> dict[str, Any] | None:
     """The top finding of ``report_dir`` re-analysed by ``checkout``'s engine, in a copy under ``work``."""
     work.parent.mkdir(parents=True, exist_ok=True)
@@ -80,6 +100,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("out", nargs="+", type=Path, help="fault-bench --out directories")
     ap.add_argument("--reanalyse-with", type=Path, default=None, metavar="CHECKOUT")
     ap.add_argument("--work", type=Path, default=Path("/tmp/cost-accuracy"), help="where the copies go")
+    ap.add_argument("--from-first-finding", action="store_true",
+                    help="measure the loss from the first finding, as reports before 2026-12-04 did, not from "
+                         "the slowdown's onset (the yardstick's change, apart from the estimates')")
     args = ap.parse_args(argv)
     cfg = Config()
     ratios: dict[str, list[float]] = {"steady": [], "bursts": []}
@@ -96,6 +119,8 @@ def main(argv: list[str] | None = None) -> None:
             if not r.get("fault") or not top or top.get("category") == "hang":
                 continue
             got = measured(report_dir, cfg)
+            if got and args.from_first_finding:
+                got = from_first_finding(report_dir, got, cfg)
             est, meas = top.get("impact_ms_per_step"), got and got.get("per_step_ms")
             ratio = est / meas if est is not None and meas and meas > 0 else None
             if ratio is not None:
