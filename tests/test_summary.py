@@ -365,6 +365,53 @@ def test_a_window_counts_the_device_work_that_ran_during_its_steps(raw: bool) ->
     assert rows["gemm_a"]["ms"] == pytest.approx(15) and rows["gemm_b"]["launcher"] == "aten::mm"
 
 
+def _lead_in_kernels(raw: bool) -> list[Any]:
+    """A window (step 5, 30-60 ms) whose first milliseconds on the device are the lead-in step's
+    backward GEMM (launched at 20 by an op the capture did not record: host collection is off in the
+    lead-in). Every step launches the same GEMM kernel twice, from forward (aten::addmm) and from
+    backward (aten::mm on the autograd thread); step 5 also launches one with no op around its call."""
+    from test_rawevents import _Kineto
+
+    def ev(name: str, start: float, end: float, gpu: bool = False, thread: int = 1, **kw: Any) -> Any:
+        if raw:
+            return _Kineto(name, "CUDA" if gpu else "CPU", int(start * 1e6), int(end * 1e6),
+                           start_thread_id=10 + thread, is_user_annotation=kw.get("annotation", False),
+                           correlation_id=kw.get("corr", 0), linked_correlation_id=kw.get("linked", 0))
+        return _E(name, start, end, thread=thread, device="CUDA" if gpu else "CPU", stream=7 if gpu else 0, **kw)
+
+    return [ev("ProfilerStep#4", 0, 30, annotation=True),                       # the lead-in step
+            ev("cudaLaunchKernel", 20, 20.1, corr=101, linked=1),
+            ev("gemm", 28, 36, gpu=True, corr=101, linked=1),                   # its backward GEMM
+            ev("ProfilerStep#5", 30, 60, annotation=True),
+            ev("aten::addmm", 31, 33, corr=3),
+            ev("cudaLaunchKernel", 31.5, 31.6, corr=103, linked=3),
+            ev("gemm", 36, 40, gpu=True, corr=103, linked=3),
+            ev("autograd::engine::evaluate_function: MmBackward0", 40, 50, thread=2),
+            ev("aten::mm", 41, 43, thread=2, corr=4),
+            ev("cudaLaunchKernel", 41.5, 41.6, thread=2, corr=104, linked=4),
+            ev("gemm", 44, 52, gpu=True, corr=104, linked=4),
+            ev("cudaLaunchKernel", 52, 52.1, corr=105, linked=9),               # no op recorded around it
+            ev("gemm", 53, 54, gpu=True, corr=105, linked=9)]
+
+
+@pytest.mark.parametrize("raw", [True, False], ids=["raw kineto events", "FunctionEvents"])
+def test_device_work_the_lead_in_launched_takes_its_first_step_counterparts_launcher(raw: bool) -> None:
+    """The lead-in's GEMM (still running when step 5 began) was launched by no op the window recorded.
+    Each step launches the same sequence, and the device runs a stream in launch order: it is the tail
+    of the step before, so it takes the launcher and phase of the last GEMM of step 5 (backward,
+    aten::mm), not no phase at all. The GEMM step 5 launched with no op around it stays unattributed."""
+    doc = summary.build(_lead_in_kernels(raw), identity=IDENTITY, capture={"step": 5, "trigger": "t", "k": 1},
+                        steps=[{"step": 5, "ms": 30.0}], gc={"count": 0, "ms": 0.0}, telemetry=TELEMETRY)
+    rows = {f["phase"]: f for f in doc["functions"] if f["name"] == "gemm"}
+    assert set(rows) == {"forward", "backward", "other"}, doc["functions"]
+    assert rows["forward"]["launcher"] == "aten::addmm" and rows["forward"]["count"] == 1
+    assert rows["backward"]["launcher"] == "aten::mm" and rows["backward"]["count"] == 2
+    assert "launcher" not in rows["other"] and rows["other"]["count"] == 1
+    dev = doc["device_phases"]
+    assert dev["compute"] == pytest.approx(6 + 4 + 8 + 1)
+    assert dev["forward"] == pytest.approx(4) and dev["backward"] == pytest.approx(6 + 8)
+
+
 def test_kernels_get_their_own_share_of_the_function_budget() -> None:
     """Thousands of short kernels must not all fold into <other> behind the host ops."""
     events = _gpu_step()

@@ -233,6 +233,46 @@ def test_device_work_counts_in_the_steps_it_ran_in_when_the_host_runs_ahead() ->
     assert s["device_phases"]["compute"] == pytest.approx(ran_in, rel=1e-3)
 
 
+def test_device_work_launched_before_the_window_gets_its_launcher_and_phase() -> None:
+    """The lagged trace's window opens on ~70 ms of kernels the step before it launched (its host ops
+    are left out, as a live capture's lead-in records none). Each takes the launcher and phase of its
+    counterpart in the window's first step; the trace itself says what they were: the op it names
+    (all of it is in the file), and the phase the builder gives that op when the step is in the
+    window. Without it, 11% of the window's device work had no phase and no launcher."""
+    reader = tracefile.read(tracefile.inspect(LAGGED))
+    ops = {ev.corr: ev.name for ev in reader.events if not ev.gpu and ev.corr and not ev.linked}
+    first = 1010
+
+    def built(steps: list[int]) -> list[Any]:
+        evs = chrome.select(reader, steps)
+        summary_mod.build(evs, identity={"rank": 1, "world_size": 2}, capture={"step": steps[0], "k": len(steps)},
+                          steps=[], gc={}, telemetry={})
+        return evs
+
+    truth = {id(ev): ev.phase for ev in built(list(range(first - 1, first + 4))) if ev.gpu}
+    window = built(list(range(first, first + 4)))
+    recorded = {ev.corr for ev in window if not ev.gpu and ev.corr and not ev.linked}
+    early = [ev for ev in window if ev.gpu and not ev.annotation and ev.linked not in recorded]
+    early_ms = sum(ev.end - ev.start for ev in early)
+    assert early_ms > 50 and {truth[id(ev)] for ev in early} >= {"backward", "optimizer"}, early_ms
+    assert all(ev.phase == truth[id(ev)] for ev in early), [(ev.name, ev.phase, truth[id(ev)]) for ev in early
+                                                              if ev.phase != truth[id(ev)]][:5]
+    (s,) = _summaries([LAGGED])
+    dev = s["device_phases"]
+    assert dev["forward"] + dev["backward"] + dev["optimizer"] == pytest.approx(dev["compute"], rel=0.02), dev
+    # a kernel row names the op that launched most of it: what the trace's own links say
+    rows = {(f["name"], f["phase"]): f.get("launcher") for f in s["functions"] if f["kind"] == "kernel"}
+    keys = {(ev.name[:summary_mod.NAME_LIMIT], ev.phase) for ev in early} & set(rows)
+    said: dict[Any, dict[str, int]] = {key: {} for key in keys}
+    for ev in window:
+        key = (ev.name[:summary_mod.NAME_LIMIT], ev.phase)
+        if ev.gpu and key in said:
+            said[key][ops[ev.linked]] = said[key].get(ops[ev.linked], 0) + 1
+    assert len(keys) >= 5, keys
+    for key, counts in said.items():
+        assert counts.get(rows[key]) == max(counts.values()), (key, rows[key], counts)
+
+
 def test_a_rocm_trace_reads_like_a_cuda_one() -> None:
     """An AMD MI250 under ROCm 6.2 (torch.profiler through roctracer): Tensile GEMMs (Cijk_...) and
     ATen's HIP kernels are compute, tied to the ops that launched them and their phases; the HtoD

@@ -3,8 +3,9 @@
 One job per module: ``schema`` (the format, validation, encoding of summaries and capture files),
 ``events`` (reading and classifying profiler events), ``rawevents`` (a window's raw events kept as
 data and read back, for fixtures), ``resumable (work run in time-budgeted slices), ``chrome`` (chrome-trace events read into the
-same records, for ``eroica analyze --traces``), ``intervals`` (interval arithmetic) and ``build``
-(events -> summary). Everything callers use is re-exported here.
+same records, for ``eroica analyze --traces``), ``intervals`` (interval arithmetic), ``launchers`` (which
+host op launched each piece of device work) and ``build`` (events -> summary). Everything callers use is
+re-exported here.
 """
 
 from eroica_runtime.summary.build import MAX_FUNCTIONS, NAME_LIMIT, OTHER, SIZE_BUDGET, build, build_steps

@@ -10,6 +10,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from eroica_runtime.summary import launchers
 from eroica_runtime.summary.events import (
     OWN_RANGE,
     STEP_PREFIX,
@@ -568,18 +569,16 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
     else:
         phases["step"] = _length(spans) / n_steps
 
-    # Phases of non-main CPU threads and of device work (through the launching op).
-    # A kernel's linked_correlation_id is the id of the op that launched it; runtime calls
-    # (cudaLaunchKernel) carry CUPTI ids from another number space and a non-zero link, so only
-    # frontend events (link 0) are indexed.
+    # Phases of non-main CPU threads and of device work (through the launching op: launchers.py,
+    # which also ties the work the lead-in step launched to its counterpart in the first step)
     yield
-    by_corr = {ev.corr: ev for ev in main_evs if ev.corr and not ev.linked}
     for tevs in (v for t, v in by_thread.items() if t != main):
         for ev in tevs:
             if ev.phase is None:
                 ev.phase = "other"
-            if ev.corr and not ev.linked:
-                by_corr.setdefault(ev.corr, ev)
+    ops = launchers.index_ops({main: main_evs, **{t: v for t, v in by_thread.items() if t != main}})
+    first = (step_evs[0].start, step_evs[0].end) if step_evs else None
+    launched_by = yield from launchers.resolve(evs, ops, first)
     for i, ev in enumerate(evs):
         if not i % CHUNK:
             yield
@@ -588,7 +587,7 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
             if ev.marker == "comm":
                 ev.phase = "comm"
             else:
-                launcher = by_corr.get(ev.linked)
+                launcher = launched_by.get(id(ev))
                 ev.phase = launcher.phase if launcher is not None else "other"
         if ev.phase not in FUNCTION_PHASES:
             ev.phase = "other"
@@ -602,7 +601,7 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
     lo_w = spans[0][0] if spans else float("-inf")
     hi_w = spans[-1][1] if spans else float("inf")
     groups: dict[tuple[str, str, str], tuple[list[float], list[float]]] = {}
-    launchers: dict[tuple[str, str, str], dict[str, int]] = {}
+    launcher_names: dict[tuple[str, str, str], dict[str, int]] = {}
     device_keys: set[tuple[str, str, str]] = set()
     for i, ev in enumerate(evs):
         if not i % CHUNK:
@@ -624,10 +623,10 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
         selfs.append(ev.self_ms)
         if ev.gpu:
             device_keys.add(key)
-        if ev.gpu and ev.linked:
-            op = by_corr.get(ev.linked)
+        if ev.gpu:
+            op = launched_by.get(id(ev))
             if op is not None:
-                seen = launchers.setdefault(key, {})
+                seen = launcher_names.setdefault(key, {})
                 seen[op.name] = seen.get(op.name, 0) + 1
 
     def by_time(items: list[Any]) -> list[Any]:
@@ -685,7 +684,7 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
         fns = []
         for (n, k, p), (d, sf) in top:
             fn = _fn_stats(n, k, p, d, sum(sf), n_steps)
-            seen = launchers.get((n, k, p))
+            seen = launcher_names.get((n, k, p))
             if seen:
                 fn["launcher"] = max(seen, key=seen.__getitem__)[:NAME_LIMIT]
             fns.append(fn)
