@@ -181,9 +181,13 @@ def _fine(x: Any) -> str:
 
 
 def _device_row(f: Mapping[str, Any]) -> bool:
-    """A function row of device work: kernels, copies, memsets, and collective kernels (rows that
-    name a launching op; the host's collective records do not)."""
-    return f.get("kind") in ("kernel", "memcpy", "memset") or (f.get("kind") == "collective" and "launcher" in f)
+    """A function row of device work: kernels, copies, memsets, and collective kernels: rows that
+    name a launching op (the host's collective records do not), or NCCL/RCCL kernels by name
+    (ncclDevKernel_..., never the host's nccl:all_reduce) when no launcher was recorded for them."""
+    if f.get("kind") in ("kernel", "memcpy", "memset"):
+        return True
+    name = str(f.get("name") or "")
+    return f.get("kind") == "collective" and ("launcher" in f or (name[:4] in ("nccl", "rccl") and name[4:5] != ":"))
 
 
 def format_profile(s: Mapping[str, Any]) -> list[str]:

@@ -253,3 +253,19 @@ def test_a_burst_line_with_odd_numbers_in_a_stored_report_is_left_out_not_a_cras
         bad["evidence"]["average_steps"] = odd
         lines = report.format_finding(bad)
         assert lines[0].startswith("  #1 COMPUTE: rank 1") and not any("in bursts" in ln for ln in lines)
+
+
+def test_a_lone_ranks_profile_lists_collective_kernels_as_device_work_launcher_or_not() -> None:
+    """A NCCL kernel row without a launching op (none recorded for it) is still device work, and the
+    host's nccl:all_reduce record is still a host op."""
+    doc = _job(1)[0]
+    row = {"count": 1, "self": 0.0, "mean": 4.0, "p50": 4.0, "p90": 4.0, "p99": 4.0, "max": 4.0, "std": 0.0}
+    doc["functions"] = [{**row, "name": "nccl:all_reduce", "kind": "collective", "phase": "comm", "ms": 4.0,
+                         "self": 4.0},
+                        {**row, "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "kind": "collective",
+                         "phase": "comm", "ms": 3.5}]
+    lines = report.format_profile(doc)
+    host = next(line for line in lines if "heaviest host ops" in line)
+    device = next(line for line in lines if "heaviest device work" in line)
+    assert "nccl:all_reduce" in host and "ncclDevKernel" not in host, lines
+    assert "ncclDevKernel_AllReduce" in device and "nccl:all_reduce" not in device, lines
