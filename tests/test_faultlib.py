@@ -94,6 +94,19 @@ def test_hang_fault_blocks_its_step_once() -> None:
     assert t[0] < 0.1 and t[1] >= 0.3 and t[2] < 0.1, t
 
 
+@pytest.mark.parametrize("flag,value,said", [("--batch-size", "0", "0 must be at least 1"),
+                                             ("--steps", "-3", "-3 must be at least 1"),
+                                             ("--workers", "two", "'two' is not an integer")])
+def test_bench_job_refuses_sizes_it_cannot_train_with(flag: str, value: str, said: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from faultlib import train_bench
+
+    with pytest.raises(SystemExit) as e:
+        train_bench.parse_args([flag, value])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and flag in err and said in err, err
+
+
 def test_compute_fault_adds_per_step_time() -> None:
     r = measure.measure_compute(ms=40)
     assert 20 <= r["tick_ms"] <= 200, r

@@ -32,6 +32,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # so "faultlib" imports when run as a file
 
@@ -89,20 +90,34 @@ def launcher_rank_world() -> tuple[int, int]:
             _env_int(("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"), 1))
 
 
+def _at_least(lo: int) -> Any:
+    """An argparse type: an integer >= lo (a zero batch or step count fails late and obscurely, in
+    the DataLoader or the model, on every rank)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < lo:
+            raise argparse.ArgumentTypeError(f"{value} must be at least {lo}")
+        return value
+    return parse
+
+
 def bench_parser(description: str, d_model: int = 128, heads: int = 4) -> argparse.ArgumentParser:
     """The flags every bench training job takes (this one, the Lightning and the HF Trainer jobs), so
     the bench drives them all alike."""
     e = os.environ.get
     ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--steps", type=int, default=int(e("EROICA_BENCH_STEPS", "60")), help="optimizer steps")
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--seq", type=int, default=32)
-    ap.add_argument("--vocab", type=int, default=1000)
-    ap.add_argument("--d-model", type=int, default=d_model)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--heads", type=int, default=heads)
-    ap.add_argument("--workers", type=int, default=int(e("EROICA_BENCH_WORKERS", "0")))
-    ap.add_argument("--threads", type=int, default=int(e("EROICA_BENCH_THREADS", "1")))
+    ap.add_argument("--steps", type=_at_least(1), default=int(e("EROICA_BENCH_STEPS", "60")), help="optimizer steps")
+    ap.add_argument("--batch-size", type=_at_least(1), default=8)
+    ap.add_argument("--seq", type=_at_least(1), default=32)
+    ap.add_argument("--vocab", type=_at_least(2), default=1000)
+    ap.add_argument("--d-model", type=_at_least(1), default=d_model)
+    ap.add_argument("--layers", type=_at_least(1), default=2)
+    ap.add_argument("--heads", type=_at_least(1), default=heads)
+    ap.add_argument("--workers", type=_at_least(0), default=int(e("EROICA_BENCH_WORKERS", "0")))
+    ap.add_argument("--threads", type=_at_least(1), default=int(e("EROICA_BENCH_THREADS", "1")))
     ap.add_argument("--out", default=e("EROICA_BENCH_OUT"))
     return ap
 
