@@ -124,10 +124,17 @@ def check_job(traces: list[TraceFile]) -> tuple[int, int, str | None]:
     world = ref.world_size if with_info and ref.world_size else None
     ranks, n = [int(files[0].rank or 0) for files in ranked], len(ranked)
     if world is None:
+        if n == 1 and ranks[0] > 0:
+            # one rank's trace whose job size was not recorded (distributedInfo without world_size, or a
+            # rank in the file name): a lone rank of a job of at least rank + 1, never "healthy" alone
+            return ranks[0] + 1, ranks[0] + 1, (f"{_LONE} (the job's world size is not in the trace: "
+                                                f"taken as {ranks[0] + 1}, the least its rank {ranks[0]} allows)")
         missing = sorted(set(range(n)) - set(ranks))
         if missing:
-            raise TraceError(f"no trace for rank {missing[0]}: the traces of {n} ranks (ranks from their file "
-                             f"names: {_ranks(ranks)}) must be ranks 0..{n - 1}")
+            sources = " and ".join(sorted({t.rank_from for t in traces if t.rank_from})) or "file name"
+            raise TraceError(f"no trace for rank {missing[0]}: the traces of {n} ranks (ranks from their "
+                             f"{sources}: {_ranks(ranks)}), with no world size recorded in them, must be "
+                             f"ranks 0..{n - 1}")
         return n, n, (_LONE if n == 1 else None)
     outside = [t for t in traces if t.rank is not None and t.rank >= world]
     if outside:

@@ -353,6 +353,19 @@ def test_a_lone_trace_is_summarised_but_not_diagnosed(tmp_path: Path) -> None:
     assert meta["world_size"] == 2 and meta["missing"] == [1] and sums[0]["device"]["name"].startswith("NVIDIA")
 
 
+def test_a_lone_trace_without_a_world_size_is_a_lone_rank_of_a_job_its_rank_allows(tmp_path: Path) -> None:
+    """HolisticTraceAnalysis's traces often record distributedInfo with a rank and no world size; one such
+    rank-3 trace is analysed alone (a job of at least 4 ranks: not diagnosed, its profile printed), not
+    refused for want of ranks 0-2."""
+    trace = _mini_trace(tmp_path / "t.json", rank=3)
+    res = _analyze("--traces", trace, "--out", tmp_path / "r")
+    assert res.exit_code == 0, res.output
+    assert "world size is not in the trace: taken as 4" in res.stderr, res.stderr
+    assert "not diagnosed" in res.stdout and "eroica: rank 3 alone" in res.stdout, res.stdout
+    meta, sums, _ = summary_mod.decode_capture(next((tmp_path / "r" / "captures").glob("*.msgpack")).read_bytes())
+    assert meta["world_size"] == 4 and [s["rank"] for s in sums] == [3]
+
+
 def test_a_lone_trace_gets_its_ranks_profile(tmp_path: Path) -> None:
     """Often one rank's trace is all a team kept. Nothing can be compared, but where the step went can
     be said: the host's phases, the device's busy, compute, collective (and exposed) and copy time,
@@ -618,7 +631,7 @@ def _bad_case(case: str, tmp: Path) -> tuple[list[Any], str]:
         return [ok0, p], "rank 0 twice"
     if case == "rank missing":
         a, b = _mini_trace(tmp / "t_rank0.json"), _mini_trace(tmp / "t_rank2.json")
-        return [a, b], "no trace for rank 1"
+        return [a, b], "no trace for rank 1: the traces of 2 ranks (ranks from their file name: 0, 2)"
     if case == "world sizes differ":
         p = _mini_trace(tmp / "rank1.json", rank=1, world=4)
         return [ok0, p], f"{p}: world_size 4 but {ok0} says 2: traces from different jobs"
