@@ -125,10 +125,13 @@ def test_closure_optimizer_step_keeps_forward_and_backward_phases() -> None:
     step()
     doc = _build(_profile(step, 3), 3)
     ph = doc["phases"]
-    assert ph["forward"] > 0.2 * ph["backward"] > 0, ph
-    assert ph["optimizer"] < ph["forward"] + ph["backward"], ph
+    assert ph["forward"] > 0 and ph["backward"] > 0, ph
+    # by what ran where, not by how long (a sub-millisecond model on a loaded box: one preemption in
+    # the optimizer's few ops outweighs the rest): the model's matmuls are forward and backward work
     fns = {(f["name"], f["phase"]) for f in doc["functions"]}
     assert ("aten::linear", "forward") in fns and ("aten::linear", "optimizer") not in fns, sorted(fns)
+    matmuls = {p for n, p in fns if n in ("aten::addmm", "aten::mm")}
+    assert matmuls and matmuls <= {"forward", "backward"}, sorted(fns)
 
 
 def test_raw_kineto_events_give_the_same_summary() -> None:
