@@ -66,7 +66,7 @@ class TraceFile:
     prefix: str                          # ijson prefix of the events: "traceEvents.item" or "item"
     dist: dict[str, Any]                 # the trace's distributedInfo ({} when absent)
     rank: int | None                     # from distributedInfo, else the file name
-    rank_from: str                       # "distributedInfo" | "file name" | ""
+    rank_from: str                       # "distributedInfo" | "file name" | "taken" (a lone trace: 0) | ""
     world_size: int | None               # from distributedInfo only
     host: str = ""
     device_names: dict[int, str] = field(default_factory=dict)

@@ -89,9 +89,16 @@ def check_job(traces: list[TraceFile]) -> tuple[int, int, str | None]:
     world sizes, backends, NCCL versions or process-group configs are different jobs. Without any
     distributedInfo the files are the whole job, so ranks 0..n-1 must all be there. With it, fewer
     ranks than the world size are a sample of the job, analysed as a job of its own (the note says so);
-    a lone rank keeps the job's world, so that its capture reads "not diagnosed", never "healthy".
+    a lone rank keeps the job's world, so that its capture reads "not diagnosed", never "healthy". One
+    trace with no rank at all is rank 0 (its profile is what is wanted); several must all have ranks.
     """
     first = traces[0]
+    taken = ""
+    if len(traces) == 1 and first.rank is None:
+        # one trace, no rank anywhere in it (a single-GPU job's, or one renamed): its profile is what is
+        # wanted, and with no peer its rank changes nothing
+        first.rank, first.rank_from = 0, "taken"
+        taken = " (no rank in it, no distributedInfo and none in its file name: taken as rank 0)"
     unknown = next((t for t in traces if t.rank is None), None)
     if unknown is not None:
         raise TraceError(f"{unknown.path}: cannot tell which rank this trace is from: no distributedInfo.rank "
@@ -135,7 +142,7 @@ def check_job(traces: list[TraceFile]) -> tuple[int, int, str | None]:
             raise TraceError(f"no trace for rank {missing[0]}: the traces of {n} ranks (ranks from their "
                              f"{sources}: {_ranks(ranks)}), with no world size recorded in them, must be "
                              f"ranks 0..{n - 1}")
-        return n, n, (_LONE if n == 1 else None)
+        return n, n, (_LONE + taken if n == 1 else None)
     outside = [t for t in traces if t.rank is not None and t.rank >= world]
     if outside:
         raise TraceError(f"{outside[0].path}: rank {outside[0].rank} is outside the job's world size {world}")

@@ -417,6 +417,11 @@ def format_capture(diagnosis: Diagnosis | dict[str, Any]) -> str:
         # nothing to blame: what the engine looked at and left out is all the reader has to go on
         notes = [x for x in d.get("notes") or [] if isinstance(x, str)][:MAX_SLOWER_NOTES]
         return "\n".join([line, *(f"     {_text(x, 400)}" for x in notes), *tail])
+    if not findings and n == 1:
+        # a one-rank job (or one trace): nothing alike to compare it with, so no claim either way
+        line = (f"eroica: step {_text(d.get('step'))} ({_text(d.get('trigger'))}): one rank, no peer to compare "
+                f"it with — nothing diagnosed (step {_ms(med)} ms)")
+        return "\n".join([line, *tail])
     if not findings:
         line = (f"eroica: step {_text(d.get('step'))} ({_text(d.get('trigger'))}): healthy — {n}/{ws} ranks "
                 f"agree, no culprit (median step {_ms(med)} ms)")
@@ -464,6 +469,9 @@ def format_job(report: dict[str, Any], report_dir: str | os.PathLike[str] | None
                 f"(step{'s' if len(slower) > 1 else ''} {_ranks([c.get('step') for c in slower])}) "
                 f"{'were' if len(slower) > 1 else 'was'} slower than "
                 f"the baseline with no culprit found — world size {report.get('world_size')}, {steps}{where}")
+    elif not findings and report.get("world_size") == 1:
+        head = (f"eroica: job report: one rank, no peer to compare it with — nothing diagnosed over "
+                f"{len(looked)} capture(s), {steps}{where}")
     elif not findings:
         head = (f"eroica: job report: healthy — no findings over {len(looked)} capture(s), world size "
                 f"{report.get('world_size')}, {steps}{where}")

@@ -269,3 +269,17 @@ def test_a_lone_ranks_profile_lists_collective_kernels_as_device_work_launcher_o
     device = next(line for line in lines if "heaviest device work" in line)
     assert "nccl:all_reduce" in host and "ncclDevKernel" not in host, lines
     assert "ncclDevKernel_AllReduce" in device and "nccl:all_reduce" not in device, lines
+
+
+def test_one_rank_alone_is_never_called_healthy() -> None:
+    """A one-rank job (or one trace of a single-GPU job) has no peer: no finding is "nothing looked
+    wrong against nothing", so the lines say that nothing was diagnosed, not that it is healthy."""
+    d = diagnose(_job(1), step=7, trigger="traces", world_size=1)
+    assert not d.findings
+    line = report.format_capture(d)
+    assert "healthy" not in line and "one rank, no peer to compare it with — nothing diagnosed" in line, line
+    job = {"world_size": 1, "steps": 20, "findings": [], "captures": [d.to_json()]}
+    head = report.format_job(job).splitlines()[0]
+    assert "healthy" not in head and "one rank, no peer to compare it with" in head, head
+    # two ranks that agree are healthy, as before
+    assert "healthy — 2/2 ranks agree" in report.format_capture(diagnose(_job(2), step=7, trigger="t", world_size=2))

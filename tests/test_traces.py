@@ -366,6 +366,19 @@ def test_a_lone_trace_without_a_world_size_is_a_lone_rank_of_a_job_its_rank_allo
     assert meta["world_size"] == 4 and [s["rank"] for s in sums] == [3]
 
 
+def test_one_trace_with_no_rank_anywhere_is_profiled_as_rank_0(tmp_path: Path) -> None:
+    """A single-GPU job's trace (HTA's MI250 one, renamed: no distributedInfo, no rank in its name) is
+    what a user most often has; alone, its rank changes nothing, so it is profiled as rank 0, and the
+    note says the rank was taken. Two such traces are still refused (test_bad_inputs_are_one_line_errors)."""
+    trace = tmp_path / "minitoy_train.json.gz"
+    shutil.copy(ROCM, trace)
+    res = _analyze("--traces", trace, "--out", tmp_path / "r")
+    assert res.exit_code == 0, res.output
+    assert "taken as rank 0" in res.stderr and "eroica: rank 0 alone" in res.stdout, (res.stderr, res.stdout)
+    assert "healthy" not in res.stdout and "one rank, no peer to compare it with" in res.stdout, res.stdout
+    assert "heaviest device work" in res.stdout and "Cijk_" in res.stdout, res.stdout
+
+
 def test_a_lone_trace_gets_its_ranks_profile(tmp_path: Path) -> None:
     """Often one rank's trace is all a team kept. Nothing can be compared, but where the step went can
     be said: the host's phases, the device's busy, compute, collective (and exposed) and copy time,
@@ -624,7 +637,7 @@ def _bad_case(case: str, tmp: Path) -> tuple[list[Any], str]:
         return [ok0, p], f"{p}: not a readable chrome trace"
     if case == "no rank":
         p = _mini_trace(tmp / "mytrace.json")
-        return [p], f"{p}: cannot tell which rank this trace is from"
+        return [ok0, p], f"{p}: cannot tell which rank this trace is from"
     if case == "rank twice":
         p = tmp / "copy.json"
         shutil.copy(ok0, p)
