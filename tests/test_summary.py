@@ -467,6 +467,11 @@ def test_stub_step_at_window_edge_is_dropped() -> None:
                         steps=[{"step": 7, "ms": 100.0}], gc={"count": 0, "ms": 0.0}, telemetry=TELEMETRY)
     assert doc["profile"]["steps"] == 1 and doc["phases"]["step"] == pytest.approx(100)
     assert doc["phases"]["comm"] == pytest.approx(30)
+    # a trace's window lists every ProfilerStep it holds, the stub's too: its row goes with it
+    doc = summary.build(events, identity=IDENTITY, capture={"step": 7, "trigger": "traces", "k": 2},
+                        steps=[{"step": 7, "ms": 100.0}, {"step": 8, "ms": 0.5}], gc={"count": 0, "ms": 0.0},
+                        telemetry=TELEMETRY)
+    assert doc["profile"]["steps"] == 1 and [row["step"] for row in doc["steps"]] == [7], doc["steps"]
 
 
 def test_profile_without_schedule_falls_back_to_pseudo_steps() -> None:

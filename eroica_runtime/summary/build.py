@@ -640,6 +640,11 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
     step_rows = [{"step": int(s.get("step", 0)), "ms": _num(s.get("ms", 0.0)),
                   **{k: _num(s[k]) for k in ("cpu", "runq", "stops", "data", "gc") if k in s}} for s in steps]
     if step_evs:
+        # the per-step rows of the steps the phases count: not of a stub step dropped at an edge
+        # (_trim_steps), which the caller listed with the window's other steps
+        kept = {int(n) for n in (ev.name[len(STEP_PREFIX) + 1:] for ev in step_evs) if n.isdigit()}
+        if any(row["step"] in kept for row in step_rows):
+            step_rows = [row for row in step_rows if row["step"] in kept]
         comm_union = _union(comm_ivs + busy_by_phase.get("comm", []))   # as phases["comm"] counts it
         by_number = {row["step"]: row for row in step_rows}
         for ev in step_evs:
