@@ -56,8 +56,10 @@ def resolve(evs: list[Ev], ops: dict[int, Ev], first_step: tuple[float, float] |
             unlinked.append(ev)
     if not unlinked or first_step is None:
         return out
-    yield
-    calls = {ev.corr for ev in evs if not ev.gpu and ev.corr and ev.linked}   # runtime calls in the window
+    calls: set[int] = set()   # the runtime calls (cudaLaunchKernel...) the window recorded
+    for lo in range(0, len(evs), CHUNK):
+        yield
+        calls.update(ev.corr for ev in evs[lo:lo + CHUNK] if not ev.gpu and ev.corr and ev.linked)
     tails: dict[tuple[Any, str], list[Ev]] = {}
     for ev in unlinked:
         if not (ev.corr and ev.corr in calls):   # launched before the window

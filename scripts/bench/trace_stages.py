@@ -6,6 +6,10 @@ the same calls one at a time on one trace (default window, GC paused as the comm
 prints CPU seconds and the peak RSS after each.
 
     python scripts/bench/trace_stages.py /tmp/big/g1/rank-0.json
+    python scripts/bench/trace_stages.py tests/data/traces/hta-trace_diff-test.json.gz --builds 5
+
+``--builds N`` builds the window's summary N more times and prints the min and median wall ms of
+``summary.build``: run it alternately from two checkouts (``PYTHONPATH=<worktree>``) to compare builders.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import gc
 import resource
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -28,6 +33,7 @@ def _peak_mb() -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trace", type=Path)
+    ap.add_argument("--builds", type=int, default=0, help="time summary.build this many more times")
     args = ap.parse_args(argv)
     t = time.process_time()
     info = tracefile.inspect(args.trace)
@@ -46,6 +52,17 @@ def main(argv: list[str] | None = None) -> int:
           capture={"step": window.first, "trigger": "traces", "k": len(window.steps)},
           steps=[{"step": n, "ms": 1.0} for n in window.steps], gc={"count": 0, "ms": 0}, telemetry={})
     print(f"summary.build: {time.process_time() - t:.1f} s CPU, peak {_peak_mb():.0f} MB")
+    walls = []
+    for _ in range(max(0, args.builds)):
+        events = chrome.select(reader, list(window.steps))
+        t = time.perf_counter()
+        build(events, identity={"rank": info.rank or 0, "world_size": info.world_size or 1},
+              capture={"step": window.first, "trigger": "traces", "k": len(window.steps)},
+              steps=[{"step": n, "ms": 1.0} for n in window.steps], gc={"count": 0, "ms": 0}, telemetry={})
+        walls.append((time.perf_counter() - t) * 1e3)
+    if walls:
+        print(f"summary.build x{len(walls)}: min {min(walls):.1f} ms, median {statistics.median(walls):.1f} ms "
+              f"({len(events):,} events in the window)")
     return 0
 
 
