@@ -90,15 +90,12 @@ def check_job(traces: list[TraceFile]) -> tuple[int, int, str | None]:
     distributedInfo the files are the whole job, so ranks 0..n-1 must all be there. With it, fewer
     ranks than the world size are a sample of the job, analysed as a job of its own (the note says so);
     a lone rank keeps the job's world, so that its capture reads "not diagnosed", never "healthy". One
-    trace with no rank at all is rank 0 (its profile is what is wanted); several must all have ranks.
+    trace with no rank at all was made rank 0 by ``plan`` (``rank_from`` "taken"); several must all have
+    ranks.
     """
     first = traces[0]
-    taken = ""
-    if len(traces) == 1 and first.rank is None:
-        # one trace, no rank anywhere in it (a single-GPU job's, or one renamed): its profile is what is
-        # wanted, and with no peer its rank changes nothing
-        first.rank, first.rank_from = 0, "taken"
-        taken = " (no rank in it, no distributedInfo and none in its file name: taken as rank 0)"
+    taken = (" (no rank in it, no distributedInfo and none in its file name: taken as rank 0)"
+             if first.rank_from == "taken" else "")
     unknown = next((t for t in traces if t.rank is None), None)
     if unknown is not None:
         raise TraceError(f"{unknown.path}: cannot tell which rank this trace is from: no distributedInfo.rank "

@@ -114,6 +114,10 @@ def plan(paths: Sequence[Path], ranges: Sequence[tuple[int, int]] = (), baseline
          say: Say | None = None) -> Plan:
     """The cheap first pass over every file: refuse bad files and mixed jobs, choose the windows."""
     traces = [inspect(p, say) for p in trace_paths(paths)]
+    if len(traces) == 1 and traces[0].rank is None:
+        # one trace, no rank anywhere in it (a single-GPU job's, or one renamed): its profile is what
+        # is wanted, and with no peer its rank changes nothing
+        traces[0].rank, traces[0].rank_from = 0, "taken"
     world, analysed, note = check_job(traces)
     windows = choose_windows(traces, ranges, baseline)
     ranks = {t.rank for t in traces}

@@ -30,9 +30,8 @@ import socket
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # so "faultlib" imports when run as a file
 
@@ -90,7 +89,7 @@ def launcher_rank_world() -> tuple[int, int]:
             _env_int(("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"), 1))
 
 
-def _at_least(lo: int) -> Any:
+def _at_least(lo: int) -> Callable[[str], int]:
     """An argparse type: an integer >= lo (a zero batch or step count fails late and obscurely, in
     the DataLoader or the model, on every rank)."""
     def parse(text: str) -> int:
