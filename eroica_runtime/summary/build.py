@@ -576,7 +576,7 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
         for ev in tevs:
             if ev.phase is None:
                 ev.phase = "other"
-    ops = launchers.index_ops({main: main_evs, **{t: v for t, v in by_thread.items() if t != main}})
+    ops = launchers.index_ops([main_evs, *(v for t, v in by_thread.items() if t != main)])
     first = (step_evs[0].start, step_evs[0].end) if step_evs else None
     launched_by = yield from launchers.resolve(evs, ops, first)
     for i, ev in enumerate(evs):

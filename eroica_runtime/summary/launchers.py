@@ -19,17 +19,19 @@ without a recorded op keeps no launcher: it is not the lead-in's work.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from eroica_runtime.summary.events import Ev
 from eroica_runtime.summary.resumable import CHUNK, Steps
 
 
-def index_ops(by_thread: dict[Any, list[Ev]]) -> dict[int, Ev]:
-    """corr -> host op. Runtime calls (cudaLaunchKernel) carry CUPTI ids from another number space
-    and a non-zero link, so only frontend events (link 0) are indexed."""
+def index_ops(threads: Iterable[list[Ev]]) -> dict[int, Ev]:
+    """corr -> host op, over the host threads' events (the main thread's first: an id seen twice keeps
+    its op). Runtime calls (cudaLaunchKernel) carry CUPTI ids from another number space and a non-zero
+    link, so only frontend events (link 0) are indexed."""
     ops: dict[int, Ev] = {}
-    for tevs in by_thread.values():
+    for tevs in threads:
         for ev in tevs:
             if ev.corr and not ev.linked:
                 ops.setdefault(ev.corr, ev)

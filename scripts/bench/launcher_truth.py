@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--first", type=int, default=None, help="the window's first step (default: the 2nd)")
     ap.add_argument("--k", type=int, default=4, help="window steps")
     args = ap.parse_args(argv)
+    if args.k < 1:
+        ap.error(f"--k {args.k}: a window needs at least 1 step")
     reader = tracefile.read(tracefile.inspect(args.trace))
     steps = sorted(reader.steps)
     first = args.first if args.first is not None else steps[1]
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         if not ev.gpu:
             by_thread.setdefault(ev.thread, []).append(ev)
     marks = sorted((ev for ev in window if not ev.gpu and ev.name.startswith("ProfilerStep")), key=lambda e: e.start)
-    given = drain(launchers.resolve(window, launchers.index_ops(by_thread), (marks[0].start, marks[0].end)))
+    given = drain(launchers.resolve(window, launchers.index_ops(by_thread.values()), (marks[0].start, marks[0].end)))
     ms = sum(ev.end - ev.start for ev in early)
     phase_ok = sum(ev.end - ev.start for ev in early if ev.phase == truth.get(id(ev)))
     op_ok = sum(ev.end - ev.start for ev in early
