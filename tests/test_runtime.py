@@ -102,22 +102,24 @@ def test_eroicas_own_wait_at_a_windows_boundaries_is_no_ranks_optimizer_work_on_
     caps = captures(tmp_path)
     assert sorted(meta["trigger"] for meta, _, _ in caps.values()) == ["baseline", "manual", "manual", "manual"], \
         sorted(caps)
-    spreads, checked = [], 0
+    spreads, waited = [], []
     for step, (_, sums, errors) in caps.items():
         assert not errors and len(sums) == 8, (step, errors)
         assert all("eroica_ms" in s["profile"] for s in sums), (step, [s["profile"] for s in sums])
-        seen = (step, [(s["rank"], s["phases"]["optimizer"], s["profile"]["eroica_ms"]) for s in sums])
         optimizer = sorted(s["phases"]["optimizer"] for s in sums)
         steps = sorted(s["phases"]["step"] for s in sums)
         spreads.append((optimizer[-1] - optimizer[3]) / steps[3])
-        # the rank that waited longest at the boundaries: booked as optimizer work, its wait made its
-        # optimizer phase that much longer than its peers'. A preemption lands on any rank instead (one
-        # of 7 others on 2 cores took 6.4 ms of rank 4's optimizer step once, its eroica wait 2.6 ms)
-        longest = max(sums, key=lambda s: s["profile"]["eroica_ms"])
-        if longest["profile"]["eroica_ms"] >= 2.0:
-            checked += 1
-            assert longest["phases"]["optimizer"] - optimizer[3] < 0.5 * longest["profile"]["eroica_ms"], seen
-    assert checked, spreads
+        waited += [(step, s["rank"], s["phases"]["optimizer"], s["profile"]["eroica_ms"])
+                   for s in sums if s["profile"]["eroica_ms"] >= 2.0]
+    # Booked as optimizer work, a rank's wait at the boundaries made its optimizer phase at least that
+    # long. Left out, the optimizer phase of a rank that waited 2 ms or more is well under its wait. Not
+    # on every such rank: a preemption lands on any rank (one of 7 others on 2 cores took 6.4 ms of rank
+    # 4's optimizer step once, its eroica wait 2.6 ms; in another run 3.4 ms of the optimizer step of
+    # the rank that waited longest, 5.6 ms, in a window where the three next-longest waits of 2.6-5.4 ms
+    # came with 0.3 ms optimizer steps), so the rule is most of them, which no rank met before the fix.
+    assert waited, spreads
+    under = [w for w in waited if w[2] < 0.5 * w[3]]
+    assert len(under) > len(waited) / 2, waited
     # and the optimizer phases stay alike but for such luck (0.27-0.42 of the step above the median
     # rank's in every job recorded before the fix)
     assert statistics.median(spreads) < 0.2, spreads
