@@ -239,11 +239,15 @@ def own_time_text(per_rank: list[Any]) -> str:
            and r["eroica_ms"] >= 0 and r["total_ms"] > 0]
     if not own:
         return ""
-    secs = sorted(e / 1e3 for e, _ in own)
+    ms = sorted(e for e, _ in own)
     shares = sorted(100.0 * e / (e + t) for e, t in own)
 
     def span(lo: float, hi: float, fmt: str) -> str:
         return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{lo:{fmt}}-{hi:{fmt}}"
 
-    return (f"  eroica's own work at step boundaries: {span(secs[0], secs[-1], '.1f')} s a rank, "
+    # in ms when a tenth of a second is too coarse: a short job's "0.0 s a rank, 14% of its time" said
+    # nothing of the amount
+    amount = (f"{span(ms[0], ms[-1], '.0f')} ms" if ms[-1] < 100 else
+              f"{span(ms[0] / 1e3, ms[-1] / 1e3, '.1f')} s")
+    return (f"  eroica's own work at step boundaries: {amount} a rank, "
             f"{span(shares[0], shares[-1], '.1f')}% of its time")

@@ -88,8 +88,11 @@ def test_the_job_summary_says_what_eroica_itself_took_on_each_rank() -> None:
                    "total_ms": float("nan"), "eroica_ms": 5000.0}
     text = format_job_stats(job_stats(per_rank, 5), [])
     assert "  eroica's own work at step boundaries: 0.1-0.3 s a rank, 1.2-3.0% of its time" in text.splitlines(), text
-    assert own_time_text([{"eroica_ms": 50.0, "total_ms": 9950.0}]) == \
-        "  eroica's own work at step boundaries: 0.1 s a rank, 0.5% of its time"
+    assert own_time_text([{"eroica_ms": 150.0, "total_ms": 9850.0}]) == \
+        "  eroica's own work at step boundaries: 0.1 s a rank, 1.5% of its time"
+    # a short job's: in ms, not "0.0 s"
+    assert own_time_text([{"eroica_ms": 42.4, "total_ms": 300.0}, {"eroica_ms": 8.0, "total_ms": 292.0}]) == \
+        "  eroica's own work at step boundaries: 8-42 ms a rank, 2.7-12.4% of its time"
     assert own_time_text([{"eroica_ms": True, "total_ms": 100.0}, {"eroica_ms": -1.0, "total_ms": 100.0}, "x"]) == ""
 
 
