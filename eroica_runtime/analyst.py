@@ -17,6 +17,7 @@ from typing import Any
 from eroica_runtime import engine, report, reportdir
 from eroica_runtime.engine import timelost
 from eroica_runtime.engine.hang import hang_diagnosis
+from eroica_runtime.engine.model import count_ranks
 from eroica_runtime.gather import Gathered
 from eroica_runtime.pipeline import Pipeline
 from eroica_runtime.trigger import DETECTED
@@ -204,7 +205,9 @@ def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]]) -> s
         what = "median step {} ms"
         slow = ", ".join(f"rank {r['rank']} ({r['host']}) {ms(r['median_ms'])}" for r in stats["slowest"])
         by_rank = f"  slowest ranks by median step: {slow or 'n/a'}"
-    if len(values) > 1 and max(values) <= ALIKE_STEPS * min(values):
+    if len(values) == 1 and stats["world_size"] == 1:   # a one-rank job: no ranking to make
+        by_rank = f"  {what.format(f'{values[0]:.1f}')}"
+    elif len(values) > 1 and max(values) <= ALIKE_STEPS * min(values):
         # in synchronous training every rank waits for the slowest each step: a ranking of alike step
         # times is noise, and at 3 a.m. "slowest: rank 0" reads as a culprit
         lo, hi = f"{min(values):.1f}", f"{max(values):.1f}"
@@ -212,13 +215,13 @@ def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]]) -> s
                    "wait for each other, so one slow rank slows all; the findings name it")
     if not stats["steps"]:
         # a job that ran for hours with eroica silent must say why: steps are counted at optimizer steps
-        lines = [f"eroica: job summary: no training step was seen on {stats['world_size']} ranks, so there was "
+        lines = [f"eroica: job summary: no training step was seen on {count_ranks(stats['world_size'])}, so there was "
                  "nothing to time or diagnose",
                  "  eroica counts a step at each torch.optim optimizer step; a loop without one (an optimizer "
                  "outside torch.optim, inference) should call eroica_runtime.mark_step() once per step",
                  f"  captures: {caps}"]
     else:
-        lines = [f"eroica: job summary: {stats['steps']} steps on {stats['world_size']} ranks; step time median "
+        lines = [f"eroica: job summary: {stats['steps']} steps on {count_ranks(stats['world_size'])}; step time median "
                  f"{ms(stats['median_step_ms'])}, p99 {ms(stats['p99_step_ms'])}",
                  by_rank,
                  f"  captures: {caps}"]

@@ -73,6 +73,10 @@ def test_the_job_summary_ranks_ranks_only_when_their_step_times_differ() -> None
     # one rank without totals (a spoiled value) ranks every rank by median rather than mixing the two
     mixed = stats([75.7, 110.0, 75.2, 74.9], [10_600.0, float("nan"), 10_530.0, 10_490.0], [10.0] * 4)
     assert "slowest ranks by median step: rank 1 (vm) 110.0 ms" in format_job_stats(mixed, [])
+    # a one-rank job (a single-GPU run): its step, no ranking of one, and "1 rank"
+    lines = format_job_stats(stats([97.4], [9_300.0], [230.0]), []).splitlines()
+    assert lines[:2] == ["eroica: job summary: 141 steps on 1 rank; step time median 97.4 ms, p99 194.8 ms",
+                         "  68.1 ms a step on average, eroica's boundary work included"], lines
 
 
 def test_the_job_summary_says_what_eroica_itself_took_on_each_rank() -> None:

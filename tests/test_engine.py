@@ -117,6 +117,24 @@ def test_a_real_job_wide_regression_shows_the_extra_calls_and_no_collective_as_g
                                f"{top['baseline_calls']:.0f} in the baseline: every rank does more work"), f.action
 
 
+def test_every_ranks_input_slowing_alike_is_a_regression_with_the_input_pipelines_action() -> None:
+    """Every rank's dataset 40 ms slower a batch (the storage all ranks read from slowed; a real 4-rank
+    job, tests/data/faultbench/everyone-data): no rank is the culprit, the job is slower than its
+    baseline in the data phase. What to check is the shared input path, not the clocks and thermals
+    of a compute regression, which the action said before."""
+    (_, base, _), (meta, spike, errors) = (
+        summary.decode_capture(p.read_bytes())
+        for p in sorted((DATA.parent / "faultbench" / "everyone-data" / "captures").glob("*.msgpack"),
+                        key=lambda p: int(p.stem)))
+    assert not errors and meta["step"] == 57
+    d = diagnose(spike, step=57, trigger=meta["trigger"], world_size=4, baseline=base)
+    assert [(f.category, f.rank) for f in d.findings] == [("regression", None)], [f.title for f in d.findings]
+    f = d.findings[0]
+    assert f.phase == "data" and "DataLoader" in str(f.function), (f.phase, f.function)
+    assert "next batch" in f.action and "storage or network path to the dataset" in f.action, f.action
+    assert "clocks" not in f.action and "thermals" not in f.action, f.action
+
+
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("stages", [1, 4])
 def test_healthy_jitter_gives_no_findings(tmp_path: Path, seed: int, stages: int) -> None:

@@ -46,6 +46,23 @@ ACTIONS = {
                               "(nvidia-smi topo -m).",
     "regression": "Every rank is slower than this job's own healthy baseline: check what changed "
                   "(code, input shapes, library versions, clocks) in the functions that grew.",
+    # a job-wide regression whose growth is not compute: what every rank shares in that phase
+    "regression_dataloader": "Every rank waits longer for its next batch than in this job's own healthy "
+                             "baseline: something all ranks share slowed, most often the storage or network "
+                             "path to the dataset (a shared filesystem, an object store), or the samples got "
+                             "bigger or costlier to transform; also check DataLoader num_workers and "
+                             "prefetch_factor against the CPUs each rank has.",
+    "regression_gc": "Python GC pauses grew on every rank against this job's own healthy baseline: objects pile "
+                     "up on all ranks alike (a growing cache, tensors or losses kept for logging); freeze "
+                     "long-lived state with gc.freeze(), raise gc thresholds, or collect at a fixed step.",
+    "regression_io": "Storage reads/writes grew on every rank against this job's own healthy baseline: check "
+                     "the filesystem they share and the checkpoint settings (how often, synchronous saves).",
+    "regression_host": "CPU-side time outside any op grew on every rank against this job's own healthy "
+                       "baseline: check what else runs on the hosts, CPU limits and pinning, and Python work "
+                       "added to the training loop (logging, metrics).",
+    "regression_transfer": "Host<->device copies grew on every rank against this job's own healthy baseline: "
+                           "copy from pinned memory (DataLoader pin_memory=True, tensor.pin_memory()) with "
+                           "non_blocking=True, and look for copies added to the loop (.item(), .cpu(), .to()).",
     "hang": "Ranks stopped making progress: collect stacks (py-spy dump) on the named rank(s).",
 }
 
@@ -228,6 +245,23 @@ def work_against(name: str, calls: float, ms: float, ref_calls: float, ref_ms: f
     return ev, ""
 
 
+# why the same calls of a function are each slower on every rank, by the category of its phase
+_SLOWER_BECAUSE = {
+    "compute": "clocks or thermals on every node, a library version, or larger inputs",
+    "dataloader": "the storage or network path to the dataset, or larger or costlier samples",
+    "io": "the filesystem every rank uses",
+    "gc": "more live objects for every collection to scan",
+    "host": "the hosts' CPUs (other processes, CPU limits), or a library version",
+    "transfer": "pageable host memory, larger copies, or the PCIe links",
+}
+
+
+def regression_action(phase: str) -> str:
+    """The action of a job-wide regression whose own work grew most in ``phase``: a shared input
+    pipeline that slowed on every rank is no matter of clocks or library versions."""
+    return ACTIONS.get(f"regression_{PHASE_CATEGORY.get(phase, 'compute')}", ACTIONS["regression"])
+
+
 def regression_work(fn: dict[str, Any]) -> str:
     """A sentence for a job-wide regression from its top grown function's calls now and in the baseline
     (``_function_growth``), or '' when they do not tell."""
@@ -242,9 +276,9 @@ def regression_work(fn: dict[str, Any]) -> str:
                 "every rank does more work per step (a code, configuration or data change), not the same work "
                 "slower.")
     if verdict == "slower":
+        because = _SLOWER_BECAUSE.get(PHASE_CATEGORY.get(str(fn.get("phase")), "compute"), _SLOWER_BECAUSE["compute"])
         return (f"The same {_count(now_calls)} calls of {fn['name']} a step as in the baseline, each slower "
-                f"({now_ms / now_calls:.3g} vs {was_ms / was_calls:.3g} ms): clocks or thermals on every node, a "
-                "library version, or larger inputs.")
+                f"({now_ms / now_calls:.3g} vs {was_ms / was_calls:.3g} ms): {because}.")
     return ""
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from eroica_runtime.engine.baseline import Thresholds, center, group_bars
-from eroica_runtime.engine.categories import ACTIONS, COMPUTE_PHASES, regression_work
+from eroica_runtime.engine.categories import ACTIONS, COMPUTE_PHASES, regression_action, regression_work
 from eroica_runtime.engine.history import TRIGGERED
 from eroica_runtime.engine.model import Finding
 from eroica_runtime.engine.peers import Peers
@@ -305,7 +305,7 @@ def common_mode(cur: Table, base: Table, th: Thresholds, culprit_excess: float,
         findings.append(Finding(
             category="regression", rank=None, host=None, function=top, phase=phase,
             impact_ms_per_step=m_own, what_if_step_ms=max(now_step - m_own, 0.0), evidence=ev,
-            action=(regression_work(fns[0]) + " " if fns else "") + ACTIONS["regression"]
+            action=(regression_work(fns[0]) + " " if fns else "") + regression_action(phase)
             + (" Grew most: " + ", ".join(f["name"] for f in fns[:3]) if fns else ""),
             title=f"All ranks slower than the baseline capture: own work +{m_own:.1f} ms/step"))
     # with a culprit, the residual wait is a small difference of big numbers: judge it against the
