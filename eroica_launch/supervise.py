@@ -36,7 +36,9 @@ def run_plan(plan: Plan) -> int:
         log("setting OMP_NUM_THREADS=1 for each rank (as torchrun does); tune it for your application")
     first_task = plan.mode != "inplace" or os.environ.get("SLURM_PROCID", os.environ.get("PMI_RANK", "0")) == "0"
     if plan.spec.enabled and first_task:  # in place, every task runs eroica-run: one line is enough
-        log(f"{plan.world_size if plan.mode != 'inplace' else 'all'} ranks via {plan.mode}; "
+        ranks = "all ranks" if plan.mode == "inplace" else \
+            f"{plan.world_size} rank{'' if plan.world_size == 1 else 's'}"
+        log(f"{ranks} via {plan.mode}; "
             f"eroica reports in {plan.report_dir}")
     rc = 0
     for attempt in range(plan.max_restarts + 1):

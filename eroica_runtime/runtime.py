@@ -256,6 +256,10 @@ class Runtime:
                 self._close_window(step)
                 self._advance_pending(t0)
             else:
+                if step == self.capture.step - 1:   # type: ignore[operator]
+                    # the lead-in step ends: the window's GC counts start here, as its step rows do (from
+                    # the capture's start they held the lead-in's collections too: k + 1 steps over k)
+                    self._window["gc_start"] = self.gc.snapshot()
                 self.capture.mark()
             return
         decision = self.trigger.decide(step, voted)

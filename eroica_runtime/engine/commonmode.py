@@ -304,7 +304,9 @@ def common_mode(cur: Table, base: Table, th: Thresholds, culprit_excess: float,
             phase = fns[0]["phase"]
         findings.append(Finding(
             category="regression", rank=None, host=None, function=top, phase=phase,
-            impact_ms_per_step=m_own, what_if_step_ms=max(now_step - m_own, 0.0), evidence=ev,
+            # fixed, the job steps about as in its baseline, not faster: own work that grew more than the
+            # step did (its waits shrank) must not print "step -> 0.0 ms if fixed"
+            impact_ms_per_step=m_own, what_if_step_ms=max(now_step - m_own, min(base_step, now_step)), evidence=ev,
             action=(regression_work(fns[0]) + " " if fns else "") + regression_action(phase)
             + (" Grew most: " + ", ".join(f["name"] for f in fns[:3]) if fns else ""),
             title=f"All ranks slower than the baseline capture: own work +{m_own:.1f} ms/step"))
