@@ -245,14 +245,15 @@ def work_against(name: str, calls: float, ms: float, ref_calls: float, ref_ms: f
     return ev, ""
 
 
-# why the same calls of a function are each slower on every rank, by the category of its phase
+# what the same calls of a function, each slower on every rank, say, by the category of its phase (the
+# regression's action then says what to check)
 _SLOWER_BECAUSE = {
     "compute": "clocks or thermals on every node, a library version, or larger inputs",
-    "dataloader": "the storage or network path to the dataset, or larger or costlier samples",
-    "io": "the filesystem every rank uses",
-    "gc": "more live objects for every collection to scan",
-    "host": "the hosts' CPUs (other processes, CPU limits), or a library version",
-    "transfer": "pageable host memory, larger copies, or the PCIe links",
+    "dataloader": "every rank's batches take longer to fetch or prepare",
+    "io": "every rank's reads or writes take longer",
+    "gc": "every rank's collections take longer",
+    "host": "every rank's CPU-side work takes longer",
+    "transfer": "every rank's copies take longer",
 }
 
 
