@@ -95,18 +95,23 @@ def test_regression_names_grown_function(tmp_path: Path) -> None:
     assert not diagnose(caps["slow_step"][1], step=500, trigger="slow_step", world_size=24).findings
 
 
+def _job_wide_regression(case: str, step: int):  # type: ignore[no-untyped-def]
+    """The one finding of a 4-rank fault-bench job slowed on every rank alike (tests/data/faultbench/
+    ``case``: its baseline capture and the capture at ``step``): a regression, no culprit rank."""
+    (_, base, _), (meta, spike, errors) = (
+        summary.decode_capture(p.read_bytes())
+        for p in sorted((DATA.parent / "faultbench" / case / "captures").glob("*.msgpack"), key=lambda p: int(p.stem)))
+    assert not errors and meta["step"] == step
+    d = diagnose(spike, step=step, trigger=meta["trigger"], world_size=4, baseline=base)
+    assert [(f.category, f.rank) for f in d.findings] == [("regression", None)], [f.title for f in d.findings]
+    return d.findings[0]
+
+
 def test_a_real_job_wide_regression_shows_the_extra_calls_and_no_collective_as_grown_work() -> None:
     """The fault bench's everyone-slower captures (every rank runs 230 extra matmuls a step): the
     regression names the matmul with its calls then and now (more work per step, not slower work),
     and the collective every rank waited longer in is not listed as work that grew."""
-    (_, base, _), (meta, spike, errors) = (
-        summary.decode_capture(p.read_bytes())
-        for p in sorted((DATA.parent / "faultbench" / "everyone-slower" / "captures").glob("*.msgpack"),
-                        key=lambda p: int(p.stem)))
-    assert not errors and meta["step"] == 56
-    d = diagnose(spike, step=56, trigger=meta["trigger"], world_size=4, baseline=base)
-    assert [(f.category, f.rank) for f in d.findings] == [("regression", None)], [f.title for f in d.findings]
-    f = d.findings[0]
+    f = _job_wide_regression("everyone-slower", 56)
     assert f.function in ("aten::matmul", "aten::mm")
     top = f.evidence["functions"][0]
     assert top["now_calls"] >= 200 and top["baseline_calls"] <= 5, top
@@ -122,14 +127,7 @@ def test_every_ranks_input_slowing_alike_is_a_regression_with_the_input_pipeline
     job, tests/data/faultbench/everyone-data): no rank is the culprit, the job is slower than its
     baseline in the data phase. What to check is the shared input path, not the clocks and thermals
     of a compute regression, which the action said before."""
-    (_, base, _), (meta, spike, errors) = (
-        summary.decode_capture(p.read_bytes())
-        for p in sorted((DATA.parent / "faultbench" / "everyone-data" / "captures").glob("*.msgpack"),
-                        key=lambda p: int(p.stem)))
-    assert not errors and meta["step"] == 57
-    d = diagnose(spike, step=57, trigger=meta["trigger"], world_size=4, baseline=base)
-    assert [(f.category, f.rank) for f in d.findings] == [("regression", None)], [f.title for f in d.findings]
-    f = d.findings[0]
+    f = _job_wide_regression("everyone-data", 57)
     assert f.phase == "data" and "DataLoader" in str(f.function), (f.phase, f.function)
     assert "next batch" in f.action and "storage or network path to the dataset" in f.action, f.action
     assert "clocks" not in f.action and "thermals" not in f.action, f.action
