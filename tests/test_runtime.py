@@ -61,9 +61,11 @@ def test_healthy_run_captures_only_after_a_real_slowdown_and_finds_nothing(tmp_p
     several steps (a fresh-clone CI run saw 40-58 ms steps for 14 steps against a 37 ms median), and
     a capture then is right. What must never happen is a capture with no such rise before it (the
     detectors firing on jitter), or a finding on a healthy job."""
-    # DIM 512: ~40 ms steps, so one preemption on a shared 2-core machine is not a persistent rise
+    # DIM 768: ~40 ms steps, so one preemption on a shared 2-core machine is not a persistent rise (DIM 512
+    # gave ~40 ms steps when this was written, 22 ms by 2026-12-04, where a manual window of three 35 ms
+    # steps among 19-27 ms ones read as a job-wide communication slowdown in a fresh-clone CI run)
     proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, "--capture-at-steps", "50,90", TRAIN,
-                      env={"STEPS": "120", "DIM": "512"}, timeout=240)
+                      env={"STEPS": "120", "DIM": "768"}, timeout=240)
     assert proc.returncode == 0, explain(proc)
     caps = captures(tmp_path)
     triggers = [meta["trigger"] for meta, _, _ in caps.values()]
