@@ -393,6 +393,21 @@ def slower_text(d: dict[str, Any]) -> str:
             "neither own work nor communication wait explains it on most ranks")
 
 
+def passing_text(d: dict[str, Any]) -> str:
+    """What a capture no detector asked for looked like when its window alone was slower ("" for any
+    other capture; engine: step_ms.before_window_ms): said instead of "healthy", which its slow
+    median step would belie, and of a finding, which the steps before it do not support."""
+    sm = d.get("step_ms")
+    if d.get("findings") or not isinstance(sm, dict):
+        return ""
+    before = sm.get("before_window_ms")
+    if not (isinstance(before, list) and len(before) == 2 and all(finite(x) for x in [*before, sm.get("median"),
+                                                                                       sm.get("baseline")])):
+        return ""
+    return (f"median step {_ms(sm['median'])} ms vs {_ms(sm['baseline'])} ms in the baseline capture, but the steps "
+            f"just before this window {before[0] - before[1]:+.1f} ms vs those before the baseline's")
+
+
 def format_capture(diagnosis: Diagnosis | dict[str, Any]) -> str:
     """Text block for one capture (one line when nothing is wrong)."""
     d = diagnosis.to_json() if isinstance(diagnosis, Diagnosis) else diagnosis
@@ -421,6 +436,10 @@ def format_capture(diagnosis: Diagnosis | dict[str, Any]) -> str:
         # a one-rank job (or one trace): nothing alike to compare it with, so no claim either way
         line = (f"eroica: step {_text(d.get('step'))} ({_text(d.get('trigger'))}): one rank, no peer to compare "
                 f"it with — nothing diagnosed (step {_ms(med)} ms)")
+        return "\n".join([line, *tail])
+    if passing_text(d):
+        line = (f"eroica: step {_text(d.get('step'))} ({_text(d.get('trigger'))}): a passing slowdown, no finding — "
+                f"{passing_text(d)} ({n}/{ws} ranks analysed)")
         return "\n".join([line, *tail])
     if not findings:
         line = (f"eroica: step {_text(d.get('step'))} ({_text(d.get('trigger'))}): healthy — {n}/{ws} ranks "

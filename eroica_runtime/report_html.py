@@ -8,7 +8,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from eroica_runtime.report import calls_text, format_time_lost, slower_text
+from eroica_runtime.report import calls_text, format_time_lost, passing_text, slower_text
 
 _CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1200px}
 h1{font-size:20px}h2{font-size:17px;margin-top:28px}h3{font-size:15px}
@@ -222,8 +222,9 @@ def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
     for d in diagnoses:
         parts.append(f"<h2>Capture at step {_e(d.get('step'))} ({_e(d.get('trigger'))}) — "
                      f"{_e(d.get('ranks_analysed'))}/{_e(d.get('world_size'))} ranks</h2>")
-        slower = slower_text(d)
+        slower, passing = slower_text(d), passing_text(d)
         parts.append(f'<p class="cat">Slower, no culprit found: {_e(slower)}.</p>' if slower
+                     else f'<p class="cat">A passing slowdown, no finding: {_e(passing)}.</p>' if passing
                      else _finding_rows(d.get("findings") or []))
         for f in (d.get("findings") or [])[:3]:
             fns = (f.get("evidence") or {}).get("functions") or []

@@ -15,10 +15,10 @@ import msgpack
 import numpy as np
 import pytest
 
-from eroica_runtime import summary, synth
+from eroica_runtime import report, summary, synth
 from eroica_runtime.engine import Thresholds, build_table, consolidate, diagnose, parse_topology
 from eroica_runtime.engine.peers import form_peers
-from eroica_runtime.report import format_finding
+from eroica_runtime.report import format_capture, format_finding
 
 DATA = Path(__file__).parent / "data" / "engine"
 SCENARIOS = json.loads((DATA / "scenarios.json").read_text())["scenarios"]
@@ -136,6 +136,36 @@ def test_every_ranks_input_slowing_alike_is_a_regression_with_the_input_pipeline
     now, base_step = f.evidence["step_ms"]
     assert f.impact_ms_per_step > now - base_step and f.what_if_step_ms == base_step, (f.impact_ms_per_step,
                                                                                        f.what_if_step_ms, now, base_step)
+
+
+def test_a_persons_capture_of_slow_steps_the_job_did_not_have_before_is_a_passing_slowdown(tmp_path: Path) -> None:
+    """A capture a person asked for can land on three steps another process slowed: a healthy CI job's
+    manual window of three 35 ms steps among 19-27 ms ones read "COMMUNICATION ... +8.3 ms/step". The
+    fault bench's everyone-slower window (every rank's steps 3x the baseline's, real summaries) taken as
+    a person's capture: with its real step history (slow before the window too) it is the regression;
+    with the steps before the window as fast as the baseline's it is no finding, and the capture's line
+    says its window alone was slower (neither "healthy" nor the unexplained slowdown a detector's
+    capture with no culprit is)."""
+    caps = [summary.decode_capture(p.read_bytes()) for p in sorted(
+        (DATA.parent / "faultbench" / "everyone-slower" / "captures").glob("*.msgpack"), key=lambda p: int(p.stem))]
+    (_, base, _), (meta, spike, _) = caps
+    persistent = diagnose(spike, step=meta["step"], trigger="manual", world_size=4, baseline=base)
+    assert [(f.category, f.rank) for f in persistent.findings] == [("regression", None)], persistent.notes
+    passing = copy.deepcopy(spike)
+    for s, b in zip(passing, base, strict=True):
+        healthy = b["history"]["ms"]
+        s["history"]["ms"] = [healthy[i % len(healthy)] for i in range(len(s["history"]["ms"]))]
+    d = diagnose(passing, step=meta["step"], trigger="manual", world_size=4, baseline=base)
+    assert d.findings == () and any("passing slowdown" in n for n in d.notes), ([f.title for f in d.findings], d.notes)
+    line = format_capture(d)
+    assert "a passing slowdown, no finding" in line and "healthy" not in line and "slower, no culprit" not in line, line
+    report.write_job(tmp_path, diagnoses=[d], world_size=4, steps=120)
+    page = (tmp_path / "report.html").read_text()
+    # the job has no finding; the capture's own section says what its window was instead
+    assert "A passing slowdown, no finding: median step" in page and page.count("No findings: ranks behaved") == 1
+    # a detector's capture follows slow steps by construction: the same summaries opened by a spike keep it
+    spiked = diagnose(passing, step=meta["step"], trigger="spike", world_size=4, baseline=base)
+    assert [(f.category, f.rank) for f in spiked.findings] == [("regression", None)], spiked.notes
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -305,11 +305,11 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
         + [int(r) for f in findings if f.function == QUOTA_FUNCTION
            for r in (f.evidence.get("ranks") or ([f.rank] if f.rank is not None else []))])})
 
-    slower = None   # (median step now, at the baseline) when the step grew and nothing explains it
+    slower = None   # the step grew against the baseline and no job-wide finding explains it
     if base is not None:
         if base.n:
             extra, more_notes, slower = common_mode(table, base, th, max(excesses, default=0.0), link_probe,
-                                                   np.asarray(sorted(named), dtype=np.int64))
+                                                   np.asarray(sorted(named), dtype=np.int64), str(trigger))
             findings.extend(_not_while_held(table, held, extra, notes))
             notes.extend(more_notes)
             if not findings:
@@ -326,9 +326,12 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
                "max": float(step_col.max()), "max_rank": int(table.rank[int(np.argmax(step_col))]),
                "what_if_all_fixed": max(step_med - max((f.impact_ms_per_step for f in findings
                                                         if f.category != "hang"), default=0.0), 0.0)}
-    if slower is not None and not findings:
+    if slower is not None and not findings and slower.before_ms is not None:
+        # slower in its window only (report.py says so beside "healthy")
+        step_ms["baseline"], step_ms["before_window_ms"] = slower.baseline_ms, list(slower.before_ms)
+    elif slower is not None and not findings:
         # slower than the healthy reference with no culprit: "healthy" would be wrong (report.py)
-        step_ms["baseline"], step_ms["unexplained_ms"] = slower[1], slower[0] - slower[1]
+        step_ms["baseline"], step_ms["unexplained_ms"] = slower.baseline_ms, slower.now_ms - slower.baseline_ms
         closest = closest_straggler(table, peers, th)
         if closest:
             notes.append(closest)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -234,16 +234,32 @@ def local_comm_excess(table: Table, peers: Peers, th: Thresholds,
                           "Communication wait far above peers with no late rank")]
 
 
+@dataclass(frozen=True)
+class Slower:
+    """A capture whose median step grew beyond noise against the baseline capture's, with no
+    job-wide finding to show for it: unexplained (the report must not call it healthy), or passing
+    (``before_ms``: the steps just before a capture no detector asked for were not slower)."""
+
+    now_ms: float
+    baseline_ms: float
+    before_ms: tuple[float, float] | None = None   # the steps before this window, before the baseline's
+
+
 def common_mode(cur: Table, base: Table, th: Thresholds, culprit_excess: float,
                 link_probe: dict[str, Any] | None,
-                culprit_rows: np.ndarray | None = None
-                ) -> tuple[list[Finding], list[str], tuple[float, float] | None]:
+                culprit_rows: np.ndarray | None = None, trigger: str = ""
+                ) -> tuple[list[Finding], list[str], Slower | None]:
     """Regression / common-mode communication findings against the baseline capture, notes, and
-    (median step now, at the baseline) when the step grew beyond noise and nothing explains it: the
-    report must not call such a capture healthy.
+    a ``Slower`` when the step grew beyond noise and no finding here explains it.
 
     Culprit rows are left out: their own growth is already a finding and must not leak into the
     job-wide medians (it would with two or three ranks).
+
+    A capture no detector asked for (a person's, ``trigger`` not in TRIGGERED) claims a slowdown
+    only when the steps just before its window were slower than the baseline as well
+    (``_passing``): a detector's capture follows slow steps by construction, a person's can land
+    on three steps another process slowed (a healthy CI job's manual window of three 35 ms steps
+    among 19-27 ms ones read "COMMUNICATION ... +8.3 ms/step" against its baseline).
     """
     notes: list[str] = []
     rc, rb = _aligned(cur, base)
@@ -290,6 +306,13 @@ def common_mode(cur: Table, base: Table, th: Thresholds, culprit_excess: float,
         # the job is not slower than its healthy reference: a phase that grew is not a problem to
         # report (per-rank deltas of a few ms on a faster step are noise)
         return findings, notes, None
+    passing = _passing(cur, base, rc, rb, max(th.abs_ms, 0.5 * (now_step - base_step)), trigger)
+    if passing is not None:
+        notes.append(f"the window's steps ran {now_step:.1f} ms against {base_step:.1f} ms in the baseline capture, "
+                     f"but the {HISTORY_RECENT} steps before it {passing[0]:.1f} ms against {passing[1]:.1f} before "
+                     "the baseline's: a passing slowdown (another process on the host, a checkpoint), not a job-wide "
+                     "problem")
+        return findings, notes, Slower(now_step, base_step, passing)
     common = {"step_ms": [now_step, base_step], "baseline_step": base.capture_step,
               "ranks_compared": int(len(rc)), "step_delta_ms": float(np.median(step_c - step_b))}
     if m_own >= limit:
@@ -334,7 +357,7 @@ def common_mode(cur: Table, base: Table, th: Thresholds, culprit_excess: float,
     if not findings and now_step - base_step >= limit and culprit_excess == 0.0:
         notes.append(f"step {now_step:.1f} ms vs baseline {base_step:.1f} ms, but neither own work nor "
                      "communication wait explains it on most ranks")
-        return findings, notes, (now_step, base_step)
+        return findings, notes, Slower(now_step, base_step)
     return findings, notes, None
 
 
@@ -406,6 +429,25 @@ def comm_before_window(cur: Table, base: Table, th: Thresholds, trigger: str,
     return [replace(found, what_if_step_ms=max(float(np.median(hist_ms)) - median_grow, 0.0),
                     action="The link slowed in bursts (the window missed the slow steps; the probe ran during one): "
                            + found.action)], []
+
+
+def _passing(cur: Table, base: Table, rc: np.ndarray, rb: np.ndarray, bar: float,
+             trigger: str) -> tuple[float, float] | None:
+    """(median step of the HISTORY_RECENT steps before the window, the same before the baseline's)
+    when the capture is one no detector asked for and the first is not ``bar`` ms slower than the
+    second: the window's slowdown came and went with it. Else None, and None for summaries without
+    a step history. Steps before a window against steps before the baseline's: a profiled window's
+    steps run slower than unprofiled ones (56.7 ms against 47.4 in a CI baseline), so a window's
+    median is no reference for them. ``bar``: half the window's growth, as a slowdown that lasts
+    shows before the window about as much as in it (a rank's 15 ms of extra matmuls a step: the
+    window +34 ms, the steps before it +21)."""
+    if trigger in TRIGGERED or not len(rc):
+        return None
+    now, was = cur.sch("hist_ms")[rc], base.sch("hist_ms")[rb]
+    if not (np.isfinite(now).all() and np.isfinite(was).all()):
+        return None
+    before = (float(np.median(now)), float(np.median(was)))
+    return before if before[0] - before[1] < bar else None
 
 
 def _shares_hosts(table: Table, rows: np.ndarray, culprit_rows: np.ndarray | None) -> bool:
