@@ -207,6 +207,7 @@ SPOILERS: dict[str, Any] = {
     "speaks for another node": lambda b, o: _reseal(b, _set(("ranks",), list(range(8, 24)))),
     "ints short": lambda b, o: _reseal(b, lambda d: d["seg"].update(ints=d["seg"]["ints"][:-8])),
     "short floats": lambda b, o: _reseal(b, lambda d: d["seg"].update(floats=b"\x00" * 8)),
+    "short step times": lambda b, o: _reseal(b, lambda d: d["seg"].update(ms=b"\x00" * 8)),
     "bad float kind": lambda b, o: _reseal(b, lambda d: d["seg"].update(
         floats=[b"\x07" * len(d["seg"]["floats"][0]), *d["seg"]["floats"][1:]])),
     "same values short": lambda b, o: _reseal(b, lambda d: d["seg"].update(
@@ -253,6 +254,27 @@ def test_a_bad_block_spoils_only_its_node_with_one_line(tmp_path: Path, how: str
     assert_tables_equal(ing.table(), build_table(s for s in good if not 16 <= s["rank"] < 24))
     d = Pipeline().analyse(red, origin="x").diagnosis      # and the rest is still diagnosed
     assert d.findings and d.findings[0].rank == 5 and line in d.errors
+
+
+def test_a_block_of_a_leader_that_ships_no_step_times_is_read_with_them_unknown(tmp_path: Path) -> None:
+    """Blocks carry each window step's time (``ms``, engine/lonework.py needs it) since 2026-12-04; a
+    capture/2 file written before has none. Its rows are read, their step times NaN, the rest of the
+    Table bit for bit the raw capture's, and the capture is diagnosed."""
+    synth.generate(tmp_path, ranks=96, fault="compute", culprit=5, functions=60, seed=2)
+    data = (tmp_path / "captures" / "500.msgpack").read_bytes()
+    by_leader = node_blocks(data, 8)
+    by_leader[16] = _reseal(by_leader[16], lambda d: d["seg"].pop("ms"))
+    red = blocks.encode_capture(step=500, trigger=_doc(data)["trigger"], world_size=96, blocks=by_leader, missing=[])
+    ing = ingest.read_capture(red)
+    assert not ing.errors
+    table, raw = ing.table(), build_table(summary.decode_capture(data)[1])
+    assert table.step_ms is not None and raw.step_ms is not None
+    old = table.rows_of(range(16, 24))
+    assert np.isnan(table.step_ms[old]).all() and np.isfinite(np.delete(table.step_ms, old, axis=0)).all()
+    table.step_ms[old] = raw.step_ms[old]
+    assert_tables_equal(table, raw)
+    d = Pipeline().analyse(red, origin="x").diagnosis
+    assert d.findings and d.findings[0].rank == 5
 
 
 def test_a_silent_leader_leaves_its_node_missing(tmp_path: Path) -> None:

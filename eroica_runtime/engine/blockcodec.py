@@ -18,6 +18,7 @@ Pure: no MPI, no torch.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -331,7 +332,7 @@ def pack_segment(seg: Segment) -> dict[str, Any]:
                      "vals": vals, "order": order})
     return {
         "m": m, "ints": shuffle(ints), "floats": pack_floats(floats),
-        "K": int(seg.comm.shape[1]), "comm": pack_floats(seg.comm.T),
+        "K": int(seg.comm.shape[1]), "comm": pack_floats(seg.comm.T), "ms": pack_floats(seg.ms.T),
         "cap_trigger": list(seg.cap_trigger), "hosts": list(seg.hosts), "pats": pats,
         "groups": [{"alike": g.alike, "gpos": g.gpos, "names": [str(t[0]) for t in g.tuples],
                     "ranks": [pack_array(np.asarray(t[1:], dtype=np.int64)) for t in g.tuples],
@@ -352,6 +353,7 @@ class Part:
     floats: Cols                  # (len(FLOAT_FIELDS), m), pack_floats
     big_k: int                    # window steps
     comm: Cols                    # (K, m)
+    ms: Cols | None               # (K, m) each step's time; None from a leader that did not ship it
     cap_trigger: list[str]
     hosts: list[str]
     # (keys, repeats, rows or None (all), values (2 * len(keys), k) as pack_floats, order, k)
@@ -381,6 +383,7 @@ def parse_segment(who: str, doc: Any, world: int, allowed: list[int],
     ints = _shuffled(who, "ints", doc["ints"], len(INT_FIELDS) * m)
     floats = _floats(who, "floats", doc["floats"], len(FLOAT_FIELDS), m)
     comm = _floats(who, "comm", doc["comm"], big_k, m)
+    ms = _floats(who, "ms", doc["ms"], big_k, m) if "ms" in doc else None
     cap_trigger = _strs(who, "cap_trigger", doc["cap_trigger"], limit=64)
     if len(cap_trigger) not in (1, m):
         raise BlockError(f"{who}: cap_trigger must hold one string or one per row")
@@ -441,7 +444,7 @@ def parse_segment(who: str, doc: Any, world: int, allowed: list[int],
                 or isinstance(item[0], bool) or not 0 <= item[0] < m or item[0] in throttle):
             raise BlockError(f"{who}: throttle must be a list of [row, reasons] with distinct rows of the segment")
         throttle[item[0]] = _strs(who, "throttle reasons", item[1])
-    return Part(who, allowed, m, ints, floats, big_k, comm, cap_trigger, hosts, pats, groups, throttle)
+    return Part(who, allowed, m, ints, floats, big_k, comm, ms, cap_trigger, hosts, pats, groups, throttle)
 
 
 def _by_part(parts: list[Part], offs: np.ndarray, bad_rows: np.ndarray) -> list[int]:
@@ -513,6 +516,26 @@ def check_parts(parts: list[Part], world: int) -> dict[int, str]:
     return bad
 
 
+def _per_step(parts: list[Part], get: Callable[[Part], Cols | None], n: int, width: int, offs: np.ndarray,
+              counts: list[int]) -> np.ndarray:
+    """One per-step matrix (n, width) of every part's rows, decoded with one pass per step count; NaN
+    for the steps of parts that shipped none."""
+    out = np.full((n, width), np.nan)
+    by_k: dict[int, list[int]] = {}
+    for i, p in enumerate(parts):
+        if get(p) is not None:
+            by_k.setdefault(p.big_k, []).append(i)
+    for big_k, idx in by_k.items():
+        if not big_k:
+            continue
+        sub = decode_many([get(parts[i]) for i in idx], big_k, [counts[i] for i in idx])
+        if len(idx) == len(parts):
+            out[:, :big_k] = sub.T
+        else:
+            out[np.concatenate([np.arange(offs[i], offs[i + 1]) for i in idx]), :big_k] = sub.T
+    return out
+
+
 def merge_parts(parts: list[Part]) -> Segment:
     """One Segment of every row of ``parts`` (checked by ``check_parts``), the rows' index their rank:
     the numbers decoded with one pass per matrix, the function patterns concatenated per function
@@ -523,18 +546,8 @@ def merge_parts(parts: list[Part]) -> Segment:
     ints = unshuffle_many([p.ints for p in parts], len(INT_FIELDS), counts)
     floats = decode_many([p.floats for p in parts], len(FLOAT_FIELDS), counts)
     width = max((p.big_k for p in parts), default=0)
-    comm = np.full((n, width), np.nan)
-    by_k: dict[int, list[int]] = {}
-    for i, p in enumerate(parts):
-        by_k.setdefault(p.big_k, []).append(i)
-    for big_k, idx in by_k.items():
-        if not big_k:
-            continue
-        sub = decode_many([parts[i].comm for i in idx], big_k, [counts[i] for i in idx])
-        if len(idx) == len(parts):
-            comm[:, :big_k] = sub.T
-        else:
-            comm[np.concatenate([np.arange(offs[i], offs[i + 1]) for i in idx]), :big_k] = sub.T
+    comm = _per_step(parts, lambda p: p.comm, n, width, offs, counts)
+    ms = _per_step(parts, lambda p: p.ms, n, width, offs, counts)
     trig = {t for p in parts for t in p.cap_trigger}
     cap_trigger = list(trig) if len(trig) == 1 and all(len(p.cap_trigger) == 1 for p in parts) else \
         [t for p in parts for t in (p.cap_trigger if len(p.cap_trigger) == p.m else p.cap_trigger * p.m)]
@@ -570,7 +583,7 @@ def merge_parts(parts: list[Part]) -> Segment:
     rank = ints[0].copy()
     return Segment(
         index=rank.copy(), rank=rank, badp=ints[1].copy(), phases=np.ascontiguousarray(floats[_PH].T),
-        steps=ints[2].copy(), noise=floats[_NOISE].copy(), sched=np.ascontiguousarray(floats[_SCHED].T), comm=comm,
+        steps=ints[2].copy(), noise=floats[_NOISE].copy(), sched=np.ascontiguousarray(floats[_SCHED].T), comm=comm, ms=ms,
         cap_step=ints[3].copy(), cap_trigger=cap_trigger, hosts=hosts, host_code=ints[4] + hbase, pats=pats,
         stage=ints[5].astype(np.int32),
         groups=[GroupCodes(alike, gpos, list(known), code) for (gpos, alike), (known, code) in groups_by.items()],

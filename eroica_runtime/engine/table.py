@@ -73,6 +73,7 @@ class Table:
     device: np.ndarray | None = None  # (R, len(DEVICE_COLUMNS)) device timeline, NaN where absent
     sched: np.ndarray | None = None   # (R, len(SCHED_COLUMNS)) thread CPU / run-queue, NaN where absent
     step_comm: np.ndarray | None = None  # (R, K) ms blocked in collectives in each window step, NaN where absent
+    step_ms: np.ndarray | None = None    # (R, K) each window step's time, NaN where absent
     capture_step: int | None = None
     capture_trigger: str | None = None
     errors: list[str] = field(default_factory=list)
@@ -197,6 +198,7 @@ class Segment:
     noise: np.ndarray
     sched: np.ndarray           # (m, len(SCHED_COLUMNS))
     comm: np.ndarray            # (m, K) NaN-padded
+    ms: np.ndarray              # (m, K) each window step's time, NaN-padded
     cap_step: np.ndarray        # (m,) int64, -1 where none
     cap_trigger: list[str]      # per row (or one for every row)
     hosts: list[str]
@@ -263,9 +265,10 @@ def merge_segments(segs: list[Segment], *, canonical: bool = False) -> Segment:
         remap = np.asarray([host_ids.setdefault(h, len(host_ids)) for h in s.hosts] or [0], dtype=np.int64)
         host_code.append(remap[s.host_code] if s.m else np.zeros(0, dtype=np.int64))
     width = max((s.comm.shape[1] for s in segs), default=0)
-    comm = np.full((m, width), np.nan)
+    comm, ms = np.full((m, width), np.nan), np.full((m, width), np.nan)
     for s, o in zip(segs, offs.tolist(), strict=False):
         comm[o:o + s.m, :s.comm.shape[1]] = s.comm
+        ms[o:o + s.m, :s.ms.shape[1]] = s.ms
     trig = {t for s in segs for t in s.cap_trigger}
     cap_trigger = list(trig) if len(trig) == 1 and all(len(s.cap_trigger) == 1 for s in segs) else \
         [t for s in segs for t in (s.cap_trigger if len(s.cap_trigger) == s.m else s.cap_trigger * s.m)]
@@ -300,7 +303,7 @@ def merge_segments(segs: list[Segment], *, canonical: bool = False) -> Segment:
     return Segment(
         index=cat([s.index for s in segs]), rank=cat([s.rank for s in segs]), badp=cat([s.badp for s in segs]),
         phases=cat([s.phases for s in segs]), steps=cat([s.steps for s in segs]),
-        noise=cat([s.noise for s in segs]), sched=cat([s.sched for s in segs]), comm=comm,
+        noise=cat([s.noise for s in segs]), sched=cat([s.sched for s in segs]), comm=comm, ms=ms,
         cap_step=cat([s.cap_step for s in segs]), cap_trigger=cap_trigger, hosts=list(host_ids),
         host_code=cat(host_code), pats=pats, stage=cat([s.stage for s in segs]),
         groups=[GroupCodes(alike, gpos, list(known), code) for (gpos, alike), (known, code) in groups_by.items()],
@@ -343,7 +346,7 @@ class TableBuilder:
         self._next = 0
         # rows added one at a time, as python lists (converted into one segment by finish)
         self._d: dict[str, list[Any]] = {k: [] for k in (
-            "index", "rank", "badp", "phases", "steps", "noise", "sched", "comm", "cap_step", "cap_trigger", "host",
+            "index", "rank", "badp", "phases", "steps", "noise", "sched", "comm", "ms", "cap_step", "cap_trigger", "host",
             "stage", "groups", "gc", "device")}
         self._d_tele: dict[str, list[float]] = {k: [] for k in TELEMETRY_KEYS}
         self._d_throttle: dict[int, list[str]] = {}
@@ -401,6 +404,7 @@ class TableBuilder:
         d["noise"].append(math.sqrt(sum((x - mean) ** 2 for x in samples) / (k - 1) / k) if k > 1 else 0.0)
         d["sched"].append(_sched_row(s))
         d["comm"].append([float(x.get("comm", math.nan)) for x in s["steps"]])
+        d["ms"].append(samples)
         cap = s.get("capture") or {}
         step = cap.get("step")
         d["cap_step"].append(int(step) if isinstance(step, int) else -1)
@@ -485,7 +489,7 @@ class TableBuilder:
             phases=np.asarray(d["phases"], dtype=np.float64).reshape(m, len(PHASES)),
             steps=np.asarray(d["steps"], dtype=np.int64), noise=np.asarray(d["noise"], dtype=np.float64),
             sched=np.asarray(d["sched"], dtype=np.float64).reshape(m, len(SCHED_COLUMNS)),
-            comm=_ragged(d["comm"]), cap_step=np.asarray(d["cap_step"], dtype=np.int64),
+            comm=_ragged(d["comm"]), ms=_ragged(d["ms"]), cap_step=np.asarray(d["cap_step"], dtype=np.int64),
             cap_trigger=d["cap_trigger"], hosts=list(hosts), host_code=code, pats=pats,
             stage=np.asarray(d["stage"], dtype=np.int32), groups=groups,
             tele={k: np.asarray(v, dtype=np.float64) for k, v in self._d_tele.items()},
@@ -580,7 +584,8 @@ class TableBuilder:
                     device[:, i] = np.where(np.isnan(device[:, i]), 0.0, device[:, i])
         self._segs.append(Segment(
             index=index, rank=rank, badp=badp, phases=phases, steps=np.full(m, k, dtype=np.int64), noise=noise,
-            sched=_sched_block(doc, col, m), comm=comm, cap_step=cap_step,
+            sched=_sched_block(doc, col, m), comm=comm, ms=np.stack(samples, axis=1) if k else np.zeros((m, 0)),
+            cap_step=cap_step,
             cap_trigger=[str(cap.get("trigger", ""))], hosts=hosts, host_code=code.reshape(-1),
             pats=[pat], stage=stage, groups=groups, tele=tele, throttle=throttle,
             gc_count=col(("gc", "count")), device=device))
@@ -761,6 +766,7 @@ class TableBuilder:
         sched_rows = gather(lambda s: s.sched, len(SCHED_COLUMNS), fill=np.nan)
         width = int(gather(lambda s: s.steps, dtype=np.int64).max()) if n else 0
         comm_rows = gather(lambda s: s.comm[:, :width] if s.comm.shape[1] > width else s.comm, width, fill=np.nan)
+        ms_rows = gather(lambda s: s.ms[:, :width] if s.ms.shape[1] > width else s.ms, width, fill=np.nan)
 
         order_r = np.argsort(ranks, kind="stable")
         perm = order_r if not np.all(order_r[:-1] < order_r[1:]) or n < 2 else None
@@ -786,6 +792,7 @@ class TableBuilder:
             device=_p(device_rows) if n and np.isfinite(device_rows[:, 1]).any() else None,
             sched=_p(sched_rows) if n and np.isfinite(sched_rows).any() else None,
             step_comm=_p(comm_rows) if n and np.isfinite(comm_rows).any() else None,
+            step_ms=_p(ms_rows) if n and np.isfinite(ms_rows).any() else None,
             capture_step=cap_step, capture_trigger=cap_trigger, errors=errors, notes=notes)
 
 
