@@ -62,6 +62,7 @@ from eroica_runtime.engine.categories import (
 from eroica_runtime.engine.commonmode import comm_before_window, common_mode, hang_findings, local_comm_excess
 from eroica_runtime.engine.history import HISTORY_FUNCTION, history_culprits
 from eroica_runtime.engine.impact import culprit_what_if
+from eroica_runtime.engine.lonework import describe, lone_steps
 from eroica_runtime.engine.model import CATEGORIES, Diagnosis, Finding, ranks_waiting
 from eroica_runtime.engine.ownbaseline import lone_culprits
 from eroica_runtime.engine.peers import Peers, form_peers, parse_topology
@@ -151,6 +152,11 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float,
     versus = "" if c.baseline_step is None else f" vs its baseline capture at step {c.baseline_step}"
     title = (f"rank {rank} on {host}: {c.category} in {c.function} "
              f"(+{c.excess_ms:.1f} ms/step own work{versus}, {ranks_waiting(len(c.victims))})")
+    if c.alone is not None:   # worked alone in a window step, and before the window too (engine/lonework.py)
+        ev["lone_work"] = c.alone
+        words, first = describe(c.alone, c.category)
+        title = f"rank {rank} on {host}: {c.category} in {c.function} — {words}, {ranks_waiting(len(c.victims))})"
+        action = first + action
     if quota:
         title = (f"rank {rank} on {host}: host — held throttled by its CPU quota{quota_limit(quota)} for "
                  f"{quota['cgroup_throttled_ms'][0]:.1f} ms/step (+{c.excess_ms:.1f} ms/step own work, "
@@ -264,7 +270,9 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
     step_col = table.col("step")
     step_med = float(np.median(step_col))
 
-    culprits = find_culprits(table, peers, th, notes)
+    # window steps a rank worked alone in while its peers waited (a checkpoint only rank 0 saves)
+    alone = {r: w for rows in peers.groups for r, w in lone_steps(table, rows, th).items()}
+    culprits = find_culprits(table, peers, th, notes, alone)
     attribute(table, peers, culprits, th)
     culprits += lone_culprits(table, base, peers, th)
     find_victims(table, culprits, th)
@@ -280,8 +288,11 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
     stopped = stalls(table, th)
     # if fixed, the step is no shorter than its peers' own work plus the collective's own time (what the
     # culprit, last to arrive, waited): on shared cores a culprit's peers run faster while it stalls
+    # work alone in a window step that recurs: fixed, the job's mean step over every step seen drops by its
+    # average cost (the window's median step holds the lone step)
     findings = [_culprit_finding(table, peers, c, max(culprit_what_if(step_med, costs, i),
-                                                     min(step_med, c.own_ref + max(c.comm, 0.0))),
+                                                     min(step_med, c.own_ref + max(c.comm, 0.0)))
+                                 if c.alone is None else max(c.alone["mean_step_ms"] - c.cost_ms, 0.0),
                                  stopped.get(c.row))
                 for i, c in enumerate(culprits)]
     excesses = [c.excess_ms for c in culprits]
@@ -344,10 +355,14 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
 def _speaks_for(f: Finding) -> tuple[int, float]:
     """Which capture's finding speaks for a job-level one: a cause that is what to change (a CPU quota,
     stops) before a function a window named, before no function (a burst named from the steps before
-    the window); then the higher cost a step, which comes with its own evidence."""
+    the window, or a phase's placeholder such as "(gc)", which says no more than the category); then
+    the higher cost a step, which comes with its own evidence. (A GC storm in bursts: a window on a
+    burst's last step said "(gc)", +55 ms a step over the 32 steps before it, one burst of them; a
+    later capture's steps before its window, two bursts, +123, nearer the 140 the job lost.)"""
     if f.function in (QUOTA_FUNCTION, STOPPED_FUNCTION):
         return 2, f.impact_ms_per_step
-    return (0 if f.function == HISTORY_FUNCTION else 1), f.impact_ms_per_step
+    named = f.function is not None and f.function != HISTORY_FUNCTION and not f.function.startswith("(")
+    return (1 if named else 0), f.impact_ms_per_step
 
 
 def consolidate(diagnoses: Sequence[Diagnosis]) -> list[Finding]:

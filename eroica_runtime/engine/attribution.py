@@ -26,6 +26,7 @@ from eroica_runtime.engine.categories import (
     is_memory_function,
     pick_category,
 )
+from eroica_runtime.engine.lonework import LoneWork, one_off_note, periodic, robust_levels, taken_out_note
 from eroica_runtime.engine.peers import Peers
 from eroica_runtime.engine.quota import throttled_ms
 from eroica_runtime.engine.table import Table
@@ -67,6 +68,7 @@ class Culprit:
     sched: dict[str, Any] | None = None   # run-queue evidence (scheduler_luck), host timeline only
     baseline_step: int | None = None   # compared with its own row in the baseline capture at this step
                                        # (a rank without peers: ownbaseline.py), not with peers
+    alone: dict[str, Any] | None = None   # worked alone in a window step, as before it (lonework.periodic)
 
     @property
     def cost_ms(self) -> float:
@@ -74,7 +76,10 @@ class Culprit:
         waited for it. On shared cores the two differ (a rank collecting garbage for 211 ms left its
         peers the CPU; its excess over their 26 ms was 201 ms, the job's step grew 166 ms, and they
         waited 170 ms longer than it did), and "step -> X ms if fixed" must not fall below the
-        healthy step."""
+        healthy step. Work alone in a step of the window that recurs (``alone``) costs its average
+        over every step seen."""
+        if self.alone is not None:
+            return float(self.alone["average_ms"])
         if self.waited_ms is not None and 0.0 < self.waited_ms < self.excess_ms:
             return self.waited_ms
         return self.excess_ms
@@ -128,10 +133,14 @@ def views(table: Table, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[
     return own, wait, parts
 
 
-def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] | None = None) -> list[Culprit]:
+def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] | None = None,
+                  alone: dict[int, LoneWork] | None = None) -> list[Culprit]:
     """Scan every peer group (vectorised within a group) for culprits; what was left out and why is
-    appended to ``notes``."""
+    appended to ``notes``. ``alone``: the window steps a rank worked alone in (lonework.lone_steps):
+    the other ranks are judged on the window's other steps, and a lone rank whose excess does not
+    clear the whole window's noise is named only when its work recurs (lonework.periodic)."""
     step_all = table.col("step")
+    alone = alone or {}
     out: list[Culprit] = []
     luck: list[tuple[int, float, dict[str, Any]]] = []
     for gi, rows in enumerate(peers.groups):
@@ -146,35 +155,60 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
         # how much a K-step average wobbles on this machine: the peers' typical std error
         noise = th.noise_k * float(np.median(table.step_noise[rows]))
         limit = max(th.abs_ms, min(th.rel_step, th.small_rel_step) * step_ref, noise)
+        # (step reference, noise, limit) each member is judged by: a step a rank worked alone in sets
+        # every rank's step time, so the others are judged on the window's other steps
+        levels = [(step_ref, noise, limit)] * len(rows)
+        robust = robust_levels(table, rows, alone, th)
+        if robust is not None:
+            if notes is not None:
+                notes.append(taken_out_note(table, [alone[int(r)] for r in rows.tolist() if int(r) in alone]))
+            r_ref, r_noise = robust
+            r_level = (r_ref, r_noise, max(th.abs_ms, min(th.rel_step, th.small_rel_step) * r_ref, r_noise))
+            levels = [(step_ref, noise, limit) if int(r) in alone else r_level for r in rows.tolist()]
+        # a lone rank is a candidate from the share of the step alone: its lone step is most of the noise
+        lim_v = np.asarray([max(th.abs_ms, min(th.rel_step, th.small_rel_step) * lv[0]) if int(r) in alone else lv[2]
+                            for r, lv in zip(rows.tolist(), levels, strict=True)])
         c_comm = center(comm_all[rows], th.sigma_floor_rel)
         ph_ref = column_reference(part_matrix, rows)
         wait = comm_all[rows]
         # (excess, its spread, the part it was found on or None for the whole own work, the wait it is
         # corroborated by, and the share of the excess that wait must reach)
         found: dict[int, tuple[float, float, int | None, float, float]] = {}
-        for k in np.flatnonzero(own - c_own.ref >= limit).tolist():
+        recurring: dict[int, dict[str, Any]] = {}
+        for k in np.flatnonzero(own - c_own.ref >= lim_v).tolist():
             excess = float(own[k] - c_own.ref)
             d_wait = float(wait[k]) - _wait_ref(wait, c_comm.ref, k)
             z = excess / c_own.sigma if c_own.sigma > 0 else float("inf")
-            if excess >= noise and d_wait < excess and \
-                    significant(excess, z, step_ref, th, len(rows), d_wait <= -WAIT_SHARE * excess):
-                found[k] = (excess, c_own.sigma, None, d_wait, WAIT_SHARE)
+            sref, nz, _ = levels[k]
+            if d_wait < excess and significant(excess, z, sref, th, len(rows), d_wait <= -WAIT_SHARE * excess):
+                if excess >= nz:
+                    found[k] = (excess, c_own.sigma, None, d_wait, WAIT_SHARE)
+                elif int(rows[k]) in alone:    # under the noise its own lone step made: named if it recurs
+                    again = periodic(table, rows, alone[int(rows[k])], excess, (robust or (step_ref,))[0], th)
+                    if again is not None:
+                        found[k] = (excess, c_own.sigma, None, d_wait, WAIT_SHARE)
+                        recurring[k] = again
+                    elif notes is not None:
+                        notes.append(one_off_note(table, alone[int(rows[k])]))
         # one part alone only where a wait for a CPU is told from work (the device, or the step clock's run
         # queue): without it, a rank preempted in one phase of a healthy window looks like its straggler
         parts_ok = table.has_device(rows) or bool(np.isfinite(table.sch("cpu")[rows] + table.sch("runq")[rows]).all())
-        for k, (excess, sigma, part, d_wait) in one_part_stragglers(part_matrix[rows], wait, limit, step_ref,
-                                                                    th).items() if parts_ok else ():
-            if k not in found and excess >= noise:
-                found[k] = (excess, sigma, part, d_wait, PART_WAIT_SHARE)
+        for lv in sorted(set(levels)) if parts_ok else ():
+            sref, nz, lim = lv
+            for k, (excess, sigma, part, d_wait) in one_part_stragglers(part_matrix[rows], wait, lim, sref,
+                                                                        th).items():
+                if levels[k] == lv and k not in found and excess >= nz:
+                    found[k] = (excess, sigma, part, d_wait, PART_WAIT_SHARE)
         for k, (excess, sigma, part, d_wait, share) in sorted(found.items()):
             row = int(rows[k])
+            sref, lim = levels[k][0], float(lim_v[k])
             z = excess / sigma if sigma > 0 else float("inf")
             sched = None if table.has_device(rows) else scheduler_luck(table, rows, row)
             # a few ms more run queue than the peers is their normal spread, not what made it slow
             if sched is not None and sched["luck_ms"] >= LUCK_SHARE * excess:
                 left = excess - sched["luck_ms"]
-                if left < limit or not significant(left, left / sigma if sigma > 0 else float("inf"),
-                                                   step_ref, th, len(rows), d_wait <= -share * left):
+                if left < lim or not significant(left, left / sigma if sigma > 0 else float("inf"),
+                                                 sref, th, len(rows), d_wait <= -share * left):
                     luck.append((row, excess, sched))
                     continue
             if part is not None and notes is not None:
@@ -189,7 +223,7 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
                                own_ref=c_own.ref, comm=float(comm_all[row]), comm_ref=comm_ref,
                                step=float(step_all[row]), step_ref=step_ref, phase_excess=pex,
                                phase_ref={p: float(ph_ref[i]) for i, p in enumerate(part_names)},
-                               device=table.has_device(rows), sched=sched))
+                               device=table.has_device(rows), sched=sched, alone=recurring.get(k)))
     if luck and notes is not None:
         notes.append(
             f"{len(luck)} rank(s) slow in this window only because they waited for a CPU (run queue) more "

@@ -29,6 +29,7 @@ from eroica_runtime.engine.model import Finding, ranks_waiting
 from eroica_runtime.engine.peers import Peers
 from eroica_runtime.engine.quota import (
     QUOTA_FUNCTION,
+    busy,
     quota_action,
     quota_evidence,
     quota_limit,
@@ -48,7 +49,7 @@ def history_culprits(table: Table, peers: Peers, th: Thresholds, trigger: str,
         return []
     cpu, runq, step = table.sch("hist_cpu"), table.sch("hist_runq"), table.sch("hist_ms")
     data = np.nan_to_num(table.sch("hist_data"))   # older summaries: not measured
-    measures = {"busy": _busy(table, "hist"), "data": data}
+    measures = {"busy": busy(table, "hist"), "data": data}
     out: list[Finding] = []
     for rows in peers.groups:
         if len(rows) < 3 or not np.isfinite(cpu[rows] + runq[rows]).all() or not np.isfinite(step[rows]).all():
@@ -69,15 +70,6 @@ def history_culprits(table: Table, peers: Peers, th: Thresholds, trigger: str,
                     best[row] = (excess, kind)
         out.extend(_finding(table, rows, row, excess, step_ref, kind, th) for row, (excess, kind) in best.items())
     return out
-
-
-def _busy(table: Table, over: str) -> np.ndarray:
-    """ms a step the training thread ran or waited for a CPU, plus the time its CPU quota held the
-    process throttled beyond that wait (its collective threads were held too; attribution.views does
-    the same for the window), over the step clock's recent steps ("hist") or all it shipped ("span")."""
-    runq = table.sch(f"{over}_runq")
-    held = np.clip(np.nan_to_num(steps_throttled_ms(table, over)) - np.nan_to_num(runq), 0.0, None)
-    return table.sch(f"{over}_cpu") + runq + held
 
 
 # a small group's share-of-step bar for the steps before the window (HISTORY_RECENT steps, not a window's 3)
@@ -174,7 +166,7 @@ def _burst_cost(table: Table, rows: np.ndarray, row: int, excess: float, kind: s
     The steps before the window are the burst (the vote caught it there), so their excess is what a
     slow step costs, not what the job loses a step: fault-bench runs 22-28 put the bursty cases'
     estimates at 2.2x (0.67-3.13) of the loss measured over the run (8 slow steps in 20)."""
-    col = table.sch("span_data") if kind == "data" else _busy(table, "span")
+    col = table.sch("span_data") if kind == "data" else busy(table, "span")
     n = table.sch("span_steps")[row]
     peers = rows[rows != row]
     if not (np.isfinite(col[row]) and np.isfinite(col[peers]).all() and np.isfinite(n)) or n <= HISTORY_RECENT:

@@ -73,6 +73,15 @@ def steps_throttled_ms(table: Table, over: str = "hist") -> np.ndarray:
     return held_ms(np.nan_to_num(table.sch(f"{over}_thr")), table.sch(f"{over}_ms"), _quotas(table))
 
 
+def busy(table: Table, over: str) -> np.ndarray:
+    """ms a step the training thread ran or waited for a CPU, plus the time its CPU quota held the
+    process throttled beyond that wait (its collective threads were held too; attribution.views does
+    the same for the window), over the step clock's recent steps ("hist") or all it shipped ("span")."""
+    runq = table.sch(f"{over}_runq")
+    held = np.clip(np.nan_to_num(steps_throttled_ms(table, over)) - np.nan_to_num(runq), 0.0, None)
+    return table.sch(f"{over}_cpu") + runq + held
+
+
 def _quota(table: Table, rows: np.ndarray) -> float | None:
     """The smallest quota (CPUs) the rows reported, None when none did (or only nonsense)."""
     q = table.telemetry.get("cpu_quota")

@@ -7,6 +7,7 @@ by environment only (``EROICA_BENCH_FAULT``, see :mod:`faults`), so the launcher
     torchrun --nproc-per-node 4 scripts/faultlib/train_bench.py --steps 60
     EROICA_BENCH_FAULT=compute:rank=2:start=20:ms=50 torchrun --nproc-per-node 4 scripts/faultlib/train_bench.py
     torchrun --nproc-per-node 4 scripts/faultlib/train_bench.py --parallel fsdp2 --compile   # FSDP2, compiled
+    torchrun --nproc-per-node 4 scripts/faultlib/train_bench.py --checkpoint-every 25   # rank 0 saves, others wait
 
 ``--parallel fsdp2`` shards the model with FSDP2 (``fully_shard`` per layer and at the root, on a 1-D
 CPU device mesh: per-layer all-gathers in forward and backward, reduce-scatters of the gradients)
@@ -131,6 +132,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--device-ms", type=float, default=float(e("EROICA_BENCH_DEVICE_MS", "0")),
                     help="sleep this long per step after the backward, standing in for accelerator time "
                          "the host waits on (a GPU-bound step): the CPU is idle, as on a real GPU job")
+    ap.add_argument("--checkpoint-every", type=_at_least(0), default=int(e("EROICA_BENCH_CHECKPOINT_EVERY", "0")),
+                    help="every N steps rank 0 saves the model and optimizer state (torch.save, fsync) while the "
+                         "other ranks wait at a barrier, as most training loops do; 0: never")
+    ap.add_argument("--checkpoint-mb", type=_at_least(0), default=int(e("EROICA_BENCH_CHECKPOINT_MB", "200")),
+                    help="MB of extra state in each checkpoint (the tiny model's own is ~2 MB)")
     args = ap.parse_args(argv)
     if args.parallel not in ("ddp", "fsdp2"):   # argparse checks choices on the command line, not a default
         ap.error(f"EROICA_BENCH_PARALLEL={args.parallel!r}: expected ddp or fsdp2")
@@ -174,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         it = iter(loader)
         loss_fn = nn.CrossEntropyLoss()
         step_ms: list[float] = []
+        save = checkpointer(rank, args.checkpoint_mb) if args.checkpoint_every else None
         for step in range(args.steps):
             t0 = time.perf_counter()
             ctl.step(step)
@@ -185,11 +192,35 @@ def main(argv: list[str] | None = None) -> int:
             if args.device_ms:
                 time.sleep(args.device_ms / 1e3)
             opt.step()
+            if save is not None and step % args.checkpoint_every == args.checkpoint_every - 1:
+                save(model, opt)
             step_ms.append((time.perf_counter() - t0) * 1e3)
         ctl.close()
         report(rank, world, step_ms, ctl, float(loss.item()), args.out)
         del model, opt, it, loader   # DDP's reducer holds the process group: dropped before the teardown
     return 0
+
+
+def checkpointer(rank: int, extra_mb: int) -> Callable[[nn.Module, torch.optim.Optimizer], None]:
+    """What a training loop's periodic checkpoint does: rank 0 writes the model's and the optimizer's
+    state (and ``extra_mb`` of other state) to local storage and syncs it while every other rank
+    waits at a barrier. The file is rewritten in place, in a directory removed at exit."""
+    import atexit
+    import shutil
+    import tempfile
+
+    where = Path(tempfile.mkdtemp(prefix="eroica-bench-ckpt-"))
+    atexit.register(shutil.rmtree, where, True)
+    extra = torch.zeros(extra_mb * (1 << 20) // 4)
+
+    def save(model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        if rank == 0:
+            path = where / "checkpoint.pt"
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "extra": extra}, path)
+            with open(path, "rb+") as f:
+                os.fsync(f.fileno())
+        dist.barrier()
+    return save
 
 
 def parallel(model: TinyLM, how: str, world: int) -> nn.Module:

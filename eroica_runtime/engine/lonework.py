@@ -1,0 +1,185 @@
+"""Work one rank did alone in a step of the window while its peers waited: a checkpoint rank 0
+saves, metrics only it logs, an evaluation only it runs, every N steps.
+
+Why: in synchronous training every rank's step lasts as long as the slowest rank's, so one such
+step sets every rank's step statistics. A real 4-rank job whose rank 0 saved a 200 MB checkpoint
+every 25 steps while the others waited at a barrier (tests/data/engine/checkpoint-rank0): the
+window's steps ran ~1,040, 150 and 110 ms on every rank; rank 0 did 0.9 s of its own work in the
+first while its peers waited as long. The bars a rank's excess must clear (attribution.find_culprits)
+come from those steps: the std error of their mean (~290 ms) and a share of their mean (430 ms).
+With a second fault, 60 ms of extra matmuls a step on rank 1, neither rank cleared them, and both
+captures of the job read "healthy — 4/4 ranks agree".
+
+So: such a step is found from the per-step waits (``lone_steps``: one rank waited at least a
+typical step less than the median of the others, who waited for it); the other ranks are judged on
+the window's other steps (``robust_levels``). The lone rank keeps the whole window's bars, as
+before; when its excess does not clear them, it is named only if the steps before the window
+show the same kind of work, its mean CPU and run-queue time over the history shipped (up to 32
+steps) above its peers' (``periodic``), and at what that costs on average over every step seen,
+not per window step (300 ms/step for a checkpoint that costs ~40 on average). Work the history
+does not show (a one-off, or work blocked on storage rather than on a CPU) is a note.
+Pure: no MPI, no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from eroica_runtime.engine.baseline import Thresholds
+from eroica_runtime.engine.quota import busy
+from eroica_runtime.engine.table import HISTORY_RECENT, Table
+
+LONE_SHARE = 1.0      # a lone step's extra work: at least this many typical steps (the peers' median step)
+HISTORY_SHARE = 0.5   # the history must show at least this share of the lone work, spread over its steps
+
+
+@dataclass(frozen=True)
+class LoneWork:
+    """Steps of the window in which one rank worked alone while its peers waited for it."""
+
+    row: int
+    steps: tuple[int, ...]     # positions in the window (0 = its first step)
+    ms: float                  # the work alone in them, summed: how much longer than its peers it worked
+
+
+def _others_median(x: np.ndarray) -> np.ndarray:
+    """Per column, for every row, the median of the other rows (x: rows x steps, finite)."""
+    n = x.shape[0]
+    s = np.sort(x, axis=0)
+    pos = np.argsort(np.argsort(x, axis=0, kind="stable"), axis=0, kind="stable")
+    m = n - 1
+
+    def nth(i: int) -> np.ndarray:
+        return np.where(i < pos, s[min(i, n - 1)][None, :], s[min(i + 1, n - 1)][None, :])
+
+    return nth(m // 2) if m % 2 else 0.5 * (nth(m // 2 - 1) + nth(m // 2))
+
+
+def lone_steps(table: Table, rows: np.ndarray, th: Thresholds) -> dict[int, LoneWork]:
+    """{row: LoneWork} of one peer group (3 ranks or more, with per-step waits and step times):
+    in a window step, the rank that waited least, if it waited at least max(abs_ms, LONE_SHARE x
+    the group's typical step) less than the median of the others. A step where every rank waited
+    alike (a slow network, a host-wide stall) has none. Not on a device timeline (a GPU job): the
+    per-step waits are the host's, which runs ahead of the device, and this was seen on CPU ranks
+    only."""
+    if table.step_comm is None or table.step_ms is None or len(rows) < 3 or table.has_device(rows):
+        return {}
+    comm, ms = table.step_comm[rows], table.step_ms[rows]
+    ok = np.isfinite(comm).all(axis=0) & np.isfinite(ms).all(axis=0)
+    if ok.sum() < 3:    # two ordinary steps at least must be left to judge the others on
+        return {}
+    cols = np.flatnonzero(ok)
+    typical = float(np.median(np.median(ms[:, cols], axis=1)))
+    bar = max(th.abs_ms, LONE_SHARE * typical)
+    alone = _others_median(comm[:, cols]) - comm[:, cols]
+    found: dict[int, tuple[list[int], float]] = {}
+    for j, s in enumerate(cols.tolist()):
+        k = int(np.argmax(alone[:, j]))
+        if alone[k, j] >= bar:
+            steps, total = found.get(k, ([], 0.0))
+            found[k] = (steps + [s], total + float(alone[k, j]))
+    lone = {int(rows[k]): LoneWork(int(rows[k]), tuple(steps), total) for k, (steps, total) in found.items()}
+    left = ok.sum() - len({s for w in lone.values() for s in w.steps})
+    return lone if left >= 2 else {}
+
+
+def robust_levels(table: Table, rows: np.ndarray, lone: dict[int, LoneWork],
+                  th: Thresholds) -> tuple[float, float] | None:
+    """(the group's median mean step, ``noise_k`` x its median std error of that mean) over the
+    window's steps without lone work: the reference the group's other ranks are judged by. None
+    when there is no lone step in the group."""
+    mine = [w for r, w in lone.items() if r in set(rows.tolist())]
+    if not mine or table.step_ms is None:
+        return None
+    gone = {s for w in mine for s in w.steps}
+    ms = table.step_ms[rows]
+    keep = [s for s in range(ms.shape[1]) if s not in gone and np.isfinite(ms[:, s]).all()]
+    if len(keep) < 2:
+        return None
+    x = ms[:, keep]
+    step_ref = float(np.median(x.mean(axis=1)))
+    noise = th.noise_k * float(np.median(x.std(axis=1, ddof=1) / math.sqrt(len(keep))))
+    return step_ref, noise
+
+
+def periodic(table: Table, rows: np.ndarray, work: LoneWork, excess: float, step_ref: float,
+             th: Thresholds) -> dict[str, Any] | None:
+    """The evidence that the lone work recurs, and its cost: None unless the rank's CPU and
+    run-queue time over the steps shipped before the window (up to 32) was above its peers' median
+    by at least HISTORY_SHARE of the lone work spread over those steps, and unless its cost is worth
+    a finding (``rel_step`` of ``step_ref``, the group's step without lone work: a rank that had
+    one slow step and a ms more CPU than its peers before the window is no culprit). Its cost a
+    step is its excess over every step seen, the history's and the window's (``excess`` a step, its
+    own work beyond its peers' there)."""
+    span = busy(table, "span")
+    n = float(table.sch("span_steps")[work.row])
+    peers = rows[rows != work.row]
+    k = int(np.isfinite(table.step_ms[work.row]).sum()) if table.step_ms is not None else 0
+    if not (np.isfinite(span[work.row]) and np.isfinite(span[peers]).all() and math.isfinite(n)) \
+            or n < HISTORY_RECENT or not k:
+        return None
+    before = float(span[work.row] - np.median(span[peers]))
+    if before < max(th.abs_ms, HISTORY_SHARE * work.ms / n):
+        return None
+    average = (n * before + k * excess) / (n + k)
+    if average < max(th.abs_ms, th.rel_step * step_ref):
+        return None
+    first = table.capture_step
+    span_ms = table.sch("span_ms")[rows]
+    mean_step = float(np.median(table.col("step")[rows]))
+    if np.isfinite(span_ms).all():
+        mean_step = (n * float(np.median(span_ms)) + k * mean_step) / (n + k)
+    return {"lone_ms": work.ms, "lone_steps": [int(first) + s if first is not None else s for s in work.steps],
+            "before_window_ms": before, "before_window_steps": int(n),
+            "average_ms": average, "average_steps": int(n) + k, "mean_step_ms": mean_step}
+
+
+BURSTS = 2.0   # the history's excess at least this many times the lone work: slow in bursts, not one step
+
+
+def describe(lone: dict[str, Any], category: str) -> tuple[str, str]:
+    """(the title's words, the action's first sentences) for a finding with ``periodic``'s evidence:
+    slow in bursts when the steps before the window held far more than the lone step's work (a GC
+    storm 8 steps in 20: 105 ms a step more than its peers over 32 steps, 178 ms alone in the
+    window), else work it does alone every so often (a checkpoint: 24 ms a step over 32 steps, 917
+    ms alone in one window step)."""
+    steps = ", ".join(str(s) for s in lone["lone_steps"])
+    seen = (f"+{lone['before_window_ms']:.1f} ms/step more than its peers over the {lone['before_window_steps']} "
+            "steps before the window")
+    cost = f"+{lone['average_ms']:.1f} ms/step on average over {lone['average_steps']} steps"
+    if lone["before_window_ms"] * lone["before_window_steps"] >= BURSTS * lone["lone_ms"]:
+        return (f"in bursts: {lone['lone_ms']:.0f} ms alone in step {steps} while its peers waited, {seen} ({cost}",
+                f"Slow in bursts ({seen}; in the window, {lone['lone_ms']:.0f} ms alone in step {steps} while every "
+                "other rank waited). ")
+    action = (f"Every so often this rank works alone while every other rank waits for it ({lone['lone_ms']:.0f} ms in "
+              f"step {steps}; {seen})")
+    if category in ("compute", "host", "io"):
+        action += (": work only it does, such as saving a checkpoint, logging metrics or evaluating on one rank. "
+                   "Make it asynchronous (torch.distributed.checkpoint.async_save, a logging thread), share it among "
+                   "the ranks, or do it less often. ")
+    else:
+        action += ". "
+    return (f"{lone['lone_ms'] / 1e3:.2f} s of work alone in step {steps} while its peers waited, and before the "
+            f"window too ({cost}", action)
+
+
+def taken_out_note(table: Table, lone: list[LoneWork]) -> str:
+    """The note for a group whose other ranks were judged without the steps ``lone`` worked alone in."""
+    first = table.capture_step
+    said = "; ".join(f"rank {int(table.rank[w.row])} {w.ms:.0f} ms in step "
+                     + ", ".join(str(first + s) if first is not None else f"#{s}" for s in w.steps) for w in lone[:4])
+    return (f"window steps one rank worked in alone while its peers waited ({said}): the other ranks were judged "
+            "on the window's other steps")
+
+
+def one_off_note(table: Table, work: LoneWork) -> str:
+    """The note for lone work the steps before the window do not show as recurring (``periodic``)."""
+    first = table.capture_step
+    where = ", ".join(str(first + s) if first is not None else f"#{s}" for s in work.steps)
+    return (f"rank {int(table.rank[work.row])} worked {work.ms:.0f} ms alone in window step {where} while its peers "
+            "waited; the steps before the window show no such work worth a share of the step (as far as its CPU "
+            "shows): a one-off, or work blocked on storage (a checkpoint?), not reported as a per-step cost")
