@@ -2,13 +2,14 @@
 saves, metrics only it logs, an evaluation only it runs, every N steps.
 
 Why: in synchronous training every rank's step lasts as long as the slowest rank's, so one such
-step sets every rank's step statistics. A real 4-rank job whose rank 0 saved a 200 MB checkpoint
-every 25 steps while the others waited at a barrier (tests/data/engine/checkpoint-rank0): the
-window's steps ran ~1,040, 150 and 110 ms on every rank; rank 0 did 0.9 s of its own work in the
-first while its peers waited as long. The bars a rank's excess must clear (attribution.find_culprits)
-come from those steps: the std error of their mean (~290 ms) and a share of their mean (430 ms).
-With a second fault, 60 ms of extra matmuls a step on rank 1, neither rank cleared them, and both
-captures of the job read "healthy — 4/4 ranks agree".
+step sets every rank's step statistics. A real 4-rank job whose rank 0 saves a 200 MB checkpoint
+every 25 steps while the others wait at a barrier (tests/data/engine/checkpoint-job): a window's
+steps ran 665-702, 47-89 and 55-114 ms on every rank, rank 0 working 563 ms alone in the first. The
+bars a rank's excess must clear (attribution.find_culprits) come from those steps: the std error of
+their mean (~200 ms) and a share of their mean (280 ms). Rank 0's +190 ms a step fell under the
+first, and the capture read "healthy — 4/4 ranks agree"; in a later window holding a shorter
+checkpoint, rank 1's 60 ms of extra matmuls a step (a fault from step 60) fell under them too, and
+nobody was named there either.
 
 So: such a step is found from the per-step waits (``lone_steps``: one rank waited at least a
 typical step less than the median of the others, who waited for it); the other ranks are judged on
@@ -16,8 +17,9 @@ the window's other steps (``robust_levels``). The lone rank keeps the whole wind
 before; when its excess does not clear them, it is named only if the steps before the window
 show the same kind of work, its mean CPU and run-queue time over the history shipped (up to 32
 steps) above its peers' (``periodic``), and at what that costs on average over every step seen,
-not per window step (300 ms/step for a checkpoint that costs ~40 on average). Work the history
-does not show (a one-off, or work blocked on storage rather than on a CPU) is a note.
+not per window step (190 ms a step for a checkpoint that costs ~23 on average, 563 ms once in 25
+steps). Work the history does not show (a one-off, or work blocked on storage rather than on a
+CPU) is a note.
 Pure: no MPI, no torch.
 """
 
