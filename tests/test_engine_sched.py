@@ -92,7 +92,8 @@ import pytest
 
 from eroica_runtime import report, summary
 from eroica_runtime.engine import Diagnosis, Finding, Thresholds, build_table, consolidate, diagnose
-from eroica_runtime.engine.attribution import closest_straggler, median_of_others, one_part_stragglers, views
+from eroica_runtime.engine.attribution import closest_straggler, one_part_stragglers, views
+from eroica_runtime.engine.baseline import median_of_others
 from eroica_runtime.engine.history import HISTORY_FUNCTION, history_culprits
 from eroica_runtime.engine.peers import form_peers
 

@@ -19,6 +19,7 @@ from eroica_runtime.engine.baseline import (
     column_center,
     column_reference,
     group_bars,
+    median_of_others,
     significant,
 )
 from eroica_runtime.engine.categories import (
@@ -236,23 +237,6 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
 def _wait_ref(wait: np.ndarray, ref: float, k: int) -> float:
     """The wait a group member is compared with: the peers' median, or simply the other rank of two."""
     return float(wait[1 - k]) if len(wait) == 2 else ref
-
-
-def median_of_others(x: np.ndarray) -> np.ndarray:
-    """For every element, the median of all the others (vectorised: one sort, no per-element copies)."""
-    n = len(x)
-    if n < 2:
-        return np.full(n, np.nan)
-    order = np.argsort(x, kind="stable")
-    pos = np.empty(n, dtype=np.int64)
-    pos[order] = np.arange(n)
-    s = x[order]
-
-    def nth(i: int) -> np.ndarray:    # the i-th smallest of the others, per element
-        return np.where(i < pos, s[min(i, n - 1)], s[min(i + 1, n - 1)])
-
-    m = n - 1
-    return nth(m // 2) if m % 2 else 0.5 * (nth(m // 2 - 1) + nth(m // 2))
 
 
 def part_deviations(parts: np.ndarray, wait: np.ndarray,

@@ -77,6 +77,23 @@ def column_reference(matrix: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return np.median(sub, axis=0)
 
 
+def median_of_others(x: np.ndarray) -> np.ndarray:
+    """For every element, the median of all the others (vectorised: one sort, no per-element copies)."""
+    n = len(x)
+    if n < 2:
+        return np.full(n, np.nan)
+    order = np.argsort(x, kind="stable")
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(n)
+    s = x[order]
+
+    def nth(i: int) -> np.ndarray:    # the i-th smallest of the others, per element
+        return np.where(i < pos, s[min(i, n - 1)], s[min(i + 1, n - 1)])
+
+    m = n - 1
+    return nth(m // 2) if m % 2 else 0.5 * (nth(m // 2 - 1) + nth(m // 2))
+
+
 def significant(excess: float, z: float, step_ref: float, th: Thresholds, n: int = 1 << 30,
                 corroborated: bool = False) -> bool:
     """The triple test: robust z, absolute ms, share of the step.

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from eroica_runtime.engine.baseline import Thresholds
+from eroica_runtime.engine.baseline import Thresholds, median_of_others
 from eroica_runtime.engine.quota import busy
 from eroica_runtime.engine.table import HISTORY_RECENT, Table
 
@@ -46,19 +46,6 @@ class LoneWork:
     row: int
     steps: tuple[int, ...]     # positions in the window (0 = its first step)
     ms: float                  # the work alone in them, summed: how much longer than its peers it worked
-
-
-def _others_median(x: np.ndarray) -> np.ndarray:
-    """Per column, for every row, the median of the other rows (x: rows x steps, finite)."""
-    n = x.shape[0]
-    s = np.sort(x, axis=0)
-    pos = np.argsort(np.argsort(x, axis=0, kind="stable"), axis=0, kind="stable")
-    m = n - 1
-
-    def nth(i: int) -> np.ndarray:
-        return np.where(i < pos, s[min(i, n - 1)][None, :], s[min(i + 1, n - 1)][None, :])
-
-    return nth(m // 2) if m % 2 else 0.5 * (nth(m // 2 - 1) + nth(m // 2))
 
 
 def lone_steps(table: Table, rows: np.ndarray, th: Thresholds) -> dict[int, LoneWork]:
@@ -77,7 +64,7 @@ def lone_steps(table: Table, rows: np.ndarray, th: Thresholds) -> dict[int, Lone
     cols = np.flatnonzero(ok)
     typical = float(np.median(np.median(ms[:, cols], axis=1)))
     bar = max(th.abs_ms, LONE_SHARE * typical)
-    alone = _others_median(comm[:, cols]) - comm[:, cols]
+    alone = np.stack([median_of_others(comm[:, s]) - comm[:, s] for s in cols], axis=1)
     found: dict[int, tuple[list[int], float]] = {}
     for j, s in enumerate(cols.tolist()):
         k = int(np.argmax(alone[:, j]))
@@ -150,7 +137,7 @@ def describe(lone: dict[str, Any], category: str) -> tuple[str, str]:
     window), else work it does alone every so often (a checkpoint: 24 ms a step over 32 steps, 917
     ms alone in one window step)."""
     steps = ", ".join(str(s) for s in lone["lone_steps"])
-    seen = (f"+{lone['before_window_ms']:.1f} ms/step more than its peers over the {lone['before_window_steps']} "
+    seen = (f"{lone['before_window_ms']:.1f} ms/step more than its peers over the {lone['before_window_steps']} "
             "steps before the window")
     cost = f"+{lone['average_ms']:.1f} ms/step on average over {lone['average_steps']} steps"
     if lone["before_window_ms"] * lone["before_window_steps"] >= BURSTS * lone["lone_ms"]:
