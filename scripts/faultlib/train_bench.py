@@ -204,7 +204,10 @@ def main(argv: list[str] | None = None) -> int:
 def checkpointer(rank: int, extra_mb: int) -> Callable[[nn.Module, torch.optim.Optimizer], None]:
     """What a training loop's periodic checkpoint does: rank 0 writes the model's and the optimizer's
     state (and ``extra_mb`` of other state) to local storage and syncs it while every other rank
-    waits at a barrier. The file is rewritten in place, in a directory removed at exit."""
+    waits at a barrier. The file is rewritten in place, in a directory removed at exit; only rank 0
+    holds the extra state."""
+    if rank != 0:
+        return lambda model, opt: dist.barrier()
     import atexit
     import shutil
     import tempfile
@@ -214,11 +217,10 @@ def checkpointer(rank: int, extra_mb: int) -> Callable[[nn.Module, torch.optim.O
     extra = torch.zeros(extra_mb * (1 << 20) // 4)
 
     def save(model: nn.Module, opt: torch.optim.Optimizer) -> None:
-        if rank == 0:
-            path = where / "checkpoint.pt"
-            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "extra": extra}, path)
-            with open(path, "rb+") as f:
-                os.fsync(f.fileno())
+        path = where / "checkpoint.pt"
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "extra": extra}, path)
+        with open(path, "rb+") as f:
+            os.fsync(f.fileno())
         dist.barrier()
     return save
 
