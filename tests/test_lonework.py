@@ -18,7 +18,7 @@ import numpy as np
 from eroica_runtime import summary
 from eroica_runtime.engine import Thresholds, build_table, diagnose
 from eroica_runtime.engine.attribution import find_culprits
-from eroica_runtime.engine.lonework import lone_steps
+from eroica_runtime.engine.lonework import NOTED, LoneWork, lone_steps, taken_out_note
 from eroica_runtime.engine.model import Diagnosis
 from eroica_runtime.engine.peers import form_peers
 from eroica_runtime.report import format_capture
@@ -102,3 +102,13 @@ def test_a_steady_culprit_is_named_though_another_ranks_checkpoint_made_the_wind
     lone = {r: w for rows in peers.groups for r, w in lone_steps(table, rows, Thresholds()).items()}
     assert 1 in {int(table.rank[c.row]) for c in find_culprits(table, peers, Thresholds(), [], lone)}
     assert 1 not in {int(table.rank[c.row]) for c in find_culprits(table, peers, Thresholds(), [], {})}
+
+
+def test_lone_work_in_many_peer_groups_is_one_bounded_note() -> None:
+    """A job whose every pipeline stage has a rank saving its shard: one note a capture, naming the
+    first few ranks and counting the rest, not a note a group."""
+    _, sums = _captures()[50]
+    table = build_table(sums)
+    works = [LoneWork(row, (0,), 500.0 + row) for row in range(table.n)] * 3
+    note = taken_out_note(table, works)
+    assert note.count("ms in step 50") == NOTED and f"and {len(works) - NOTED} more rank(s)" in note, note

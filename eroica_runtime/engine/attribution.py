@@ -144,6 +144,8 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
     alone = alone or {}
     out: list[Culprit] = []
     luck: list[tuple[int, float, dict[str, Any]]] = []
+    taken_out: list[LoneWork] = []   # lone work the group's other ranks were judged without
+    one_offs: list[LoneWork] = []    # lone work under the noise that the steps before the window do not show
     for gi, rows in enumerate(peers.groups):
         if len(rows) < 2:
             continue
@@ -161,8 +163,7 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
         levels = [(step_ref, noise, limit)] * len(rows)
         robust = robust_levels(table, rows, alone, th)
         if robust is not None:
-            if notes is not None:
-                notes.append(taken_out_note(table, [alone[int(r)] for r in rows.tolist() if int(r) in alone]))
+            taken_out += [alone[int(r)] for r in rows.tolist() if int(r) in alone]
             r_ref, r_noise = robust
             r_level = (r_ref, r_noise, max(th.abs_ms, min(th.rel_step, th.small_rel_step) * r_ref, r_noise))
             levels = [(step_ref, noise, limit) if int(r) in alone else r_level for r in rows.tolist()]
@@ -189,8 +190,8 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
                     if again is not None:
                         found[k] = (excess, c_own.sigma, None, d_wait, WAIT_SHARE)
                         recurring[k] = again
-                    elif notes is not None:
-                        notes.append(one_off_note(table, alone[int(rows[k])]))
+                    else:
+                        one_offs.append(alone[int(rows[k])])
         # one part alone only where a wait for a CPU is told from work (the device, or the step clock's run
         # queue): without it, a rank preempted in one phase of a healthy window looks like its straggler
         parts_ok = table.has_device(rows) or bool(np.isfinite(table.sch("cpu")[rows] + table.sch("runq")[rows]).all())
@@ -225,6 +226,9 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
                                step=float(step_all[row]), step_ref=step_ref, phase_excess=pex,
                                phase_ref={p: float(ph_ref[i]) for i, p in enumerate(part_names)},
                                device=table.has_device(rows), sched=sched, alone=recurring.get(k)))
+    if notes is not None:
+        notes += ([taken_out_note(table, taken_out)] if taken_out else []) + \
+            ([one_off_note(table, one_offs)] if one_offs else [])
     if luck and notes is not None:
         notes.append(
             f"{len(luck)} rank(s) slow in this window only because they waited for a CPU (run queue) more "

@@ -156,19 +156,26 @@ def describe(lone: dict[str, Any], category: str) -> tuple[str, str]:
             f"window too ({cost}", action)
 
 
-def taken_out_note(table: Table, lone: list[LoneWork]) -> str:
-    """The note for a group whose other ranks were judged without the steps ``lone`` worked alone in."""
+NOTED = 4   # lone works a note lists by rank; the rest are counted (one note a capture, however many groups)
+
+
+def _listed(table: Table, works: list[LoneWork], said: str) -> str:
+    """"rank 0 563 ms in step 50; ..." for the first NOTED of ``works``, and how many more."""
     first = table.capture_step
-    said = "; ".join(f"rank {int(table.rank[w.row])} {w.ms:.0f} ms in step "
-                     + ", ".join(str(first + s) if first is not None else f"#{s}" for s in w.steps) for w in lone[:4])
-    return (f"window steps one rank worked in alone while its peers waited ({said}): the other ranks were judged "
-            "on the window's other steps")
+    text = "; ".join(f"rank {int(table.rank[w.row])} {w.ms:.0f} ms {said} step "
+                     + ", ".join(str(first + s) if first is not None else f"#{s}" for s in w.steps)
+                     for w in works[:NOTED])
+    return text + (f"; and {len(works) - NOTED} more rank(s)" if len(works) > NOTED else "")
 
 
-def one_off_note(table: Table, work: LoneWork) -> str:
+def taken_out_note(table: Table, works: list[LoneWork]) -> str:
+    """The note for the peer groups whose other ranks were judged without the steps ``works`` were done in."""
+    return (f"window steps one rank worked in alone while its peers waited ({_listed(table, works, 'in')}): the other "
+            "ranks were judged on the window's other steps")
+
+
+def one_off_note(table: Table, works: list[LoneWork]) -> str:
     """The note for lone work the steps before the window do not show as recurring (``periodic``)."""
-    first = table.capture_step
-    where = ", ".join(str(first + s) if first is not None else f"#{s}" for s in work.steps)
-    return (f"rank {int(table.rank[work.row])} worked {work.ms:.0f} ms alone in window step {where} while its peers "
-            "waited; the steps before the window show no such work worth a share of the step (as far as its CPU "
-            "shows): a one-off, or work blocked on storage (a checkpoint?), not reported as a per-step cost")
+    return (f"work alone in a window step while the peers waited ({_listed(table, works, 'alone in')}); the steps "
+            "before the window show no such work worth a share of the step (as far as the rank's CPU shows): a "
+            "one-off, or work blocked on storage (a checkpoint?), not reported as a per-step cost")
