@@ -21,6 +21,7 @@ import click
 
 from eroica_runtime import report, reportdir, summary
 from eroica_runtime.engine import Diagnosis
+from eroica_runtime.engine.ingest import CaptureBytes
 from eroica_runtime.pipeline import Pipeline
 from eroica_runtime.reportdir import (
     MAX_CAPTURE_BYTES,
@@ -29,6 +30,7 @@ from eroica_runtime.reportdir import (
     InputError,
     capture_files,
     read_capped,
+    read_capture,
 )
 
 
@@ -56,13 +58,14 @@ def _old_report(root: Path) -> dict[str, Any]:
     return old if isinstance(old, dict) else {}
 
 
-def _read_ahead(files: list[Path]) -> Iterator[tuple[Path, bytes | Exception]]:
+def _read_ahead(files: list[Path]) -> Iterator[tuple[Path, CaptureBytes | Exception]]:
     """Each capture file's bytes (or why it could not be read), in order; the next file is read in a
-    thread while the caller analyses this one (at 100,000 ranks a file is ~1.1 GB and ~0.6 s to
-    read: most of it overlaps the analysis; at most two files are held at once)."""
-    def read(path: Path) -> bytes | Exception:
+    thread while the caller analyses this one (at 100,000 ranks a file is ~1.1 GB, mapped rather than
+    copied, reportdir.read_capture; its pages are brought in while the previous file is analysed; at
+    most two files are held at once)."""
+    def read(path: Path) -> CaptureBytes | Exception:
         try:
-            return read_capped(path, MAX_CAPTURE_BYTES)
+            return read_capture(path, MAX_CAPTURE_BYTES)
         except (OSError, InputError) as exc:
             return exc
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import msgpack
+import pytest
 from click.testing import CliRunner
 
 from eroica_launch.offline import analyze_cmd, show_cmd, synth_cmd
@@ -100,3 +101,50 @@ def test_analyze_real_report_dir(tmp_path: Path) -> None:
     d44 = json.loads((out / "diagnosis-44.json").read_text())
     assert any("gc/io phases larger than the step" in n and "rank 2" in n for n in d44["notes"])
     assert doc["steps"] == 90 and "<polyline" in (out / "report.html").read_text()
+
+
+def test_a_large_capture_is_mapped_and_diagnosed_as_when_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`eroica analyze` maps capture files from MAP_FROM_BYTES on instead of copying them (a
+    100,000-rank file is 1.15 GB); the engine reads the mapping exactly as it reads bytes."""
+    import mmap
+    import shutil
+
+    from eroica_runtime import reportdir
+    src = Path(__file__).parent / "data" / "engine" / "e2e-compute"
+    read, mapped = tmp_path / "read", tmp_path / "mapped"
+    shutil.copytree(src, read)
+    shutil.copytree(src, mapped)
+    assert CliRunner().invoke(analyze_cmd, [str(read)]).exit_code == 0
+    got: list[object] = []
+    real = reportdir.read_capture
+
+    def spy(path, limit=reportdir.MAX_CAPTURE_BYTES, **kw):  # type: ignore[no-untyped-def]
+        got.append(real(path, limit, **kw))
+        return got[-1]
+
+    monkeypatch.setattr(reportdir, "MAP_FROM_BYTES", 1)
+    monkeypatch.setattr("eroica_launch.offline.read_capture", spy)
+    res = CliRunner().invoke(analyze_cmd, [str(mapped)])
+    assert res.exit_code == 0, res.output
+    assert got and all(isinstance(d, mmap.mmap) for d in got)
+    names = sorted(p.name for p in read.glob("diagnosis-*.json"))
+    assert names and names == sorted(p.name for p in mapped.glob("diagnosis-*.json"))
+
+    def same(doc: dict) -> dict:
+        return {k: v for k, v in doc.items() if k not in ("engine_s", "generated_at")}
+    for name in [*names, "report.json"]:
+        a, b = (json.loads((d / name).read_text()) for d in (read, mapped))
+        assert same(a) == same(b), name
+    # the limits and refusals stay those of a read: one line naming the file
+    cap = next((mapped / "captures").glob("*.msgpack"))
+    for bad, why in ((lambda: reportdir.read_capture(cap, 10, map_from=1), "over the 10-byte limit"),
+                     (lambda: reportdir.read_capture(mapped / "captures", map_from=1), "not a regular file")):
+        try:
+            bad()
+        except reportdir.InputError as exc:
+            assert why in str(exc) and str(cap.parent) in str(exc)
+        else:
+            raise AssertionError(why)
+    empty = tmp_path / "empty.msgpack"
+    empty.write_bytes(b"")
+    assert reportdir.read_capture(empty, map_from=0) == b""

@@ -20,6 +20,7 @@ Pure: no MPI, no torch.
 
 from __future__ import annotations
 
+import mmap
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +35,10 @@ from eroica_runtime.engine.blockcodec import BlockError
 from eroica_runtime.engine.table import Table, TableBuilder, block_wants
 from eroica_runtime.summary import schema
 from eroica_runtime.summary.layout import Layout, Rows, Unsupported
+
+# a capture file's bytes: read, or a large file mapped read-only (reportdir.read_capture); the reader
+# only indexes, slices and takes buffer views of it, which both offer
+CaptureBytes = bytes | mmap.mmap
 
 CHUNK_BYTES = 12 << 20        # summaries compared and read at once: ~1,000, cache-sized (measured best)
 MAX_LAYOUTS = 32              # per summary length; more distinct layouts: one at a time
@@ -56,7 +61,7 @@ class Ingested:
     useless: int = 0                     # layouts derived that matched nothing else
     error_index: list[int] = field(default_factory=list)   # capture position of each line in errors
     drill: dict[int, bytes] | None = None  # capture/2: the raw summaries the leaders forwarded, by rank
-    _data: bytes = b""
+    _data: CaptureBytes = b""
     _starts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     _lens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     _blobs: list[Any] | None = None      # the file's summaries when it was decoded whole
@@ -116,7 +121,7 @@ class Ingested:
         self._starts = self._lens = np.zeros(0, dtype=np.int64)
 
 
-def read_capture(data: bytes, *, origin: str = "capture",
+def read_capture(data: CaptureBytes, *, origin: str = "capture",
                  max_bytes_per_summary: int = schema.MAX_SUMMARY_BYTES) -> Ingested:
     """Decode and validate one capture file's bytes into columns; SummaryError when the file itself
     is unusable (the message ``decode_capture`` gives)."""
@@ -370,7 +375,7 @@ def _take(ing: Ingested, lay: Layout, rows: Rows, part: np.ndarray, left: np.nda
 
 # ---- the capture file's outer map, without copying its summaries --------------------------------------
 
-def _outer(data: bytes) -> tuple[dict[Any, Any], tuple[np.ndarray, np.ndarray]] | None:
+def _outer(data: CaptureBytes) -> tuple[dict[Any, Any], tuple[np.ndarray, np.ndarray]] | None:
     """(every field but the summaries, (start, length) of each summary) of a capture file whose
     summaries are one array of msgpack bin; None for anything else (decoded whole by the caller,
     so malformed files get msgpack's own verdict)."""
@@ -396,7 +401,7 @@ def _outer(data: bytes) -> tuple[dict[Any, Any], tuple[np.ndarray, np.ndarray]] 
         return None
 
 
-def _bins(data: bytes, p: int, n: int) -> tuple[None, np.ndarray, np.ndarray] | None:
+def _bins(data: CaptureBytes, p: int, n: int) -> tuple[None, np.ndarray, np.ndarray] | None:
     """(None, starts, lengths) of ``n`` consecutive msgpack bin values from ``p``; None if they are not.
 
     A run of summaries of one size (a job's ranks mostly share a layout) is found with numpy: where
@@ -442,7 +447,7 @@ def _bins(data: bytes, p: int, n: int) -> tuple[None, np.ndarray, np.ndarray] | 
 class _From:
     """A file-like view of ``data`` from ``p`` (msgpack's Unpacker reads it a chunk at a time)."""
 
-    def __init__(self, data: bytes, p: int) -> None:
+    def __init__(self, data: CaptureBytes, p: int) -> None:
         self.view, self.p = memoryview(data), p
 
     def read(self, n: int = -1) -> bytes:
@@ -452,7 +457,7 @@ class _From:
         return out
 
 
-def _value(data: bytes, p: int) -> tuple[Any, int]:
+def _value(data: CaptureBytes, p: int) -> tuple[Any, int]:
     """The msgpack value at ``p`` and the offset after it (decoded in C; raises on anything malformed)."""
     up = msgpack.Unpacker(_From(data, p), raw=False, strict_map_key=False, read_size=1 << 16,
                           max_buffer_size=len(data))
@@ -460,7 +465,7 @@ def _value(data: bytes, p: int) -> tuple[Any, int]:
     return value, p + up.tell()
 
 
-def _header(data: bytes, p: int, fix: int, first16: int) -> tuple[int, int]:
+def _header(data: CaptureBytes, p: int, fix: int, first16: int) -> tuple[int, int]:
     """A map (fix=0x80, first16=0xde) or array (0x90, 0xdc) header at ``p``: (offset after, count)."""
     t = data[p]
     if fix <= t <= fix + 0x0F:
