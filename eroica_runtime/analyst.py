@@ -27,6 +27,17 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def refused_text(step: int, what: str, max_captures: int) -> str:
+    """Rank 0's line when the capture budget refuses a capture: once for the first slowdown it
+    refuses (``what`` is the detector that voted), every time for a person's request."""
+    spent = f"the capture budget is spent ({max_captures} captures, --max-captures / EROICA_MAX_CAPTURES)"
+    if what == "request":
+        return (f"eroica: step {step}: capture requested (SIGUSR1, the trigger file or --capture-at-steps), "
+                f"but {spent}: not captured")
+    return (f"eroica: step {step}: steps slowed ({what}), but {spent}: nothing more is captured in this job "
+            "(step times are still recorded; the job report counts what was not captured)")
+
+
 class Analyst:
     def __init__(self, report_dir: str, world_size: int, topology: str = "") -> None:
         self.report_dir = Path(report_dir)

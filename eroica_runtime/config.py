@@ -59,10 +59,13 @@ class Config:
     lost_window: int = setting(48, "Throughput rule window (steps).", metavar="N", lo=4, hi=100000)
     burst_window_steps: int = setting(16, "Steps profiled when the throughput rule fires: slowness that comes and "
                                           "goes needs a window longer than its gaps.", metavar="K", lo=1, hi=1000)
-    capture_at_steps: tuple[int, ...] = setting((), "Also capture at these steps, e.g. 100,500.",
+    capture_at_steps: tuple[int, ...] = setting((), "Also capture at these steps, e.g. 100,500 (a step inside "
+                                                    "another capture's window is taken when that window ends).",
                                                 metavar="S,S", lo=0)
     cooldown_steps: int = setting(30, "Minimum steps between two captures.", metavar="N", lo=0)
-    max_captures: int = setting(8, "Capture budget per job (baseline included).", metavar="N", lo=0, hi=100000)
+    max_captures: int = setting(8, "Capture budget per job (baseline included). Once spent, rank 0 says so at the "
+                                   "first slowdown and at every request it refuses, and the job report counts them.",
+                                metavar="N", lo=0, hi=100000)
     max_profiled_fraction: float = setting(0.2, "Cap on the fraction of steps spent profiling (the baseline and "
                                                 "the first detector-triggered capture are always allowed).",
                                            metavar="F",

@@ -466,6 +466,20 @@ def _steps_text(report: dict[str, Any]) -> str:
     return f"{_text(report.get('steps'))} steps"
 
 
+def refused_summary(refused: Any) -> str:
+    """The job report's line for captures the budget refused ("" for none; text and report.html)."""
+    if not isinstance(refused, dict):
+        return ""
+    n, asked, first, cap = (refused.get(k) for k in ("slowdowns", "requests", "first_step", "max_captures"))
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (n, asked)) or not (n or asked):
+        return ""
+    what = " and ".join(x for x in (f"{n} slowdown(s)" if n else "", f"{asked} request(s)" if asked else "") if x)
+    since = f" from step {first} on" if isinstance(first, int) and not isinstance(first, bool) else ""
+    budget = f" of {cap}" if isinstance(cap, int) and not isinstance(cap, bool) else ""
+    return (f"  not captured: {what}{since}: the capture budget{budget} was spent (--max-captures / "
+            "EROICA_MAX_CAPTURES); raise it to keep watching a long job")
+
+
 def format_job(report: dict[str, Any], report_dir: str | os.PathLike[str] | None = None) -> str:
     """Text block at job end (also what `eroica show` prints)."""
     findings = report.get("findings") or []
@@ -503,6 +517,9 @@ def format_job(report: dict[str, Any], report_dir: str | os.PathLike[str] | None
     lost = format_time_lost((report.get("job") or {}).get("time_lost")) if findings else ""
     if lost:
         lines.append(lost)
+    refused = refused_summary((report.get("job") or {}).get("captures_refused"))
+    if refused:
+        lines.append(refused)
     errors = sum(len(c.get("errors") or []) for c in caps)
     missing = sum(len(c.get("missing") or []) for c in caps)
     if errors or missing:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from eroica_runtime.report import calls_text, format_time_lost, passing_text, slower_text
+from eroica_runtime.report import calls_text, format_time_lost, passing_text, refused_summary, slower_text
 
 _CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1200px}
 h1{font-size:20px}h2{font-size:17px;margin-top:28px}h3{font-size:15px}
@@ -210,6 +210,9 @@ def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
         if caps:
             parts.append("<p>Captures: " + ", ".join(f"step {_e(c.get('step'))} ({_e(c.get('trigger'))})"
                                                       for c in caps[:50]) + "</p>")
+        refused = refused_summary(job.get("captures_refused"))
+        if refused:
+            parts.append(f'<p class="cat">{_e(refused.strip()[0].upper() + refused.strip()[1:])}</p>')
         per_rank = [r for r in job.get("per_rank") or [] if isinstance(r, dict)]
         if per_rank:
             cols = ["rank", "host", "steps", "median_ms", "p99_ms", "eroica_ms"]

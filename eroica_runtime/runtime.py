@@ -251,6 +251,8 @@ class Runtime:
                 self._gather_pending(step)
             voted = voted[:-1]
         if self.capture.active:
+            if voted is not None and voted[2]:
+                self.trigger.requested()   # a person's request waits for this window to end
             last = self.capture.step + self.capture.k - 1  # type: ignore[operator]
             if step >= last:
                 self._close_window(step)
@@ -263,6 +265,12 @@ class Runtime:
                 self.capture.mark()
             return
         decision = self.trigger.decide(step, voted)
+        said = self.trigger.take_said()
+        if said and self.rank == 0:
+            from eroica_runtime.analyst import refused_text, say
+
+            for at, what in said:
+                say(refused_text(at, what, cfg.max_captures))
         if decision is None:
             self._advance_pending(t0)
         else:
@@ -513,7 +521,8 @@ class Runtime:
             from eroica_runtime.analyst import job_stats
 
             self.analyst.write_job(steps=self.clock.step, job={**job_stats({0: stats}, self.side.size),
-                                                               **self._time_lost(), "flushed_by": why},
+                                                               **self._time_lost(), **self._refused(),
+                                                               "flushed_by": why},
                                    history=self.clock.all_ms)
             self._warn(f"{why}: report flushed to {self.report_dir}")
         except Exception as exc:
@@ -608,6 +617,13 @@ class Runtime:
                                                              cfg.lost_window))
         return {} if lost is None else {"time_lost": lost.to_json()}
 
+    def _refused(self) -> dict[str, Any]:
+        """``{"captures_refused": ...}`` once the capture budget refused a capture (trigger.Refused), else {}."""
+        r = self.trigger.refused
+        if not (r.slowdowns or r.requests):
+            return {}
+        return {"captures_refused": {**r.to_json(), "max_captures": self.cfg.max_captures}}
+
     def _write_job_end(self, stats: dict[str, Any]) -> None:
         """Rank 0: wait (bounded) for the analyst, write report.json/html, then print the job report."""
         from eroica_runtime.analyst import format_job_stats
@@ -615,7 +631,7 @@ class Runtime:
 
         if not self.analyst.wait(max(30.0, self.cfg.deadline_s)):
             self._warn("job end: analysis still running after 30s; writing the report without it")
-        stats = {**stats, **self._time_lost()}
+        stats = {**stats, **self._time_lost(), **self._refused()}
         rep = self.analyst.write_job(steps=stats["steps"], job=stats, history=self.clock.all_ms)
         print(format_job_stats(stats, self.analyst.captures), file=sys.stderr)
         print(format_job(rep, self.report_dir), file=sys.stderr, flush=True)

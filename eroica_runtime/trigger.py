@@ -132,6 +132,10 @@ class Detector:
             return self.level
         return None
 
+    def learning(self) -> bool:
+        """The spike rule has not yet seen the steps it needs for a reference (it judges nothing)."""
+        return len(self.history) < max(10, self.cfg.spike_steps * 3)
+
     def _forget_best_window(self) -> None:
         """The drift rule starts over: the level a capture acknowledged is its new reference."""
         self.window = deque(maxlen=max(self.cfg.drift_window, 2))
@@ -257,7 +261,7 @@ class Detector:
         self.recent.append(ms)
         self.tail.append(ms)
         self.raised = False
-        if len(self.history) < max(10, cfg.spike_steps * 3):
+        if self.learning():
             return False
         history = sorted(self.history)
         reference = self.reference = history[len(history) // 2]
@@ -325,6 +329,12 @@ class Trigger:
         self.baseline_step = cfg.warmup_steps + 2 if cfg.baseline else None
         self.window_trigger = ""      # the current (or last) window's trigger, and its profiled steps
         self.window_ms: list[float] = []
+        # a person's request (SIGUSR1, the trigger file) or a --capture-at-steps step that came while a
+        # window was open waits for it to end instead of being dropped; agreed like everything here
+        self.manual_waiting = False
+        self.scheduled = sorted(set(cfg.capture_at_steps))
+        self.refused = Refused()
+        self.said: list[tuple[int, str]] = []   # (step, what) the budget refused, for rank 0 to say once
 
     # ---- local side ----------------------------------------------------------------------------------
     def local_flags(self, step: int, ms: float, in_window: bool, stops: int = 0) -> np.ndarray:
@@ -337,12 +347,15 @@ class Trigger:
         if step < self.cfg.warmup_steps:
             return flags
         if in_window or step <= self.busy_until:
-            if step > self.window_until and self.window_trigger == "baseline":
+            if step > self.window_until and (self.window_trigger == "baseline" or self.detector.learning()):
                 # after the baseline's window, while its summary is built and gathered: judged, never
                 # voted on (the build's slices disturb the votes). The rules have only the one or two
                 # steps before the window to go on: skipping these too left the spike rule without a
                 # reference for 12 more steps, and a slowdown starting in them became the reference
-                # (a slow link from step 55, the baseline at 28 built until step 47: never captured)
+                # (a slow link from step 55, the baseline at 28 built until step 47: never captured).
+                # The same after any capture that comes while the spike rule still learns its
+                # reference: a person's capture right after the baseline (--capture-at-steps 14) left
+                # it a few steps, and a fault from step 40 was the job's "normal" by step 54
                 self.detector.observe_all(ms, stops)
             else:
                 self._in_window(step, ms)
@@ -377,6 +390,16 @@ class Trigger:
         # short job must not lose its one diagnosis to the share cap
         return self.profiled_steps == 0 or (self.profiled_steps + k) <= max(k, cfg.max_profiled_fraction * start)
 
+    def requested(self) -> None:
+        """A person's request was voted while a window is open (the runtime does not call ``decide``
+        then): it waits for the window to end. Called on every rank with the same vote."""
+        self.manual_waiting = True
+
+    def _due(self, start: int) -> bool:
+        """A --capture-at-steps step this capture (lead-in ``start``) reaches: its own, or one an open
+        window held back (taken late rather than never)."""
+        return bool(self.scheduled) and self.scheduled[0] <= start + 1
+
     def decide(self, step: int, voted: np.ndarray | None) -> Decision | None:
         """At the boundary after ``step``: does a capture start at step+1? Same answer on all ranks.
 
@@ -384,23 +407,41 @@ class Trigger:
         """
         start = step + 1
         trigger = None
+        if voted is not None and voted[2]:
+            self.manual_waiting = True
+        asked = self.manual_waiting or self._due(start)
         if self.baseline_step is not None and start == self.baseline_step:
             trigger = "baseline"
-        elif start + 1 in self.cfg.capture_at_steps:  # start is the lead-in; the window follows it
+        elif asked:
             trigger = "manual"
         elif voted is not None and voted.any():
-            # a person asking wins over the detectors, and is not held back by cooldown or budget share
-            trigger = "manual" if voted[2] else ("spike" if voted[0] else "drift" if voted[1] else "throughput")
+            trigger = "spike" if voted[0] else "drift" if voted[1] else "throughput"
             settled = max(self.cfg.warmup_steps, self.baseline_step or 0)  # never before the baseline
-            if trigger != "manual" and (start <= settled or not self._allowed(start, self.window_for(trigger))):
+            if start <= settled:
+                return None
+            if not self._allowed(start, self.window_for(trigger)):
+                if self.captures >= self.cfg.max_captures:
+                    self._refuse(start + 1, trigger)
                 return None
         if trigger is None:
             return None
         # a person's or the schedule's capture waits only for the window in progress, not for the
-        # vote lag after it (that guards the detectors against judging profiled steps)
-        if trigger in ("baseline", "manual") and (self.captures >= self.cfg.max_captures
-                                                  or start <= self.window_until):
-            return None
+        # vote lag after it (that guards the detectors against judging profiled steps), and is not
+        # held back by cooldown or budget share; the budget itself refuses it (said, not dropped)
+        if trigger in ("baseline", "manual"):
+            if start <= self.window_until:
+                return None
+            if self.captures >= self.cfg.max_captures:
+                if trigger == "manual":
+                    self.manual_waiting = False
+                    while self._due(start):
+                        self.scheduled.pop(0)
+                    self._refuse(start + 1, "request")
+                return None
+        if trigger == "manual":
+            self.manual_waiting = False
+            while self._due(start):
+                self.scheduled.pop(0)
         k = self.window_for(trigger)
         self.captures += 1
         if trigger != "baseline":
@@ -413,3 +454,37 @@ class Trigger:
         if trigger != "baseline":
             self.detector.reset()
         return Decision(start, trigger, k)
+
+    def _refuse(self, step: int, what: str) -> None:
+        """The budget refused a capture whose window would have begun at ``step``: counted (a slowdown
+        once, however many consecutive steps it keeps voting) and, the first time for a slowdown and
+        every time for a person's request, queued in ``said``."""
+        r = self.refused
+        first = r.first_step if r.first_step is not None else step
+        if what == "request":
+            self.refused = Refused(r.slowdowns, r.requests + 1, first, step)
+            self.said.append((step, what))
+            return
+        new = not r.slowdowns or r.last_step != step - 1
+        self.refused = Refused(r.slowdowns + int(new), r.requests, first, step)
+        if not r.slowdowns:
+            self.said.append((step, what))
+
+    def take_said(self) -> list[tuple[int, str]]:
+        """What the budget refused since the last call (rank 0 prints it)."""
+        out, self.said = self.said, []
+        return out
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Captures the budget (--max-captures) refused: slowdowns the detectors voted for (a run of
+    consecutive voting steps counts once), people's requests, and the first and latest step."""
+
+    slowdowns: int = 0
+    requests: int = 0
+    first_step: int | None = None
+    last_step: int | None = None
+
+    def to_json(self) -> dict[str, int | None]:
+        return {"slowdowns": self.slowdowns, "requests": self.requests, "first_step": self.first_step}

@@ -283,3 +283,25 @@ def test_one_rank_alone_is_never_called_healthy() -> None:
     assert "healthy" not in head and "one rank, no peer to compare it with" in head, head
     # two ranks that agree are healthy, as before
     assert "healthy — 2/2 ranks agree" in report.format_capture(diagnose(_job(2), step=7, trigger="t", world_size=2))
+
+
+def test_a_job_whose_budget_refused_captures_says_so_under_healthy(tmp_path: Path) -> None:
+    """"healthy" over the captures taken is not the whole story when the budget then refused
+    slowdowns: the job report (text, `eroica show`, report.html) says what was not captured."""
+    from eroica_runtime.analyst import refused_text
+
+    d = diagnose(_job(), step=7, trigger="slow_step", world_size=8)
+    job = {"captures_refused": {"slowdowns": 3, "requests": 1, "first_step": 2013, "max_captures": 8}}
+    doc = report.write_job(tmp_path, diagnoses=[d], world_size=8, steps=5000, job=job)
+    text = report.format_job(doc, tmp_path)
+    head, *rest = text.splitlines()
+    assert "healthy" in head
+    assert rest == ["  not captured: 3 slowdown(s) and 1 request(s) from step 2013 on: the capture budget of 8 "
+                    "was spent (--max-captures / EROICA_MAX_CAPTURES); raise it to keep watching a long job"]
+    assert "Not captured: 3 slowdown(s)" in (tmp_path / "report.html").read_text()
+    # nothing refused, or a foreign value: no line
+    for odd in (None, {}, {"slowdowns": 0, "requests": 0}, {"slowdowns": "3", "requests": 1}, [3]):
+        assert report.refused_summary(odd) == ""
+    assert "not captured" in refused_text(96, "request", 8)
+    line = refused_text(2013, "drift", 8)
+    assert line.startswith("eroica: step 2013: steps slowed (drift), but the capture budget is spent (8 captures")

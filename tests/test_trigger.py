@@ -158,11 +158,14 @@ def _captures(steps: list[float], cfg: Config, retry_after: int | None = None) -
     return started
 
 
-def _job_captures(ranks: list[list[float]], cfg: Config, quiet_after: int = 0) -> list[tuple[int, str]]:
+def _job_captures(ranks: list[list[float]], cfg: Config, quiet_after: int = 0,
+                  decide_when_quiet: bool = False) -> list[tuple[int, str]]:
     """``_captures`` for a job: one Trigger per rank, each fed its own steps, and the vote every rank
     gets is the MAX of all ranks' flags, ``vote_lag`` steps late (as the side channel's Iallreduce).
     ``quiet_after``: steps after each window that the detectors do not judge either, as the runtime
-    holds them back while the summary is built and gathered (16 in the demo's runs)."""
+    holds them back while the summary is built and gathered (16 in the demo's runs).
+    ``decide_when_quiet``: the schedule is consulted in those steps too, as Runtime._boundary does
+    (only an open window skips it), so a person's capture may start while a summary is built."""
     trigs = [Trigger(cfg) for _ in ranks]
     votes: list[np.ndarray] = []
     started: list[tuple[int, str]] = []
@@ -171,7 +174,7 @@ def _job_captures(ranks: list[list[float]], cfg: Config, quiet_after: int = 0) -
         in_window = step <= quiet_end
         votes.append(np.max([t.local_flags(step, r[step], in_window) for t, r in zip(trigs, ranks, strict=True)], axis=0))
         voted = votes.pop(0) if len(votes) > cfg.vote_lag else None
-        if in_window:
+        if in_window and not (decide_when_quiet and step > window_end):
             continue
         decisions = {t.decide(step, voted) for t in trigs}
         assert len(decisions) == 1, decisions   # the agreed side: the same answer on every rank
@@ -346,3 +349,61 @@ def test_a_slowdown_that_went_away_and_came_back_is_captured_again() -> None:
     # rule too, which otherwise captured the same return again 30 steps later
     assert len(caps) == 3 and 40 < caps[1][0] <= 50 and 110 < caps[2][0] <= 122, caps
 
+
+
+def test_a_request_or_scheduled_step_during_an_open_window_is_taken_when_it_ends() -> None:
+    """A person's SIGUSR1 that arrives while a window is open (the runtime then only tells the trigger
+    ``requested``), and a --capture-at-steps step inside another capture's window, are captured once
+    that window ends, not dropped."""
+    cfg = Config(warmup_steps=10, capture_at_steps=(14,))
+    trig = Trigger(cfg)
+    started = []
+    for step in range(40):
+        if step == 20:
+            trig.requested()     # voted while the window below is open
+        if trig.window_until >= step + 1:
+            continue             # the runtime does not decide while a window is open
+        d = trig.decide(step, None)
+        if d is not None:
+            started.append((d.start_step + 1, d.trigger))
+    assert started[0] == (13, "baseline")
+    assert started[1] == (17, "manual")      # 14 fell in the baseline's window (13-15): taken after it
+    assert started[2][1] == "manual" and started[2][0] > 20 and len(started) == 3
+
+
+def test_the_budget_says_what_it_refuses_a_slowdown_once_and_every_request() -> None:
+    """With the budget spent, a slowdown that keeps voting counts once a run of votes and is said
+    once for the job; a person's request is refused and said every time; the same on every rank."""
+    cfg = Config(warmup_steps=0, baseline=False, cooldown_steps=5, max_captures=1, window_steps=3)
+    a, b = Trigger(cfg), Trigger(cfg)
+    spike, manual, none = np.array([1, 0, 0, 0]), np.array([0, 0, 1, 0]), np.zeros(4, dtype=np.int64)
+    votes = {**{s: spike for s in range(10, 60)}, **{s: spike for s in range(70, 80)}, 90: manual, 95: manual}
+    taken = []
+    for step in range(100):
+        v = votes.get(step, none)
+        da, db = a.decide(step, v), b.decide(step, v)
+        assert da == db and a.said == b.said
+        if da:
+            taken.append(da.trigger)
+    assert taken == ["spike"]
+    assert a.refused == b.refused
+    assert (a.refused.slowdowns, a.refused.requests) == (2, 2)
+    assert a.refused.first_step is not None and a.refused.first_step > 10
+    said = a.take_said()
+    assert [w for _, w in said] == ["spike", "request", "request"] and a.take_said() == []
+    assert [s for s, _ in said][1:] == [92, 97]   # the steps their windows would have begun at
+
+
+def test_a_slowdown_soon_after_a_persons_early_capture_is_still_captured() -> None:
+    """A person's capture right after the baseline (--capture-at-steps 20) and its summary's build
+    (20 steps on this machine's 4-rank jobs) left the spike rule a handful of steps of reference; a
+    fault from step 40 filled its history and became the job's normal: never captured (a real
+    4-rank job, compute +60 ms on rank 1 from step 40: only the person's second capture at 90 saw it).
+    The rules now judge, without voting, the build steps of any capture while they still learn."""
+    cfg = Config(capture_at_steps=(20, 90))
+    ranks = [[s * (1.0 if i < 40 else 1.7) for i, s in enumerate(_jitter(120, base=75.0, seed=r))]
+             for r in range(4)]
+    got = _job_captures(ranks, cfg, quiet_after=20, decide_when_quiet=True)
+    assert got[:2] == [(13, "baseline"), (20, "manual")]
+    detected = [(s, t) for s, t in got if t in DETECTED]
+    assert detected and 40 < detected[0][0] <= 60, got
