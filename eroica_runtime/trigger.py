@@ -400,6 +400,12 @@ class Trigger:
         window held back (taken late rather than never)."""
         return bool(self.scheduled) and self.scheduled[0] <= start + 1
 
+    def _answered(self, start: int) -> None:
+        """The waiting request and every scheduled step up to this capture are answered (taken or refused)."""
+        self.manual_waiting = False
+        while self._due(start):
+            self.scheduled.pop(0)
+
     def decide(self, step: int, voted: np.ndarray | None) -> Decision | None:
         """At the boundary after ``step``: does a capture start at step+1? Same answer on all ranks.
 
@@ -433,15 +439,11 @@ class Trigger:
                 return None
             if self.captures >= self.cfg.max_captures:
                 if trigger == "manual":
-                    self.manual_waiting = False
-                    while self._due(start):
-                        self.scheduled.pop(0)
+                    self._answered(start)
                     self._refuse(start + 1, "request")
                 return None
         if trigger == "manual":
-            self.manual_waiting = False
-            while self._due(start):
-                self.scheduled.pop(0)
+            self._answered(start)
         k = self.window_for(trigger)
         self.captures += 1
         if trigger != "baseline":
