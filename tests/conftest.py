@@ -18,6 +18,14 @@ RANK_ENV = {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1", "MPIR_CVAR_POLLS_BEFORE_YIELD":
             "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
+def captures(report_dir: Path) -> dict[int, tuple[dict, list[dict], list[str]]]:
+    """A finished job's capture files, decoded, by step: step -> (meta, summaries, errors)."""
+    from eroica_runtime import summary
+
+    return {int(p.stem): summary.decode_capture(p.read_bytes())
+            for p in sorted((report_dir / "captures").glob("*.msgpack"), key=lambda p: int(p.stem))}
+
+
 def launch(argv: list[str], *, timeout: float = 180, env: dict[str, str] | None = None,
            cwd: str | Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run a command (eroica-run, torchrun, mpiexec...) to completion; a hang fails the test."""

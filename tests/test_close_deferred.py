@@ -9,21 +9,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import DATA, eroica_run, explain
-
-from eroica_runtime import summary as summary_mod
+from conftest import DATA, captures, eroica_run, explain
 
 pytestmark = pytest.mark.multirank
 TRAIN = DATA / "runtime" / "train.py"
 # only the scheduled windows: a detector firing on the shared machine's noise would move them
 QUIET = ("--spike-ratio", "1000", "--drift-pct", "0", "--lost-pct", "0")
-
-
-def _captures(report_dir) -> dict[int, tuple[dict, list[dict], list[str]]]:
-    out = {}
-    for path in sorted((report_dir / "captures").glob("*.msgpack"), key=lambda p: int(p.stem)):
-        out[int(path.stem)] = summary_mod.decode_capture(path.read_bytes())
-    return out
 
 
 def _complete(caps: dict, first: int, ranks: int) -> None:
@@ -40,7 +31,7 @@ def test_window_closing_at_the_last_step_is_still_gathered_and_reported(tmp_path
     proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, "--no-baseline", *QUIET,
                       "--capture-at-steps", "37", TRAIN, env={"STEPS": "40"}, timeout=240)
     assert proc.returncode == 0, explain(proc)
-    caps = _captures(tmp_path)
+    caps = captures(tmp_path)
     assert list(caps) == [37], explain(proc)
     _complete(caps, 37, 4)
     report = json.loads((tmp_path / "report.json").read_text())
@@ -55,7 +46,7 @@ def test_a_window_opening_before_the_last_one_was_gathered(tmp_path) -> None:
     proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, "--no-baseline", *QUIET,
                       "--capture-at-steps", "20,26", TRAIN, env={"STEPS": "60"}, timeout=240)
     assert proc.returncode == 0, explain(proc)
-    caps = _captures(tmp_path)
+    caps = captures(tmp_path)
     assert list(caps) == [20, 26], explain(proc)
     _complete(caps, 20, 4)
     _complete(caps, 26, 4)

@@ -1,27 +1,72 @@
-"""End to end on real ranks: a real fault on rank 2 -> rank 0 names it, its category and its victims."""
+"""End to end on real ranks: a real fault on rank 2 -> one synchronized capture, and rank 0 names the
+rank, its category and its victims.
+
+One job per planted fault, shared by the tests that read it (a 4-rank job here is ~8 s of starting
+torch before its first step).
+"""
 
 from __future__ import annotations
 
 import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
-from conftest import DATA, eroica_run, explain
+from conftest import DATA, captures, eroica_run, explain
 
 from eroica_runtime import summary as summary_mod
 
 pytestmark = pytest.mark.multirank
 TRAIN = DATA / "runtime" / "train.py"
+Job = tuple[Path, subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Job]:
+    """fault -> (report dir, finished eroica-run): rank 2 gets the fault from step 40 of 75 (found at
+    45-48; a GC-stormed step is ~200 ms, so every step after the finding costs)."""
+    jobs: dict[str, Job] = {}
+
+    def run(fault: str) -> Job:
+        if fault not in jobs:
+            out = tmp_path_factory.mktemp(f"planted-{fault}")
+            # 1000 matmuls: ~25 ms of extra forward here, well over the engine's bar for 4 peers (25% of
+            # the step); 300 (~7 ms) sat right at the bar and a preempted peer's host gap could hide it
+            jobs[fault] = out, eroica_run("--nproc-per-node", "4", "--report-dir", out, TRAIN,
+                                          env={"FAULT": fault, "FAULT_RANK": "2", "FAULT_FROM": "40",
+                                               "FAULT_MATMULS": "1000", "STEPS": "75"}, timeout=240)
+        return jobs[fault]
+    return run
+
+
+def test_slowdown_fires_exactly_one_synchronized_capture(planted: Callable[[str], Job]) -> None:
+    tmp_path, proc = planted("compute")
+    assert proc.returncode == 0, explain(proc)
+    caps = captures(tmp_path)
+    triggers = {step: meta["trigger"] for step, (meta, _, _) in caps.items()}
+    voted = [s for s, t in triggers.items() if t in ("spike", "drift")]
+    assert list(triggers.values()).count("baseline") == 1, triggers
+    assert len(voted) == 1, triggers
+    start = voted[0]
+    assert 40 <= start <= 52, triggers  # detection (3 slow steps) + vote lag (3) + lead-in, with slack
+    meta, sums, errors = caps[start]
+    assert not errors and meta["missing"] == []
+    assert sorted(s["rank"] for s in sums) == [0, 1, 2, 3]
+    # every rank profiled the same steps
+    assert {s["capture"]["step"] for s in sums} == {start}
+    assert all([st["step"] for st in s["steps"]] == [start, start + 1, start + 2] for s in sums)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [c["step"] for c in report["captures"]] == sorted(triggers)
+    assert "job summary" in proc.stderr
 
 
 @pytest.mark.parametrize("fault,category,phase", [("compute", "compute", ("forward", "backward", "optimizer")),
                                                   ("data", "dataloader", ("data",)),
                                                   ("gc", "gc", ("gc",))])
-def test_planted_fault_is_named_with_victims(tmp_path, fault: str, category: str, phase: tuple[str, ...]) -> None:
-    # 1000 matmuls: ~25 ms of extra forward here, well over the engine's bar for 4 peers (25% of the
-    # step); 300 (~7 ms) sat right at the bar and a preempted peer's host gap could hide it
-    proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, TRAIN,
-                      env={"FAULT": fault, "FAULT_RANK": "2", "FAULT_FROM": "40", "FAULT_MATMULS": "1000",
-                           "STEPS": "90"}, timeout=240)
+def test_planted_fault_is_named_with_victims(planted: Callable[[str], Job], fault: str, category: str,
+                                             phase: tuple[str, ...]) -> None:
+    tmp_path, proc = planted(fault)
     assert proc.returncode == 0, explain(proc)
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["schema"] == "eroica.report/1" and report["world_size"] == 4
@@ -58,7 +103,7 @@ def test_closure_optimizer_loop_names_the_culprit_and_its_victims(tmp_path) -> N
     # optimizer.step(closure); the peers' wait for a slow rank is still a wait, not optimizer work
     proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, TRAIN,
                       env={"LOOP": "closure", "FAULT": "data", "FAULT_RANK": "1", "FAULT_FROM": "40",
-                           "STEPS": "90"}, timeout=240)
+                           "STEPS": "75"}, timeout=240)
     assert proc.returncode == 0, explain(proc)
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["findings"], explain(proc)

@@ -8,47 +8,18 @@ import signal
 import statistics
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
-from conftest import BIN, DATA, RANK_ENV, eroica_run, explain
+from conftest import BIN, DATA, RANK_ENV, captures, eroica_run, explain
 
 from eroica_runtime import report as report_mod
-from eroica_runtime import summary as summary_mod
 from eroica_runtime.summary import rawevents
 
 pytestmark = pytest.mark.multirank
 TRAIN = DATA / "runtime" / "train.py"
 
 
-def captures(report_dir: Path) -> dict[int, tuple[dict, list[dict], list[str]]]:
-    out = {}
-    for path in sorted((report_dir / "captures").glob("*.msgpack"), key=lambda p: int(p.stem)):
-        out[int(path.stem)] = summary_mod.decode_capture(path.read_bytes())
-    return out
-
-
-def test_slowdown_fires_exactly_one_synchronized_capture(tmp_path) -> None:
-    proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, TRAIN,
-                      env={"FAULT": "compute", "FAULT_RANK": "2", "FAULT_FROM": "40", "FAULT_MATMULS": "1000",
-                           "STEPS": "90"}, timeout=240)
-    assert proc.returncode == 0, explain(proc)
-    caps = captures(tmp_path)
-    triggers = {step: meta["trigger"] for step, (meta, _, _) in caps.items()}
-    voted = [s for s, t in triggers.items() if t in ("spike", "drift")]
-    assert list(triggers.values()).count("baseline") == 1, triggers
-    assert len(voted) == 1, triggers
-    start = voted[0]
-    assert 40 <= start <= 52, triggers  # detection (3 slow steps) + vote lag (3) + lead-in, with slack
-    meta, sums, errors = caps[start]
-    assert not errors and meta["missing"] == []
-    assert sorted(s["rank"] for s in sums) == [0, 1, 2, 3]
-    # every rank profiled the same steps
-    assert {s["capture"]["step"] for s in sums} == {start}
-    assert all([st["step"] for st in s["steps"]] == [start, start + 1, start + 2] for s in sums)
-    report = json.loads((tmp_path / "report.json").read_text())
-    assert [c["step"] for c in report["captures"]] == sorted(triggers)
-    assert "job summary" in proc.stderr
+# a slowdown's one synchronized capture: tests/test_diagnosis_e2e.py (its compute job)
 
 
 def test_healthy_run_captures_only_after_a_real_slowdown_and_finds_nothing(tmp_path) -> None:

@@ -1,8 +1,9 @@
 """Real 4-rank gloo DDP runs under mpiexec: does the summary separate the culprit from its victims?
 
 One launch (under a subprocess timeout) runs every scenario of tests/data/summary/train_ddp.py (compute, slow DataLoader with
-0 and 2 workers, GC storm, plain dist.all_reduce) with a different slow rank each time, and
-writes one summary per rank and scenario. Assertions compare ranks with generous margins and
+0 and 2 workers, GC storm, plain dist.all_reduce) with a different slow rank each time, in both
+capture modes, and writes one summary per rank and scenario (one launch, not one a mode: each costs
+~8 s of starting torch on 4 ranks). Assertions compare ranks with generous margins and
 never rely on absolute times (this machine has 2 noisy cores for 4 ranks).
 """
 
@@ -38,12 +39,13 @@ def _mpiexec() -> str | None:
     return str(here) if here.exists() else shutil.which("mpiexec")
 
 
-def _launch(out: Path, mode: str) -> subprocess.CompletedProcess[str]:
+def _launch(out: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                MPIR_CVAR_ENABLE_HEAVY_YIELD="1", MPIR_CVAR_POLLS_BEFORE_YIELD="10", OMP_NUM_THREADS="1",
                PYTHONWARNINGS="ignore")
-    cmd = [_mpiexec(), "-n", str(WORLD), sys.executable, str(SCRIPT), "--out", str(out),
-           "--capture", mode, "--scenarios", ",".join(f"{name}:{r}" for name, r in LAUNCHES[mode].items())]
+    scenarios = [f"{mode}/{name}:{r}" for mode, names in LAUNCHES.items() for name, r in names.items()]
+    cmd = [_mpiexec(), "-n", str(WORLD), sys.executable, str(SCRIPT), "--out", str(out), "--scenarios",
+           ",".join(scenarios)]
     # own session, so a timeout kills mpiexec *and* its ranks (never left spinning)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=ROOT, start_new_session=True)
@@ -58,22 +60,23 @@ def _launch(out: Path, mode: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], list[dict[str, Any]]]:
-    """(mode, scenario) -> the 4 decoded summaries; one launch per capture mode runs its scenarios."""
+    """(mode, scenario) -> the 4 decoded summaries; one launch runs every scenario in both modes."""
     if _mpiexec() is None:
         pytest.skip("no mpiexec")
     result: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    out = tmp_path_factory.mktemp("summaries")
+    proc = _launch(out)
+    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     for mode, scenarios in LAUNCHES.items():
-        out = tmp_path_factory.mktemp(f"summaries-{mode}")
-        proc = _launch(out, mode)
-        assert proc.returncode == 0, f"{mode}: rc={proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         for scenario in scenarios:
             docs = []
             for r in range(WORLD):
-                data = (out / f"{scenario}.rank{r}.msgpack").read_bytes()
+                data = (out / f"{mode}-{scenario}.rank{r}.msgpack").read_bytes()
                 docs.append(summary.decode(data, origin=f"rank {r}"))
             result[(mode, scenario)] = docs
             for r in range(WORLD):  # the raw-kineto path must tell the same story
-                raw = summary.decode((out / f"{scenario}.raw.rank{r}.msgpack").read_bytes(), origin=f"rank {r}")
+                raw = summary.decode((out / f"{mode}-{scenario}.raw.rank{r}.msgpack").read_bytes(),
+                                     origin=f"rank {r}")
                 for phase, value in docs[r]["phases"].items():
                     assert raw["phases"][phase] == pytest.approx(value, rel=1e-3, abs=0.01), (mode, scenario, r, phase)
                 assert {f["name"] for f in raw["functions"]} == {f["name"] for f in docs[r]["functions"]}

@@ -268,4 +268,6 @@ def report(rank: int, world: int, step_ms: list[float], ctl: FaultController, lo
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    rc = main()
+    gc.freeze()   # leave fast (the exit's last collections over torch's objects): tests/data/runtime/train.py
+    sys.exit(rc)

@@ -114,4 +114,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    rc = main()
+    gc.freeze()   # leave fast (the exit's last collections over torch's objects): tests/data/runtime/train.py
+    sys.exit(rc)

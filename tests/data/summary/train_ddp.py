@@ -9,7 +9,9 @@ window, stop after K steps; a ``schedule(wait=0, warmup=0, active=K)`` so every 
 (taking its profiler object so both event forms can be built). RANK/WORLD_SIZE come from
 PMI_RANK/PMI_SIZE.
 
-``--scenarios compute:1,gc:3`` picks the slow rank per scenario (default ``--slow-rank``).
+``--scenarios compute:1,gc:3`` picks the slow rank per scenario (default ``--slow-rank``), and
+``module/compute:2`` the capture mode of one scenario (default ``--capture``; its files are then named
+``module-compute.*``), so one launch can run both modes.
 Scenarios: ``compute`` (extra matmuls in forward), ``data0`` / ``data2`` (slow Dataset
 ``__getitem__``, num_workers 0 / 2), ``gc`` (GC storm), ``direct`` (plain dist.all_reduce,
 no DDP, with extra compute on the slow rank), ``none`` (healthy baseline).
@@ -91,8 +93,8 @@ def gc_storm() -> None:
         gc.collect()
 
 
-def run(scenario: str, slow_rank: int, model: torch.nn.Module | None, opt: torch.optim.Optimizer | None,
-        out: str, gcmon: telemetry.GcMonitor) -> None:
+def run(scenario: str, slow_rank: int, mode: str, name: str, model: torch.nn.Module | None,
+        opt: torch.optim.Optimizer | None, out: str, gcmon: telemetry.GcMonitor) -> None:
     slow = rank == slow_rank
     _HEAP.clear()
     if slow and scenario == "gc":
@@ -135,7 +137,7 @@ def run(scenario: str, slow_rank: int, model: torch.nn.Module | None, opt: torch
     step_ms = []
     tel_start = telemetry.sample()
     gc0 = gcmon.snapshot()
-    if ARGS.capture == "module":  # the product's own capture.Capture (lead's module)
+    if mode == "module":  # the product's own capture.Capture (lead's module)
         from eroica_runtime.capture import Capture
 
         cap = Capture()
@@ -181,16 +183,16 @@ def run(scenario: str, slow_rank: int, model: torch.nn.Module | None, opt: torch
     doc = summary.build(events, **kw)
     t_build = time.perf_counter() - t0
     data = summary.encode(doc)
-    with open(os.path.join(out, f"{scenario}.rank{rank}.msgpack"), "wb") as fh:
+    with open(os.path.join(out, f"{name}.rank{rank}.msgpack"), "wb") as fh:
         fh.write(data)
     # the same window from the raw kineto events (the cheap path capture.py may use)
     t0 = time.perf_counter()
     raw_data = summary.encode(summary.build(raw, **kw))
     t_build_raw = time.perf_counter() - t0
-    with open(os.path.join(out, f"{scenario}.raw.rank{rank}.msgpack"), "wb") as fh:
+    with open(os.path.join(out, f"{name}.raw.rank{rank}.msgpack"), "wb") as fh:
         fh.write(raw_data)
     ph = doc["phases"]
-    print(f"[{scenario}] rank {rank}{'*' if slow else ' '} " + " ".join(
+    print(f"[{name}] rank {rank}{'*' if slow else ' '} " + " ".join(
         f"{p}={ph[p]:.1f}" for p in ("step", "data", "forward", "backward", "optimizer", "comm",
                                      "comm_total", "host_gap", "gc", "overlap"))
           + f" bytes={len(data)} events_s={t_events:.3f} build_s={t_build:.3f}"
@@ -217,8 +219,12 @@ def main() -> int:
     model = torch.nn.parallel.DistributedDataParallel(MLP(), bucket_cap_mb=1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for item in ARGS.scenarios.split(","):
-        scenario, _, who = item.partition(":")
-        run(scenario, int(who) if who else ARGS.slow_rank, model, opt, ARGS.out, gcmon)
+        spec, _, who = item.partition(":")
+        mode, _, scenario = spec.rpartition("/")
+        if mode not in ("", "schedule", "module"):
+            ap.error(f"--scenarios {item!r}: capture mode {mode!r} is neither 'schedule' nor 'module'")
+        run(scenario, int(who) if who else ARGS.slow_rank, mode or ARGS.capture, spec.replace("/", "-"), model,
+            opt, ARGS.out, gcmon)
         dist.barrier()
     del model, opt  # DDP's reducer holds the process group: free it before the group goes
     gc.collect()
@@ -227,4 +233,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    rc = main()
+    gc.freeze()   # leave fast (the exit's last collections over torch's objects): tests/data/runtime/train.py
+    sys.exit(rc)
