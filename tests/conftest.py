@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from eroica_runtime import summary
+
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 BIN = Path(sys.executable).parent
@@ -20,8 +22,6 @@ RANK_ENV = {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1", "MPIR_CVAR_POLLS_BEFORE_YIELD":
 
 def captures(report_dir: Path) -> dict[int, tuple[dict, list[dict], list[str]]]:
     """A finished job's capture files, decoded, by step: step -> (meta, summaries, errors)."""
-    from eroica_runtime import summary
-
     return {int(p.stem): summary.decode_capture(p.read_bytes())
             for p in sorted((report_dir / "captures").glob("*.msgpack"), key=lambda p: int(p.stem))}
 
