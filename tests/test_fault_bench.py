@@ -30,8 +30,9 @@ STEPS = 80
 
 
 def _args(out: Path) -> argparse.Namespace:
-    # 80 steps, not the bench's 100: the planted faults are found at step 57 (window 57-59, gathered a
-    # few steps later), and the 20 more steps, all of them slowed by the fault, cost a job 3-6 s
+    # 80 steps (the bench runs 120; this file ran 100 until 2026-12-04): the planted faults are found
+    # at step 57 (window 57-59, gathered a few steps later), and the 20 more steps, all of them slowed
+    # by the fault, cost a job 3-6 s
     return argparse.Namespace(ranks=4, steps=STEPS, start=50, out=str(out), case_timeout=150)
 
 
@@ -41,9 +42,9 @@ def _case(name: str) -> bench.Case:
 
 @pytest.mark.multirank
 def test_compute_fault_named_rank_and_category(tmp_path: Path) -> None:
-    # the bench's 100 steps here: what the job lost is measured on 10 or more steps after the onset that
-    # eroica left alone, and the capture's window, the step after it and its summary's build and gather
-    # can take most of the 30 that 80 steps leave (one run with 80 had fewer than 10 and measured nothing)
+    # 100 steps here: what the job lost is measured on 10 or more steps after the onset that eroica
+    # left alone, and the capture's window, the step after it and its summary's build and gather can
+    # take most of the 30 that 80 steps leave (one run with 80 had fewer than 10 and measured nothing)
     args = _args(tmp_path)
     args.steps = 100
     r = bench.run_case(_case("compute"), args, None)
