@@ -58,7 +58,8 @@ class Pipeline:
         self.baseline: engine.Table | None = None
 
     def analyse(self, data: ingest.CaptureBytes, *, origin: str) -> Analysed:
-        """One capture file's bytes (or a large one mapped: reportdir.read_capture); raises summary.SummaryError when the file itself is unusable."""
+        """One capture file's bytes (or a large one mapped: reportdir.read_capture); raises
+        summary.SummaryError when the file itself is unusable."""
         cap = ingest.read_capture(data, origin=origin)
         meta, errors = cap.meta, cap.errors
         table = cap.table()

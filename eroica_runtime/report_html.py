@@ -210,9 +210,9 @@ def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
         if caps:
             parts.append("<p>Captures: " + ", ".join(f"step {_e(c.get('step'))} ({_e(c.get('trigger'))})"
                                                       for c in caps[:50]) + "</p>")
-        refused = refused_summary(job.get("captures_refused"))
+        refused = refused_summary(job.get("captures_refused")).strip()
         if refused:
-            parts.append(f'<p class="cat">{_e(refused.strip()[0].upper() + refused.strip()[1:])}</p>')
+            parts.append(f'<p class="cat">{_e(refused[0].upper() + refused[1:])}</p>')
         per_rank = [r for r in job.get("per_rank") or [] if isinstance(r, dict)]
         if per_rank:
             cols = ["rank", "host", "steps", "median_ms", "p99_ms", "eroica_ms"]

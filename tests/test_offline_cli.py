@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import mmap
+import shutil
 from pathlib import Path
 
 import msgpack
@@ -10,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from eroica_launch.offline import analyze_cmd, show_cmd, synth_cmd
-from eroica_runtime import summary
+from eroica_runtime import reportdir, summary
 
 
 def _synth(tmp_path: Path, *args: str) -> Path:
@@ -106,10 +108,6 @@ def test_analyze_real_report_dir(tmp_path: Path) -> None:
 def test_a_large_capture_is_mapped_and_diagnosed_as_when_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`eroica analyze` maps capture files from MAP_FROM_BYTES on instead of copying them (a
     100,000-rank file is 1.15 GB); the engine reads the mapping exactly as it reads bytes."""
-    import mmap
-    import shutil
-
-    from eroica_runtime import reportdir
     src = Path(__file__).parent / "data" / "engine" / "e2e-compute"
     read, mapped = tmp_path / "read", tmp_path / "mapped"
     shutil.copytree(src, read)

@@ -61,6 +61,7 @@ def test_each_step_records_its_thread_cpu_run_queue_and_batch_wait() -> None:
     clock.install()
     # no collection of another test's garbage in these steps (a worker that ran many tests before
     # may reach a generation-2 collection here, which the clock rightly books as GC time)
+    collecting = gc.isenabled()
     gc.collect()
     gc.disable()
     try:
@@ -73,7 +74,8 @@ def test_each_step_records_its_thread_cpu_run_queue_and_batch_wait() -> None:
                 pass
             opt.step()
     finally:
-        gc.enable()
+        if collecting:
+            gc.enable()
         clock.uninstall()
     rows = list(clock.thread)
     assert [r[0] for r in rows] == [1, 2, 3, 4, 5]

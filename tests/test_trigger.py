@@ -350,7 +350,6 @@ def test_a_slowdown_that_went_away_and_came_back_is_captured_again() -> None:
     assert len(caps) == 3 and 40 < caps[1][0] <= 50 and 110 < caps[2][0] <= 122, caps
 
 
-
 def test_a_request_or_scheduled_step_during_an_open_window_is_taken_when_it_ends() -> None:
     """A person's SIGUSR1 that arrives while a window is open (the runtime then only tells the trigger
     ``requested``), and a --capture-at-steps step inside another capture's window, are captured once

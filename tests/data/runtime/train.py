@@ -117,6 +117,6 @@ def main() -> None:
 if __name__ == "__main__":
     main()
     # Leave fast: the interpreter's last collections at exit walk the ~1M objects torch and its dynamo
-    # left, ~0.7 s of CPU a rank (1.5-2.5 s of a 4-rank job's wall time on 2 cores). Nothing this
+    # left, ~0.7 s of CPU a rank (0.7-2.5 s of a 4-rank job's wall time on 2 cores, docs/benchmarks.md §9). Nothing this
     # script leaves behind needs a finalizer; a real job's exit is tested by tests/data/exit/job.py.
     gc.freeze()
