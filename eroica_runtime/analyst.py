@@ -38,6 +38,14 @@ def refused_text(step: int, what: str, max_captures: int) -> str:
             "(step times are still recorded; the job report counts what was not captured)")
 
 
+def found_healthy(d: engine.Diagnosis) -> bool:
+    """A capture that could show something found nothing, and its step was no slower than in the
+    baseline capture (the engine compared them: step_ms has "baseline" but no "unexplained_ms").
+    Without a baseline to compare with (--no-baseline), "no finding" says nothing about the step's
+    level: a slowdown every rank shares names no rank."""
+    return d.healthy and "baseline" in d.step_ms and "unexplained_ms" not in d.step_ms
+
+
 class Analyst:
     def __init__(self, report_dir: str, world_size: int, topology: str = "") -> None:
         self.report_dir = Path(report_dir)
@@ -53,6 +61,7 @@ class Analyst:
         self.time_lost_source: Any = None
         self._lock = threading.Lock()
         self._unexplained = threading.Event()   # a detector's capture found no culprit (take_unexplained)
+        self._healthy: int | None = None   # first step of a detector capture found healthy (take_healthy)
         self._queue: queue.Queue[Gathered | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="eroica-analyst", daemon=True)
         self._thread.start()
@@ -94,6 +103,9 @@ class Analyst:
             say(report.format_time_lost(lost))
         if g.trigger in DETECTED and not diagnosis.findings:
             self._unexplained.set()
+            if found_healthy(diagnosis):
+                with self._lock:
+                    self._healthy = diagnosis.step
 
     def take_unexplained(self) -> bool:
         """Whether a capture a slowdown opened found no culprit since the last call (then the
@@ -102,6 +114,14 @@ class Analyst:
             return False
         self._unexplained.clear()
         return True
+
+    def take_healthy(self) -> int | None:
+        """The first step of the latest capture a slowdown opened that was found healthy since the
+        last call, or None. The runtime sends it to every rank in its next vote, so every rank's drift
+        rule stops taking that level for a drift at the same step (Trigger.found_healthy)."""
+        with self._lock:
+            step, self._healthy = self._healthy, None
+        return step
 
     def add_hang(self, doc: dict[str, Any], step: int) -> None:
         """A diagnosed hang (engine.hang.analyse's document) joins the job's findings in report.json."""

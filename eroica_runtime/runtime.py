@@ -236,9 +236,11 @@ class Runtime:
             self.trigger.detector.retry()   # rank 0: a slowdown its capture did not explain may be captured again
         last = self.clock.thread[-1] if self.clock.thread else None
         flags = self.trigger.local_flags(step, ms, in_window, last[3] if last is not None and last[0] == step else 0)
-        # the trigger's flags, then "my summary is still being built"
-        vote = np.zeros(len(flags) + 1, dtype=np.int64)
-        vote[:-1] = flags
+        # the trigger's flags, then rank 0's verdict (the first step of a detector capture its analysis
+        # found healthy; 0 from every other rank, the vote is a MAX), then "my summary is still being built"
+        vote = np.zeros(len(flags) + 2, dtype=np.int64)
+        vote[:-2] = flags
+        vote[-2] = (self.analyst.take_healthy() or 0) if self.analyst is not None else 0
         vote[-1] = pending is not None and not pending.build.done
         self.votes.append((step, self.side.post_vote(vote)))
         voted = None
@@ -249,7 +251,9 @@ class Runtime:
             # answer at this same boundary, so all of them gather here
             if pending is not None and voted_step > pending.close_step and not voted[-1]:
                 self._gather_pending(step)
-            voted = voted[:-1]
+            if voted[-2]:
+                self.trigger.found_healthy(int(voted[-2]))
+            voted = voted[:-2]
         if self.capture.active:
             if voted is not None and voted[2]:
                 self.trigger.requested()   # a person's request waits for this window to end

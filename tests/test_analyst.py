@@ -10,16 +10,20 @@ import msgpack
 from eroica_runtime.analyst import Analyst
 from eroica_runtime.gather import Gathered
 
-CAPTURES = Path(__file__).parent / "data" / "engine" / "e2e-data" / "captures"
+ENGINE = Path(__file__).parent / "data" / "engine"
+CAPTURES = ENGINE / "e2e-data" / "captures"
 
 
-def _gathered(step: int, trigger: str, as_step: int | None = None) -> Gathered:
-    """A recorded capture as the gather hands it over, re-labelled (a healthy window the spike rule
-    opened is the baseline capture's summaries under another trigger)."""
-    doc = msgpack.unpackb((CAPTURES / f"{step}.msgpack").read_bytes(), raw=False, strict_map_key=False)
-    doc["trigger"], doc["step"] = trigger, as_step if as_step is not None else step
-    return Gathered(step=doc["step"], trigger=trigger, path=CAPTURES / f"{step}.msgpack",
-                    data=msgpack.packb(doc, use_bin_type=True), missing=[])
+def _gathered(step: int | Path, trigger: str, as_step: int | None = None) -> Gathered:
+    """A recorded capture (its step in CAPTURES, or a file) as the gather hands it over, re-labelled (a
+    healthy window the spike rule opened is the baseline capture's summaries under another trigger)."""
+    path = step if isinstance(step, Path) else CAPTURES / f"{step}.msgpack"
+    doc = msgpack.unpackb(path.read_bytes(), raw=False, strict_map_key=False)
+    doc["trigger"] = trigger
+    if as_step is not None:
+        doc["step"] = as_step
+    return Gathered(step=doc["step"], trigger=trigger, path=path, data=msgpack.packb(doc, use_bin_type=True),
+                    missing=[])
 
 
 def _analysed(tmp_path: Path, *captures: Gathered) -> Analyst:
@@ -43,6 +47,27 @@ def test_a_capture_that_named_a_culprit_or_was_not_a_detectors_is_no_reason_to_c
     assert analyst.diagnoses[-1].findings and not analyst.take_unexplained()
     analyst = _analysed(tmp_path / "manual", _gathered(12, "baseline"), _gathered(12, "manual", as_step=40))
     assert not analyst.take_unexplained()
+
+
+def test_a_drift_capture_no_slower_than_the_baseline_is_found_healthy_and_said_once(tmp_path: Path) -> None:
+    """The runtime sends this verdict to every rank (Trigger.found_healthy): the drift rule then stops
+    taking that level for a drift for a while."""
+    analyst = _analysed(tmp_path, _gathered(12, "baseline"), _gathered(12, "drift", as_step=40))
+    assert analyst.diagnoses[-1].healthy
+    assert analyst.take_healthy() == 40 and analyst.take_healthy() is None
+
+
+def test_no_capture_is_found_healthy_that_named_a_culprit_was_slower_or_had_no_baseline(tmp_path: Path) -> None:
+    """A culprit named; a real capture slower than its baseline (91.0 vs 56.7 ms) with nobody to blame
+    (tests/data/engine/slower-no-culprit*.msgpack); and a job without a baseline capture, where "no
+    finding" says nothing about the step's level: none of them may hold the drift rule back."""
+    named = _analysed(tmp_path / "named", _gathered(12, "baseline"), _gathered(46, "drift"))
+    assert named.diagnoses[-1].findings and named.take_healthy() is None
+    slower = _analysed(tmp_path / "slower", _gathered(ENGINE / "slower-no-culprit-baseline.msgpack", "baseline"),
+                       _gathered(ENGINE / "slower-no-culprit.msgpack", "drift"))
+    assert not slower.diagnoses[-1].findings and slower.take_unexplained() and slower.take_healthy() is None
+    alone = _analysed(tmp_path / "alone", _gathered(12, "drift", as_step=40))
+    assert alone.diagnoses[-1].healthy and alone.take_healthy() is None
 
 
 def test_the_job_summary_ranks_ranks_only_when_their_step_times_differ() -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from eroica_runtime.config import Config
-from eroica_runtime.trigger import DETECTED, Detector, Trigger
+from eroica_runtime.trigger import DETECTED, FLOOR_WINDOWS, Detector, Trigger
 
 DATA = Path(__file__).parent / "data" / "trigger"
 
@@ -134,19 +134,25 @@ def test_a_rank_stopped_twice_votes_at_once_and_once_is_an_accident() -> None:
     assert det.observe_all(290.0, stops=1)[2]                      # the second within the window
 
 
-def _captures(steps: list[float], cfg: Config, retry_after: int | None = None) -> list[tuple[int, str]]:
+def _captures(steps: list[float], cfg: Config, retry_after: int | None = None,
+              healthy_after: int | None = None, healthy_before: int = 1 << 62) -> list[tuple[int, str]]:
     """Drive one rank's Trigger the way Runtime._boundary does (its own vote, ``vote_lag`` steps late;
     no detector input while a window is open); return (first profiled step, trigger) per capture.
     ``retry_after``: this many steps after each detector capture starts, rank 0's analyst reports it
-    found no culprit (the runtime then calls Detector.retry)."""
+    found no culprit (the runtime then calls Detector.retry). ``healthy_after``: this many steps after
+    each detector capture that starts before ``healthy_before`` starts, the vote brings rank 0's
+    verdict that it was healthy (the runtime then calls Trigger.found_healthy)."""
     trig, votes, started, window_end = Trigger(cfg), [], [], -1
     retry_at = -1
+    verdicts: dict[int, int] = {}
     for step, ms in enumerate(steps):
         if step == retry_at:
             trig.detector.retry()
         in_window = step <= window_end
         votes.append(trig.local_flags(step, ms, in_window))
         voted = votes.pop(0) if len(votes) > cfg.vote_lag else None
+        if step in verdicts:
+            trig.found_healthy(verdicts.pop(step))
         if in_window:
             continue
         d = trig.decide(step, voted)
@@ -155,25 +161,34 @@ def _captures(steps: list[float], cfg: Config, retry_after: int | None = None) -
             window_end = d.start_step + d.k
             if retry_after is not None and d.trigger in DETECTED:
                 retry_at = d.start_step + retry_after
+            if healthy_after is not None and d.trigger in DETECTED and d.start_step < healthy_before:
+                verdicts[d.start_step + healthy_after] = d.start_step + 1
     return started
 
 
 def _job_captures(ranks: list[list[float]], cfg: Config, quiet_after: int = 0,
-                  decide_when_quiet: bool = False) -> list[tuple[int, str]]:
+                  decide_when_quiet: bool = False, healthy: bool = False) -> list[tuple[int, str]]:
     """``_captures`` for a job: one Trigger per rank, each fed its own steps, and the vote every rank
     gets is the MAX of all ranks' flags, ``vote_lag`` steps late (as the side channel's Iallreduce).
     ``quiet_after``: steps after each window that the detectors do not judge either, as the runtime
     holds them back while the summary is built and gathered (16 in the demo's runs).
     ``decide_when_quiet``: the schedule is consulted in those steps too, as Runtime._boundary does
-    (only an open window skips it), so a person's capture may start while a summary is built."""
+    (only an open window skips it), so a person's capture may start while a summary is built.
+    ``healthy``: rank 0's analyst finds every detector capture healthy, and the vote brings that to
+    every rank ``vote_lag`` + 2 steps after the quiet steps (the gather, the analysis and the vote)."""
     trigs = [Trigger(cfg) for _ in ranks]
     votes: list[np.ndarray] = []
     started: list[tuple[int, str]] = []
+    verdicts: dict[int, int] = {}
     window_end = quiet_end = -1
     for step in range(min(len(r) for r in ranks)):
         in_window = step <= quiet_end
         votes.append(np.max([t.local_flags(step, r[step], in_window) for t, r in zip(trigs, ranks, strict=True)], axis=0))
         voted = votes.pop(0) if len(votes) > cfg.vote_lag else None
+        if step in verdicts:
+            first = verdicts.pop(step)
+            for t in trigs:
+                t.found_healthy(first)
         if in_window and not (decide_when_quiet and step > window_end):
             continue
         decisions = {t.decide(step, voted) for t in trigs}
@@ -183,6 +198,8 @@ def _job_captures(ranks: list[list[float]], cfg: Config, quiet_after: int = 0,
             started.append((d.start_step + 1, d.trigger))
             window_end = d.start_step + d.k
             quiet_end = window_end + quiet_after
+            if healthy and d.trigger in DETECTED:
+                verdicts[quiet_end + cfg.vote_lag + 2] = d.start_step + 1
     return started
 
 
@@ -406,3 +423,80 @@ def test_a_slowdown_soon_after_a_persons_early_capture_is_still_captured() -> No
     assert got[:2] == [(13, "baseline"), (20, "manual")]
     detected = [(s, t) for s, t in got if t in DETECTED]
     assert detected and 40 < detected[0][0] <= 60, got
+
+
+HEALTHY_JOB = DATA / "healthy-3000-steps-4ranks.json"
+
+
+def _drift_captures(caps: list[tuple[int, str]]) -> list[int]:
+    return [s for s, t in caps if t == "drift"]
+
+
+def test_a_drift_level_found_healthy_is_not_captured_again_and_again() -> None:
+    """A real healthy 4-rank job of 3,000 steps on a 2-core VM (tests/data/trigger; its 50-step
+    windows' means wander between 40 and 57 ms with the VM's load): the drift rule's best window sank
+    as the job ran, and windows 5% above it came back again and again. Every such capture finds
+    nothing, and the default budget of 8 went on them. Rank 0's verdict that a drift capture was
+    healthy, brought to every rank by the vote, makes the level it opened at the drift rule's least
+    reference for a while: far fewer captures of the same noise."""
+    ranks = json.loads(HEALTHY_JOB.read_text())["ranks"]
+    cfg = Config(max_captures=1000)   # count them all: the default budget stops counting at 7
+    without = _drift_captures(_job_captures(ranks, cfg, quiet_after=16))
+    found = _drift_captures(_job_captures(ranks, cfg, quiet_after=16, healthy=True))
+    assert len(without) >= 6, without   # the noise this is about is in the recording
+    assert len(found) <= len(without) // 2, (found, without)
+    assert found[0] == without[0]       # the first one is taken as before: nothing was found healthy yet
+
+
+@pytest.mark.parametrize(("onset", "factor"), [(1000, 1.15), (2000, 1.15), (2400, 1.2)])
+def test_a_slowdown_after_a_drift_level_found_healthy_is_still_captured(onset: int, factor: float) -> None:
+    """The same recorded job, every rank's steps from ``onset`` on ``factor`` x slower (a job-wide
+    slowdown, the drift rule's case: under the spike rule's 1.5x). The level a noise capture was found
+    healthy at is the drift rule's least reference for 10 windows only: kept for good, a level found in
+    a noisy spell hid these slowdowns for the rest of the job."""
+    ranks = json.loads(HEALTHY_JOB.read_text())["ranks"]
+    slowed = [r[:onset] + [ms * factor for ms in r[onset:]] for r in ranks]
+    cfg = Config(max_captures=1000)
+    caps = _job_captures(slowed, cfg, quiet_after=16, healthy=True)
+    after = [s for s, t in caps if t in DETECTED and s >= onset]
+    assert after and after[0] - onset <= 4 * cfg.drift_window, caps
+
+
+def test_a_healthy_verdict_counts_only_for_the_latest_drift_capture() -> None:
+    """The verdict names the capture's first step: one about an earlier capture (the analysis took
+    longer than the cooldown) or about a capture another rule opened leaves the drift rule alone."""
+    cfg = Config(warmup_steps=5, window_steps=3, cooldown_steps=10)
+    trig = Trigger(cfg)
+    steps = _jitter(120, 50.0, 0.02)
+    for step, ms in enumerate(steps[:100]):
+        trig.local_flags(step, ms, False)
+    drift = np.array([0, 1, 0, 0])
+    assert trig.decide(100, drift) is not None and trig.window_trigger == "drift"
+    level = trig.detector.capture_level
+    assert level is not None
+    trig.found_healthy(100)   # the lead-in step, not the first profiled one: not this capture
+    assert trig.detector.floor_left == 0
+    trig.found_healthy(102)
+    assert trig.detector.floor_left == FLOOR_WINDOWS * cfg.drift_window and trig.detector.floor == level
+    spike = Trigger(cfg)
+    for step, ms in enumerate(steps[:100]):
+        spike.local_flags(step, ms, False)
+    assert spike.decide(100, np.array([1, 0, 0, 0])) is not None
+    spike.found_healthy(102)
+    assert spike.detector.floor_left == 0
+
+
+def test_a_level_found_healthy_holds_the_drift_rule_back_for_ten_windows_then_not() -> None:
+    """A drift capture that opened at 52 ms (its windows' best 50) was found healthy: steps at 54.3 ms
+    (5% above 52 is 54.6) do not fire for 10 windows; once those are over, the rule is back to its
+    best window (5% above 50 is 52.5) and they do."""
+    cfg = Config(spike_ratio=10, lost_pct=0)
+    det = Detector(cfg)
+    for ms in _jitter(200, 50.0, 0.01) + _jitter(50, 52.0, 0.01, seed=1):
+        det.observe(ms)
+    det.reset()          # the capture starts (this rank's drift rule had not fired: it keeps its best)
+    det.found_healthy()
+    assert det.floor is not None and 51.5 < det.floor < 52.5
+    fired = [det.observe(ms)[1] for ms in _jitter(FLOOR_WINDOWS * cfg.drift_window + 60, 54.3, 0.01, seed=2)]
+    assert not any(fired[: FLOOR_WINDOWS * cfg.drift_window])
+    assert any(fired[FLOOR_WINDOWS * cfg.drift_window:])

@@ -337,6 +337,10 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
                "max": float(step_col.max()), "max_rank": int(table.rank[int(np.argmax(step_col))]),
                "what_if_all_fixed": max(step_med - max((f.impact_ms_per_step for f in findings
                                                         if f.category != "hang"), default=0.0), 0.0)}
+    if base is not None and base.n:
+        # what this capture was compared with (the runtime's analyst reads a capture with no finding
+        # and no "unexplained_ms" as found healthy only when this is here: Analyst.take_healthy)
+        step_ms["baseline"] = float(np.median(base.col("step")))
     if slower is not None and not findings and slower.before_ms is not None:
         # slower in its window only (report.py says so beside "healthy")
         step_ms["baseline"], step_ms["before_window_ms"] = slower.baseline_ms, list(slower.before_ms)

@@ -10,7 +10,10 @@ slowdown of the windows the live run took, so this judges the trigger's schedule
 SIGCONT marks are not recorded, so the freeze cases rely on lost time alone.
 
 ``--quiet-after N`` also skips N steps after each window, as the runtime does while the summary is
-built and gathered (15-16 steps in the demo); without it only the window is skipped. A directory may
+built and gathered (15-16 steps in the demo); without it only the window is skipped. ``--verdicts``
+plays rank 0's analyst too: every detector capture of a healthy case, and every one before the onset
+of a fault case, is found healthy (``Trigger.found_healthy``) ``vote_lag`` + 2 steps after those quiet
+steps, as the gather, the analysis and the vote that carries the verdict take. A directory may
 also hold a ``demo/steps`` case (per-rank step times of ``./scripts/demo``, same file format).
 
 Prints, per revision: fault cases with a detector capture at or after the onset (step 50), detector
@@ -55,19 +58,27 @@ def _load_base(rev: str, tmp: Path) -> ModuleType:
     return mod
 
 
-def replay(series: list[list[float]], trigger_cls: Any, cfg: Config, quiet_after: int = 0) -> list[tuple[int, str]]:
+def replay(series: list[list[float]], trigger_cls: Any, cfg: Config, quiet_after: int = 0,
+           healthy_before: int | None = None) -> list[tuple[int, str]]:
     """(first profiled step, trigger) of every capture the ranks agree on. ``quiet_after``: steps
     after each window that the detectors do not judge either (the runtime holds back the steps its
-    summary is built in, and ``vote_lag`` + 1 after the gather: 15-16 steps in the demo)."""
+    summary is built in, and ``vote_lag`` + 1 after the gather: 15-16 steps in the demo).
+    ``healthy_before``: detector captures whose window begins before this step are found healthy
+    (``Trigger.found_healthy``, on every rank at once, as the vote carries rank 0's verdict); None:
+    no verdicts (a revision without them)."""
     trigs = [trigger_cls(cfg) for _ in series]
     votes: list[np.ndarray] = []
     started: list[tuple[int, str]] = []
+    verdicts: dict[int, int] = {}   # step the verdict arrives -> the capture's first step
     quiet_end = -1
     for step in range(min(len(s) for s in series)):
         in_window = step <= quiet_end
         votes.append(np.max([t.local_flags(step, s[step], in_window) for t, s in zip(trigs, series, strict=True)],
                             axis=0))
         voted = votes.pop(0) if len(votes) > cfg.vote_lag else None
+        if step in verdicts and hasattr(trigs[0], "found_healthy"):
+            for t in trigs:
+                t.found_healthy(verdicts[step])
         if in_window:
             continue
         decisions = [t.decide(step, voted) for t in trigs]
@@ -75,6 +86,8 @@ def replay(series: list[list[float]], trigger_cls: Any, cfg: Config, quiet_after
         if d is not None:
             started.append((d.start_step + 1, d.trigger))
             quiet_end = d.start_step + d.k + quiet_after
+            if healthy_before is not None and d.trigger in trigger.DETECTED and d.start_step + 1 < healthy_before:
+                verdicts[quiet_end + cfg.vote_lag + 2] = d.start_step + 1
     return started
 
 
@@ -84,6 +97,9 @@ def main() -> None:
     ap.add_argument("--quiet-after", type=int, default=0, metavar="N",
                     help="steps after each window the detectors skip, as the runtime's deferred build does "
                          "(default 0: the window only)")
+    ap.add_argument("--verdicts", action="store_true",
+                    help="play rank 0's analyst: detector captures in healthy cases and before a fault's onset "
+                         "are found healthy")
     ap.add_argument("runs", nargs="+", type=Path, help="fault-bench output directories")
     args = ap.parse_args()
     if args.quiet_after < 0:
@@ -103,7 +119,9 @@ def main() -> None:
                 healthy = case.startswith("healthy") or case == "overhead"
                 seen = {}
                 for name, cls in revisions.items():
-                    caps = [c for c in replay(series, cls, Config(), args.quiet_after) if c[1] != "baseline"]
+                    verdict_from = (1 << 62 if healthy else ONSET) if args.verdicts else None
+                    caps = [c for c in replay(series, cls, Config(), args.quiet_after, verdict_from)
+                            if c[1] != "baseline"]
                     seen[name] = caps
                     t = totals[name]
                     if healthy:
