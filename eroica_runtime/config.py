@@ -49,7 +49,9 @@ class Config:
     spike_steps: int = setting(4, "Spike rule: how many recent steps must be slow.", metavar="N", lo=1, hi=10000)
     spike_history: int = setting(50, lo=2, hi=100000)
     drift_pct: float = setting(5.0, "Drift rule: mean of the last --drift-window steps this % above the best "
-                                    "recent window fires; 0 disables.", metavar="PCT", lo=0.0, hi=10000.0)
+                                    "recent window fires; for 10 windows after a drift capture found healthy "
+                                    "(no culprit, no slower than the baseline capture), above no less than the "
+                                    "level it opened at; 0 disables.", metavar="PCT", lo=0.0, hi=10000.0)
     drift_window: int = setting(50, "Drift rule window (steps).", metavar="N", lo=2, hi=100000)
     lost_pct: float = setting(10.0, "Throughput rule: the share of time lost to steps slower than the median over "
                                     "the last --lost-window steps (the longest one left out), this many % points "
