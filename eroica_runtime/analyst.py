@@ -38,7 +38,7 @@ def refused_text(step: int, what: str, max_captures: int) -> str:
             "(step times are still recorded; the job report counts what was not captured)")
 
 
-def found_healthy(d: engine.Diagnosis) -> bool:
+def healthy_against_baseline(d: engine.Diagnosis) -> bool:
     """A capture that could show something found nothing, and its step was no slower than in the
     baseline capture (the engine compared them: step_ms has "baseline" but no "unexplained_ms").
     Without a baseline to compare with (--no-baseline), "no finding" says nothing about the step's
@@ -103,7 +103,7 @@ class Analyst:
             say(report.format_time_lost(lost))
         if g.trigger in DETECTED and not diagnosis.findings:
             self._unexplained.set()
-            if found_healthy(diagnosis):
+            if healthy_against_baseline(diagnosis):
                 with self._lock:
                     self._healthy = diagnosis.step
 

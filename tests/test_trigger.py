@@ -134,25 +134,19 @@ def test_a_rank_stopped_twice_votes_at_once_and_once_is_an_accident() -> None:
     assert det.observe_all(290.0, stops=1)[2]                      # the second within the window
 
 
-def _captures(steps: list[float], cfg: Config, retry_after: int | None = None,
-              healthy_after: int | None = None, healthy_before: int = 1 << 62) -> list[tuple[int, str]]:
+def _captures(steps: list[float], cfg: Config, retry_after: int | None = None) -> list[tuple[int, str]]:
     """Drive one rank's Trigger the way Runtime._boundary does (its own vote, ``vote_lag`` steps late;
     no detector input while a window is open); return (first profiled step, trigger) per capture.
     ``retry_after``: this many steps after each detector capture starts, rank 0's analyst reports it
-    found no culprit (the runtime then calls Detector.retry). ``healthy_after``: this many steps after
-    each detector capture that starts before ``healthy_before`` starts, the vote brings rank 0's
-    verdict that it was healthy (the runtime then calls Trigger.found_healthy)."""
+    found no culprit (the runtime then calls Detector.retry)."""
     trig, votes, started, window_end = Trigger(cfg), [], [], -1
     retry_at = -1
-    verdicts: dict[int, int] = {}
     for step, ms in enumerate(steps):
         if step == retry_at:
             trig.detector.retry()
         in_window = step <= window_end
         votes.append(trig.local_flags(step, ms, in_window))
         voted = votes.pop(0) if len(votes) > cfg.vote_lag else None
-        if step in verdicts:
-            trig.found_healthy(verdicts.pop(step))
         if in_window:
             continue
         d = trig.decide(step, voted)
@@ -161,8 +155,6 @@ def _captures(steps: list[float], cfg: Config, retry_after: int | None = None,
             window_end = d.start_step + d.k
             if retry_after is not None and d.trigger in DETECTED:
                 retry_at = d.start_step + retry_after
-            if healthy_after is not None and d.trigger in DETECTED and d.start_step < healthy_before:
-                verdicts[d.start_step + healthy_after] = d.start_step + 1
     return started
 
 
@@ -474,7 +466,7 @@ def test_a_healthy_verdict_counts_only_for_the_latest_drift_capture() -> None:
     assert trig.decide(100, drift) is not None and trig.window_trigger == "drift"
     level = trig.detector.capture_level
     assert level is not None
-    trig.found_healthy(100)   # the lead-in step, not the first profiled one: not this capture
+    trig.found_healthy(100)   # not this capture's first step (100 is its lead-in): an earlier capture's
     assert trig.detector.floor_left == 0
     trig.found_healthy(102)
     assert trig.detector.floor_left == FLOOR_WINDOWS * cfg.drift_window and trig.detector.floor == level
