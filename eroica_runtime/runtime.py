@@ -585,8 +585,10 @@ class Runtime:
         """Every rank's step statistics to rank 0 (bounded); rank 0 gets the job's, the others None."""
         from eroica_runtime.analyst import job_stats
 
+        # drift_held: the drift captures found healthy whose level this rank's drift rule took as its
+        # least reference (report.json: why a level was not captured again; the same list on every rank)
         mine = {"rank": self.rank, "host": socket.gethostname(), **_step_stats(self.clock.all_ms, self.cfg),
-                "eroica_ms": round(self._own_s * 1e3, 3)}
+                "eroica_ms": round(self._own_s * 1e3, 3), "drift_held": list(self.trigger.held)}
         got = gather_job_end(side, msgpack.packb(mine, use_bin_type=True), self.cfg.deadline_s)
         if got is None or self.analyst is None:
             return None

@@ -370,6 +370,7 @@ class Trigger:
         self.scheduled = sorted(set(cfg.capture_at_steps))
         self.refused = Refused()
         self.said: list[tuple[int, str]] = []   # (step, what) the budget refused, for rank 0 to say once
+        self.held: list[int] = []   # first steps of the drift captures found healthy this rank applied
 
     # ---- local side ----------------------------------------------------------------------------------
     def local_flags(self, step: int, ms: float, in_window: bool, stops: int = 0) -> np.ndarray:
@@ -439,6 +440,7 @@ class Trigger:
         if (self.last_capture_start is not None and first_step == self.last_capture_start + 1
                 and self.window_trigger == "drift"):
             self.detector.found_healthy()
+            self.held.append(first_step)
 
     def _due(self, start: int) -> bool:
         """A --capture-at-steps step this capture (lead-in ``start``) reaches: its own, or one an open

@@ -99,6 +99,27 @@ def test_eroicas_own_wait_at_a_windows_boundaries_is_no_ranks_optimizer_work_on_
     assert sum(s["profile"]["eroica_ms"] for _, sums, _ in caps.values() for s in sums) > 0
 
 
+def test_a_drift_capture_found_healthy_reaches_every_ranks_drift_rule(tmp_path) -> None:
+    """Every rank sleeps 2 ms longer a step from step 120 (~3.5% of the step: a drift at --drift-pct 2,
+    and under the engine's 10% bar for a job-wide regression, with no rank apart): the drift capture
+    it opens is found healthy on rank 0, and the vote brings that verdict to every rank, whose drift
+    rule then takes the capture's level as its least reference (report.json lists, per rank, the
+    captures it did that for: the same on every rank). Two ranks: four on two cores made the 5-step
+    window noisy enough that the engine read 1 capture in 3 as slower than the baseline."""
+    proc = eroica_run("--nproc-per-node", "2", "--report-dir", tmp_path, "--drift-pct", "2", TRAIN,
+                      env={"STEPS": "240", "STEP_SLEEP": "0.05", "SLEEP_MORE": "0.002", "SLEEP_MORE_FROM": "120"},
+                      timeout=240)
+    assert proc.returncode == 0, explain(proc)
+    report = json.loads((tmp_path / "report.json").read_text())
+    drift = {c["step"] for c in report["job"]["captures_taken"] if c["trigger"] == "drift"}
+    held = [r["drift_held"] for r in report["job"]["per_rank"]]
+    assert len(held) == 2 and held[0] == held[1] and held[0], (held, drift, explain(proc))
+    for step in held[0]:
+        assert step in drift, (held, drift)
+        diagnosis = json.loads((tmp_path / f"diagnosis-{step}.json").read_text())
+        assert not diagnosis["findings"] and "unexplained_ms" not in diagnosis["step_ms"], diagnosis
+
+
 def test_sigusr1_to_one_rank_captures_on_all_ranks(tmp_path) -> None:
     """Also: with EROICA_KEEP_RAW_EVENTS=1 every rank keeps the window's raw profiler events, and the
     summary built again from them, read back on their own, is the one the rank sent."""

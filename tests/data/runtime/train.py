@@ -20,6 +20,8 @@ FAULT_FROM = int(os.environ.get("FAULT_FROM", "40"))
 DATA_SLEEP_S = float(os.environ.get("DATA_SLEEP_S", "0.004"))   # data fault: per sample (16 a batch)
 STEPS = int(os.environ.get("STEPS", "80"))
 STEP_SLEEP = float(os.environ.get("STEP_SLEEP", "0"))       # seconds of (healthy) sleep per step
+SLEEP_MORE = float(os.environ.get("SLEEP_MORE", "0"))       # every rank sleeps this much longer ...
+SLEEP_MORE_FROM = int(os.environ.get("SLEEP_MORE_FROM", "-1"))   # ... from this step (a job-wide drift)
 KILL_RANK = int(os.environ.get("KILL_RANK", "-1"))           # this rank SIGKILLs itself ...
 KILL_AT = int(os.environ.get("KILL_AT", "-1"))               # ... at this step
 HANG_RANK = int(os.environ.get("HANG_RANK", "-1"))           # this rank blocks forever in forward ...
@@ -86,8 +88,8 @@ def main() -> None:
             junk.clear()
         if dist.get_rank() == KILL_RANK and state["step"] == KILL_AT:
             os.kill(os.getpid(), signal.SIGKILL)
-        if STEP_SLEEP:
-            time.sleep(STEP_SLEEP)
+        if STEP_SLEEP or SLEEP_MORE:
+            time.sleep(STEP_SLEEP + (SLEEP_MORE if 0 <= SLEEP_MORE_FROM <= state["step"] else 0.0))
         if LOOP == "closure":
             def closure(x: torch.Tensor = x, y: torch.Tensor = y, model: torch.nn.Module = model,
                         opt: torch.optim.Optimizer = opt) -> torch.Tensor:
