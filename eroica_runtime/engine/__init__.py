@@ -339,7 +339,7 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
                                                         if f.category != "hang"), default=0.0), 0.0)}
     if base is not None and base.n:
         # what this capture was compared with (the runtime's analyst reads a capture with no finding
-        # and no "unexplained_ms" as found healthy only when this is here: Analyst.take_healthy)
+        # and no "unexplained_ms" as found healthy only when this is here: analyst.healthy_against_baseline)
         step_ms["baseline"] = float(np.median(base.col("step")))
     if slower is not None and not findings and slower.before_ms is not None:
         # slower in its window only (report.py says so beside "healthy")

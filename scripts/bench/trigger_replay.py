@@ -16,6 +16,14 @@ of a fault case, is found healthy (``Trigger.found_healthy``) ``vote_lag`` + 2 s
 steps, as the gather, the analysis and the vote that carries the verdict take. A directory may
 also hold a ``demo/steps`` case (per-rank step times of ``./scripts/demo``, same file format).
 
+``--budget N`` replays with that capture budget (``--max-captures``; a large one counts every capture
+a long job's noise would open). ``--plant F,F --onsets S,S`` also replays every healthy case with its
+steps from each onset on, on every rank, F x slower (a job-wide slowdown), with verdicts for the
+captures before the onset when ``--verdicts`` is given, and prints how many of those were not captured
+within ``--within`` steps and the onset -> capture steps. An onset closer than 100 steps to a
+recording's end is skipped. A recording made outside the bench (``train_bench.py --out
+DIR/<case>/steps``, a case name starting with ``healthy``) is read the same way.
+
 Prints, per revision: fault cases with a detector capture at or after the onset (step 50), detector
 captures in healthy cases, repeated captures of a steady fault (one capture is enough for a slowdown
 that stays the same), captures of an intermittent fault after the onset (each is a chance to catch a
@@ -27,6 +35,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -91,6 +100,34 @@ def replay(series: list[list[float]], trigger_cls: Any, cfg: Config, quiet_after
     return started
 
 
+def planted(series: list[list[float]], trigger_cls: Any, cfg: Config, quiet_after: int, verdicts: bool,
+            onsets: list[int], factors: list[float]) -> list[tuple[float, int | None]]:
+    """(factor, onset -> first detector capture in steps, or None) for every onset that leaves 100
+    steps of the recording and every factor: the healthy steps from the onset on, every rank's, that
+    many times slower."""
+    out: list[tuple[float, int | None]] = []
+    n = min(map(len, series))
+    for onset in onsets:
+        if onset + 100 > n:
+            continue
+        for f in factors:
+            slowed = [r[:onset] + [ms * f for ms in r[onset:]] for r in series]
+            caps = replay(slowed, trigger_cls, cfg, quiet_after, onset if verdicts else None)
+            after = [s - onset for s, t in caps if t in trigger.DETECTED and s >= onset]
+            out.append((f, after[0] if after else None))
+    return out
+
+
+def _numbers(text: str, kind: type, what: str, ap: argparse.ArgumentParser) -> list[Any]:
+    try:
+        values = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"{what} must be a comma list of numbers, not {text!r}")
+    if not values or min(values) <= 0:
+        ap.error(f"{what} must list numbers above 0, not {text!r}")
+    return values
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base", required=True, help="git revision whose trigger.py to compare with")
@@ -100,13 +137,27 @@ def main() -> None:
     ap.add_argument("--verdicts", action="store_true",
                     help="play rank 0's analyst: detector captures in healthy cases and before a fault's onset "
                          "are found healthy")
+    ap.add_argument("--budget", type=int, default=Config().max_captures, metavar="N",
+                    help="capture budget to replay with (default: --max-captures' default)")
+    ap.add_argument("--plant", default="", metavar="F,F", help="also replay healthy cases this many times slower "
+                    "from each --onsets step on")
+    ap.add_argument("--onsets", default="700,1000,1500,2000,2400", metavar="S,S")
+    ap.add_argument("--within", type=int, default=300, metavar="N",
+                    help="a planted slowdown not captured within N steps counts as missed (default 300)")
     ap.add_argument("runs", nargs="+", type=Path, help="fault-bench output directories")
     args = ap.parse_args()
     if args.quiet_after < 0:
         ap.error(f"--quiet-after must be 0 or more, not {args.quiet_after}")
+    if args.budget < 1 or args.within < 1:
+        ap.error(f"--budget and --within must be 1 or more, not {args.budget} and {args.within}")
+    factors = _numbers(args.plant, float, "--plant", ap) if args.plant else []
+    onsets = _numbers(args.onsets, int, "--onsets", ap)
+    cfg = Config(max_captures=args.budget)
+    delays: dict[str, list[tuple[float, int | None]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         revisions = {args.base: _load_base(args.base, Path(tmp)).Trigger, "working tree": trigger.Trigger}
         totals = {name: {"fault cases": 0, "caught after onset": 0, "healthy cases": 0, "healthy captures": 0,
+                         "of them drift": 0,
                          "repeats of a steady fault": 0, "captures of an intermittent fault": 0}
                   for name in revisions}
         differ = []
@@ -120,13 +171,17 @@ def main() -> None:
                 seen = {}
                 for name, cls in revisions.items():
                     verdict_from = (1 << 62 if healthy else ONSET) if args.verdicts else None
-                    caps = [c for c in replay(series, cls, Config(), args.quiet_after, verdict_from)
+                    caps = [c for c in replay(series, cls, cfg, args.quiet_after, verdict_from)
                             if c[1] != "baseline"]
                     seen[name] = caps
                     t = totals[name]
                     if healthy:
                         t["healthy cases"] += 1
                         t["healthy captures"] += len(caps)
+                        t["of them drift"] += sum(t_ == "drift" for _, t_ in caps)
+                        if factors:
+                            delays.setdefault(name, []).extend(
+                                planted(series, cls, cfg, args.quiet_after, args.verdicts, onsets, factors))
                     else:
                         t["fault cases"] += 1
                         t["caught after onset"] += any(s >= ONSET for s, _ in caps)
@@ -138,6 +193,12 @@ def main() -> None:
                     differ.append(f"{run.name}/{case}: " + "; ".join(f"{n} {v}" for n, v in seen.items()))
     for name, t in totals.items():
         print(f"{name}: " + ", ".join(f"{k} {v}" for k, v in t.items()))
+    for name, got in delays.items():
+        caught = sorted(d for _, d in got if d is not None and d <= args.within)
+        print(f"{name}: planted {len(got)}, not captured within {args.within} steps {len(got) - len(caught)}, "
+              f"onset -> capture median {statistics.median(caught) if caught else '-'} steps; by factor: "
+              + ", ".join(f"x{f:g} {sorted(d for g, d in got if g == f and d is not None and d <= args.within)}"
+                          for f in factors))
     print(f"{len(differ)} case(s) where the schedules differ:")
     for line in differ:
         print("  " + line)
