@@ -20,22 +20,30 @@ from eroica_runtime.engine.hang import hang_diagnosis
 from eroica_runtime.engine.model import count_ranks
 from eroica_runtime.gather import Gathered
 from eroica_runtime.pipeline import Pipeline
-from eroica_runtime.trigger import DETECTED
+from eroica_runtime.trigger import DETECTED, Said
 
 
 def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def refused_text(step: int, what: str, max_captures: int) -> str:
-    """Rank 0's line when the capture budget refuses a capture: once for the first slowdown it
-    refuses (``what`` is the detector that voted), every time for a person's request."""
-    spent = f"the capture budget is spent ({max_captures} captures, --max-captures / EROICA_MAX_CAPTURES)"
-    if what == "request":
+def refused_text(refused: Said, max_captures: int, refill_steps: int) -> str:
+    """Rank 0's line when the capture budget refuses a capture: every time for a person's request,
+    and for a slowdown the first time since a capture was last taken (``refused.what`` is the
+    detector that voted)."""
+    spent = (f"the capture budget is spent ({max_captures} capture{'' if max_captures == 1 else 's'}, "
+             "--max-captures / EROICA_MAX_CAPTURES)")
+    step, back = refused.step, refused.back_at
+    if refused.what == "request":
+        again = f"; the budget has one again at step {back}" if back is not None else ""
         return (f"eroica: step {step}: capture requested (SIGUSR1, the trigger file or --capture-at-steps), "
-                f"but {spent}: not captured")
-    return (f"eroica: step {step}: steps slowed ({what}), but {spent}: nothing more is captured in this job "
-            "(step times are still recorded; the job report counts what was not captured)")
+                f"but {spent}: not captured{again}")
+    if back is None:
+        return (f"eroica: step {step}: steps slowed ({refused.what}), but {spent}: nothing more is captured in "
+                "this job (step times are still recorded; the job report counts what was not captured)")
+    return (f"eroica: step {step}: steps slowed ({refused.what}), but {spent}: not captured; one comes back "
+            f"at step {back} (every {refill_steps} steps, --capture-refill-steps), and a slowdown that is still "
+            "there then is captured")
 
 
 def healthy_against_baseline(d: engine.Diagnosis) -> bool:

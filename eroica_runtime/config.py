@@ -65,9 +65,15 @@ class Config:
                                                     "another capture's window is taken when that window ends).",
                                                 metavar="S,S", lo=0)
     cooldown_steps: int = setting(30, "Minimum steps between two captures.", metavar="N", lo=0)
-    max_captures: int = setting(8, "Capture budget per job (baseline included). Once spent, rank 0 says so at the "
-                                   "first slowdown and at every request it refuses, and the job report counts them.",
+    max_captures: int = setting(8, "Capture budget (baseline included): at most N captures at once; a spent one "
+                                   "comes back every --capture-refill-steps steps. While it is spent, rank 0 says "
+                                   "so at the first slowdown and at every request it refuses, and the job report "
+                                   "counts them.",
                                 metavar="N", lo=0, hi=100000)
+    capture_refill_steps: int = setting(1000, "One spent capture comes back to the budget every N steps, so a job "
+                                              "that runs for days keeps being watched while noise costs it at most "
+                                              "one capture per N steps; 0 = never (N captures per job).",
+                                        metavar="N", lo=0, hi=10**9)
     max_profiled_fraction: float = setting(0.2, "Cap on the fraction of steps spent profiling (the baseline and "
                                                 "the first detector-triggered capture are always allowed).",
                                            metavar="F",

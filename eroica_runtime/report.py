@@ -470,14 +470,23 @@ def refused_summary(refused: Any) -> str:
     """The job report's line for captures the budget refused ("" for none; text and report.html)."""
     if not isinstance(refused, dict):
         return ""
-    n, asked, first, cap = (refused.get(k) for k in ("slowdowns", "requests", "first_step", "max_captures"))
-    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (n, asked)) or not (n or asked):
+
+    def num(key: str) -> int | None:
+        value = refused.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    n, asked, first, cap, refill = (num(k) for k in ("slowdowns", "requests", "first_step", "max_captures",
+                                                     "refill_steps"))
+    if n is None or asked is None or not (n or asked):
         return ""
     what = " and ".join(x for x in (f"{n} slowdown(s)" if n else "", f"{asked} request(s)" if asked else "") if x)
-    since = f" from step {first} on" if isinstance(first, int) and not isinstance(first, bool) else ""
-    budget = f" of {cap}" if isinstance(cap, int) and not isinstance(cap, bool) else ""
+    since = f" from step {first} on" if first is not None else ""
+    budget = f" of {cap}" if cap is not None else ""
+    if refill:
+        return (f"  not captured: {what}{since}: the capture budget{budget} was spent at the time (one comes "
+                f"back every {refill} steps; --max-captures / --capture-refill-steps)")
     return (f"  not captured: {what}{since}: the capture budget{budget} was spent (--max-captures / "
-            "EROICA_MAX_CAPTURES); raise it to keep watching a long job")
+            "EROICA_MAX_CAPTURES; --capture-refill-steps 0: it never refills); raise it to keep watching a long job")
 
 
 def format_job(report: dict[str, Any], report_dir: str | os.PathLike[str] | None = None) -> str:

@@ -273,8 +273,8 @@ class Runtime:
         if said and self.rank == 0:
             from eroica_runtime.analyst import refused_text, say
 
-            for at, what in said:
-                say(refused_text(at, what, cfg.max_captures))
+            for refused in said:
+                say(refused_text(refused, cfg.max_captures, cfg.capture_refill_steps))
         if decision is None:
             self._advance_pending(t0)
         else:
@@ -628,7 +628,8 @@ class Runtime:
         r = self.trigger.refused
         if not (r.slowdowns or r.requests):
             return {}
-        return {"captures_refused": {**r.to_json(), "max_captures": self.cfg.max_captures}}
+        return {"captures_refused": {**r.to_json(), "max_captures": self.cfg.max_captures,
+                                     "refill_steps": self.cfg.capture_refill_steps}}
 
     def _write_job_end(self, stats: dict[str, Any]) -> None:
         """Rank 0: wait (bounded) for the analyst, write report.json/html, then print the job report."""

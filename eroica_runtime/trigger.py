@@ -22,6 +22,10 @@ Local rules (defaults in Config, all configurable):
 - baseline: one automatic capture right after warm-up, so every job has a healthy reference (the
   steps its summary is built and gathered in are judged by the rules, never voted on).
 
+Budget: at most ``max_captures`` captures at once (baseline included); a spent one comes back every
+``capture_refill_steps`` steps (``Budget``), so a job that runs for days keeps being watched while
+noise captures cost it one capture per that many steps at most.
+
 Vote: every step each rank posts an Iallreduce(MAX) of its flags and completes the one posted
 ``vote_lag`` (3) steps earlier, so all ranks learn the same result at the same step and agree on the same
 capture start step without an extra round-trip. MPI moves a nonblocking collective on only inside MPI
@@ -45,6 +49,53 @@ REASONS = ("spike", "drift", "manual", "throughput")
 DETECTED = ("spike", "drift", "throughput")   # the captures a slowdown opened (not baseline or manual)
 FLOOR_WINDOWS = 10   # drift windows a level found healthy stays the drift rule's least reference
 MIN_STOPS = 2   # SIGCONTs within the throughput window that make a rank vote (one is an accident)
+
+
+class Budget:
+    """The capture budget: a bucket of ``size`` captures (--max-captures) from which every capture takes
+    one, and to which one comes back every ``refill_steps`` steps (--capture-refill-steps; 0: never)
+    while it is not full.
+
+    A budget per job was spent by a long job's noise: 22,340 steps of healthy 4-rank jobs recorded on
+    this project's 2-core VM (whole-job slow spells, a wandering level), replayed through the trigger
+    with every capture found healthy, spent the default 8 by step 1,424, and 22 slowdowns (x1.2, x1.6)
+    planted from step 4,000 on were all missed, only counted as refused. With one capture back every
+    1,000 steps all 22 were captured, 12 within 47 steps and the rest when the next capture came back
+    (513 steps: the noise takes each one that comes back while nothing else is slow), for 29 noise
+    captures instead of 7 (docs/bench-faults.md). Counted in steps, not seconds, so every rank
+    computes the same budget from the same agreed decisions. The bucket never holds more than
+    ``size``: a long quiet spell does not buy a burst of captures later."""
+
+    def __init__(self, size: int, refill_steps: int) -> None:
+        self.size, self.refill_steps = size, refill_steps
+        self.left = size
+        self.refill_from: int | None = None   # the step the next capture back counts from (None: full)
+
+    def available(self, step: int) -> bool:
+        """Whether a capture starting at ``step`` may be taken."""
+        self._refill(step)
+        return self.left > 0
+
+    def spend(self, step: int) -> None:
+        """A capture starts at ``step``."""
+        self._refill(step)
+        self.left -= 1
+        if self.refill_from is None:
+            self.refill_from = step
+
+    def next_back(self) -> int | None:
+        """The step the next capture comes back at (None: full, or it never refills)."""
+        if self.refill_from is None or self.refill_steps <= 0:
+            return None
+        return self.refill_from + self.refill_steps
+
+    def _refill(self, step: int) -> None:
+        since = self.refill_from
+        if since is None or self.refill_steps <= 0 or step < since + self.refill_steps:
+            return
+        n = (step - since) // self.refill_steps
+        self.left = min(self.size, self.left + n)
+        self.refill_from = None if self.left == self.size else since + n * self.refill_steps
 
 
 @dataclass(frozen=True)
@@ -356,7 +407,7 @@ class Trigger:
         self.cfg = cfg
         self.detector = Detector(cfg)
         self.manual_pending = False
-        self.captures = 0
+        self.budget = Budget(cfg.max_captures, cfg.capture_refill_steps)
         self.profiled_steps = 0
         self.last_capture_start: int | None = None
         self.busy_until = -1          # no voted capture starts before this step (its votes saw the window)
@@ -369,7 +420,8 @@ class Trigger:
         self.manual_waiting = False
         self.scheduled = sorted(set(cfg.capture_at_steps))
         self.refused = Refused()
-        self.said: list[tuple[int, str]] = []   # (step, what) the budget refused, for rank 0 to say once
+        self.said: list[Said] = []   # what the budget refused, for rank 0 to say
+        self.said_since_capture = False   # a refused slowdown is said once until a capture is taken again
         self.held: list[int] = []   # first steps of the drift captures found healthy this rank applied
 
     # ---- local side ----------------------------------------------------------------------------------
@@ -416,7 +468,7 @@ class Trigger:
 
     def _allowed(self, start: int, k: int) -> bool:
         cfg = self.cfg
-        if self.captures >= cfg.max_captures:
+        if not self.budget.available(start):
             return False
         if start <= self.busy_until:
             return False
@@ -473,7 +525,7 @@ class Trigger:
             if start <= settled:
                 return None
             if not self._allowed(start, self.window_for(trigger)):
-                if self.captures >= self.cfg.max_captures:
+                if not self.budget.available(start):
                     self._refuse(start + 1, trigger)
                 return None
         if trigger is None:
@@ -484,7 +536,7 @@ class Trigger:
         if trigger in ("baseline", "manual"):
             if start <= self.window_until:
                 return None
-            if self.captures >= self.cfg.max_captures:
+            if not self.budget.available(start):
                 if trigger == "manual":
                     self._answered(start)
                     self._refuse(start + 1, "request")
@@ -492,7 +544,8 @@ class Trigger:
         if trigger == "manual":
             self._answered(start)
         k = self.window_for(trigger)
-        self.captures += 1
+        self.budget.spend(start)
+        self.said_since_capture = False
         if trigger != "baseline":
             self.profiled_steps += k + 1  # the window and its lead-in step
         self.last_capture_start = start
@@ -506,23 +559,37 @@ class Trigger:
 
     def _refuse(self, step: int, what: str) -> None:
         """The budget refused a capture whose window would have begun at ``step``: counted (a slowdown
-        once, however many consecutive steps it keeps voting) and, the first time for a slowdown and
-        every time for a person's request, queued in ``said``."""
+        once, however many consecutive steps it keeps voting) and queued in ``said`` every time for a
+        person's request, and for a slowdown the first time since a capture was last taken (once the
+        budget is spent, that is: again after a capture came back and went)."""
         r = self.refused
         first = r.first_step if r.first_step is not None else step
+        said = Said(step, what, self.budget.next_back())
         if what == "request":
             self.refused = Refused(r.slowdowns, r.requests + 1, first, step)
-            self.said.append((step, what))
+            self.said.append(said)
             return
         new = not r.slowdowns or r.last_step != step - 1
         self.refused = Refused(r.slowdowns + int(new), r.requests, first, step)
-        if not r.slowdowns:
-            self.said.append((step, what))
+        if not self.said_since_capture:
+            self.said_since_capture = True
+            self.said.append(said)
 
-    def take_said(self) -> list[tuple[int, str]]:
+    def take_said(self) -> list[Said]:
         """What the budget refused since the last call (rank 0 prints it)."""
         out, self.said = self.said, []
         return out
+
+
+@dataclass(frozen=True)
+class Said:
+    """A capture the budget refused, for rank 0's line: the step its window would have begun at,
+    what asked for it ("request" or the detector's rule), and the step the budget gets one back at
+    (None: never, --capture-refill-steps 0)."""
+
+    step: int
+    what: str
+    back_at: int | None
 
 
 @dataclass(frozen=True)

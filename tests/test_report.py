@@ -287,21 +287,33 @@ def test_one_rank_alone_is_never_called_healthy() -> None:
 
 def test_a_job_whose_budget_refused_captures_says_so_under_healthy(tmp_path: Path) -> None:
     """"healthy" over the captures taken is not the whole story when the budget then refused
-    slowdowns: the job report (text, `eroica show`, report.html) says what was not captured."""
+    slowdowns: the job report (text, `eroica show`, report.html) says what was not captured, and
+    rank 0's live line says when the budget has a capture again."""
     from eroica_runtime.analyst import refused_text
+    from eroica_runtime.trigger import Said
 
     d = diagnose(_job(), step=7, trigger="slow_step", world_size=8)
-    job = {"captures_refused": {"slowdowns": 3, "requests": 1, "first_step": 2013, "max_captures": 8}}
+    job = {"captures_refused": {"slowdowns": 3, "requests": 1, "first_step": 2013, "max_captures": 8,
+                                "refill_steps": 1000}}
     doc = report.write_job(tmp_path, diagnoses=[d], world_size=8, steps=5000, job=job)
     text = report.format_job(doc, tmp_path)
     head, *rest = text.splitlines()
     assert "healthy" in head
     assert rest == ["  not captured: 3 slowdown(s) and 1 request(s) from step 2013 on: the capture budget of 8 "
-                    "was spent (--max-captures / EROICA_MAX_CAPTURES); raise it to keep watching a long job"]
+                    "was spent at the time (one comes back every 1000 steps; --max-captures / "
+                    "--capture-refill-steps)"]
     assert "Not captured: 3 slowdown(s)" in (tmp_path / "report.html").read_text()
+    # a budget that never refills (--capture-refill-steps 0, or a report from before refills): raise it
+    never = report.refused_summary({**job["captures_refused"], "refill_steps": 0})
+    assert never.endswith("it never refills); raise it to keep watching a long job"), never
+    assert report.refused_summary({"slowdowns": 1, "requests": 0}).startswith("  not captured: 1 slowdown(s):")
     # nothing refused, or a foreign value: no line
     for odd in (None, {}, {"slowdowns": 0, "requests": 0}, {"slowdowns": "3", "requests": 1}, [3]):
         assert report.refused_summary(odd) == ""
-    assert "not captured" in refused_text(96, "request", 8)
-    line = refused_text(2013, "drift", 8)
+    line = refused_text(Said(96, "request", 1013), 8, 1000)
+    assert "but the capture budget is spent" in line and line.endswith("not captured; the budget has one again at "
+                                                                          "step 1013"), line
+    line = refused_text(Said(2013, "drift", 2500), 8, 1000)
     assert line.startswith("eroica: step 2013: steps slowed (drift), but the capture budget is spent (8 captures")
+    assert "one comes back at step 2500 (every 1000 steps, --capture-refill-steps)" in line, line
+    assert "nothing more is captured in this job" in refused_text(Said(2013, "drift", None), 8, 0)

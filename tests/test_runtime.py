@@ -120,6 +120,28 @@ def test_a_drift_capture_found_healthy_reaches_every_ranks_drift_rule(tmp_path) 
         assert not diagnosis["findings"] and "unexplained_ms" not in diagnosis["step_ms"], diagnosis
 
 
+def test_a_slowdown_the_spent_budget_refused_is_captured_when_a_capture_comes_back(tmp_path) -> None:
+    """A budget of one capture (the baseline's, lead-in step 12) that comes back 50 steps later, and
+    rank 2 doing extra matmuls from step 40: the slowdown is refused while the budget is spent, rank 0
+    says when a capture comes back (step 62), and the slowdown, still there then, is captured and
+    rank 2 named. A budget per job (--capture-refill-steps 0) left such a job with the refusal alone
+    (tests/test_trigger.py replays a long recorded job)."""
+    proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, "--max-captures", "1",
+                      "--capture-refill-steps", "50", TRAIN,
+                      env={"FAULT": "compute", "FAULT_RANK": "2", "FAULT_FROM": "40", "FAULT_MATMULS": "1000",
+                           "STEPS": "110"}, timeout=240)
+    assert proc.returncode == 0, explain(proc)
+    assert "but the capture budget is spent (1 capture," in proc.stderr, explain(proc)
+    assert "one comes back at step 62 (every 50 steps, --capture-refill-steps)" in proc.stderr, explain(proc)
+    report = json.loads((tmp_path / "report.json").read_text())
+    taken = report["job"]["captures_taken"]
+    assert taken[0]["trigger"] == "baseline" and len(taken) == 2, (taken, explain(proc))
+    assert taken[1]["step"] >= 62, taken
+    assert report["job"]["captures_refused"]["slowdowns"] >= 1, report["job"]
+    top = report["findings"][0]
+    assert (top["rank"], top["category"]) == (2, "compute"), (top["title"], explain(proc))
+
+
 def test_sigusr1_to_one_rank_captures_on_all_ranks(tmp_path) -> None:
     """Also: with EROICA_KEEP_RAW_EVENTS=1 every rank keeps the window's raw profiler events, and the
     summary built again from them, read back on their own, is the one the rank sent."""

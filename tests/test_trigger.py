@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from eroica_runtime.config import Config
-from eroica_runtime.trigger import DETECTED, FLOOR_WINDOWS, Detector, Trigger
+from eroica_runtime.trigger import DETECTED, FLOOR_WINDOWS, Budget, Detector, Trigger
 
 DATA = Path(__file__).parent / "data" / "trigger"
 
@@ -381,7 +381,8 @@ def test_a_request_or_scheduled_step_during_an_open_window_is_taken_when_it_ends
 
 def test_the_budget_says_what_it_refuses_a_slowdown_once_and_every_request() -> None:
     """With the budget spent, a slowdown that keeps voting counts once a run of votes and is said
-    once for the job; a person's request is refused and said every time; the same on every rank."""
+    once until a capture comes back; a person's request is refused and said every time; the same on
+    every rank, and each line says when the budget has a capture again."""
     cfg = Config(warmup_steps=0, baseline=False, cooldown_steps=5, max_captures=1, window_steps=3)
     a, b = Trigger(cfg), Trigger(cfg)
     spike, manual, none = np.array([1, 0, 0, 0]), np.array([0, 0, 1, 0]), np.zeros(4, dtype=np.int64)
@@ -398,8 +399,65 @@ def test_the_budget_says_what_it_refuses_a_slowdown_once_and_every_request() -> 
     assert (a.refused.slowdowns, a.refused.requests) == (2, 2)
     assert a.refused.first_step is not None and a.refused.first_step > 10
     said = a.take_said()
-    assert [w for _, w in said] == ["spike", "request", "request"] and a.take_said() == []
-    assert [s for s, _ in said][1:] == [92, 97]   # the steps their windows would have begun at
+    assert [x.what for x in said] == ["spike", "request", "request"] and a.take_said() == []
+    assert [x.step for x in said][1:] == [92, 97]   # the steps their windows would have begun at
+    assert {x.back_at for x in said} == {11 + cfg.capture_refill_steps}   # the capture at 11 comes back
+
+
+def test_a_spent_budget_comes_back_one_capture_per_refill_period_never_above_its_size() -> None:
+    """A bucket of --max-captures: each capture takes one, one comes back every
+    --capture-refill-steps steps counted from the capture that emptied it first, and a long quiet
+    spell does not store up more than the bucket holds."""
+    b = Budget(2, 100)
+    assert b.available(10) and b.next_back() is None
+    b.spend(10)                       # the refill clock starts with the first capture taken from a full bucket
+    assert b.next_back() == 110
+    b.spend(50)
+    assert not b.available(109) and b.available(110) and b.next_back() == 210   # one back; the clock runs on
+    b.spend(120)
+    assert not b.available(209) and b.available(210)
+    assert b.available(5000) and b.left == 2 and b.next_back() is None          # full: no more than its size
+    b.spend(5000)
+    b.spend(5001)
+    assert not b.available(5099) and b.next_back() == 5100
+    never = Budget(2, 0)              # --capture-refill-steps 0: two captures for the job
+    never.spend(10)
+    never.spend(20)
+    assert not never.available(10**9) and never.next_back() is None
+    empty = Budget(0, 100)            # --max-captures 0: no capture ever, whatever the refill
+    assert not empty.available(10**9) and empty.next_back() is None
+
+
+def test_a_slowdown_after_noise_spent_the_budget_is_captured_when_a_capture_comes_back() -> None:
+    """A long job on a noisy host spends a budget per job on captures that find nothing: a real
+    healthy 4-rank job (tests/data/trigger) spends a budget of 3 on the baseline and two noise
+    captures by step ~1,000, and a slowdown from step 2,200 was never captured, only counted as
+    refused. With one capture back every 400 steps it is captured within one such period of its
+    onset (noise may take the capture that comes back first); the same on every rank."""
+    ranks = json.loads(HEALTHY_JOB.read_text())["ranks"]
+    onset = 2200
+    slowed = [r[:onset] + [ms * 1.6 for ms in r[onset:]] for r in ranks]
+    spent = _job_captures(slowed, Config(max_captures=3, capture_refill_steps=0), quiet_after=16, healthy=True)
+    assert len(spent) == 3 and spent[-1][0] < onset, spent   # the noise spent it before the slowdown began
+    refilled = _job_captures(slowed, Config(max_captures=3, capture_refill_steps=400), quiet_after=16, healthy=True)
+    after = [s for s, t in refilled if t in DETECTED and s >= onset]
+    assert after and after[0] - onset <= 400 + 16, refilled
+    assert refilled[:3] == spent   # until the budget is spent, the schedule is the one it always was
+
+
+def test_a_refused_slowdown_is_said_again_after_a_capture_came_back_and_went() -> None:
+    """Rank 0 says once that the budget refused a slowdown, and when the next capture comes back;
+    after that capture is taken and the budget is spent again, the next refused slowdown is said
+    again (with no refill it is said once for the job: test_the_budget_says_what_it_refuses...)."""
+    cfg = Config(warmup_steps=0, baseline=False, cooldown_steps=5, max_captures=1, window_steps=3,
+                 capture_refill_steps=50)
+    t = Trigger(cfg)
+    spike = np.array([1, 0, 0, 0])
+    taken = [d.start_step for d in (t.decide(step, spike) for step in range(10, 130)) if d]
+    assert taken == [11, 61, 111], taken          # one capture per refill period of a standing slowdown
+    said = t.take_said()
+    assert [(x.what, x.back_at) for x in said] == [("spike", 61), ("spike", 111), ("spike", 161)], said
+    assert t.refused.slowdowns == 3   # each run of refused votes counted once
 
 
 def test_a_slowdown_soon_after_a_persons_early_capture_is_still_captured() -> None:

@@ -17,7 +17,8 @@ steps, as the gather, the analysis and the vote that carries the verdict take. A
 also hold a ``demo/steps`` case (per-rank step times of ``./scripts/demo``, same file format).
 
 ``--budget N`` replays with that capture budget (``--max-captures``; a large one counts every capture
-a long job's noise would open). ``--plant F,F --onsets S,S`` also replays every healthy case with its
+a long job's noise would open), ``--refill N`` with a spent capture back every N steps
+(``--capture-refill-steps``; 0: never). ``--plant F,F --onsets S,S`` also replays every healthy case with its
 steps from each onset on, on every rank, F x slower (a job-wide slowdown), with verdicts for the
 captures before the onset when ``--verdicts`` is given, and prints how many of those were not captured
 within ``--within`` steps and the onset -> capture steps. An onset closer than 100 steps to a
@@ -139,6 +140,9 @@ def main() -> None:
                          "are found healthy")
     ap.add_argument("--budget", type=int, default=Config().max_captures, metavar="N",
                     help="capture budget to replay with (default: --max-captures' default)")
+    ap.add_argument("--refill", type=int, default=Config().capture_refill_steps, metavar="N",
+                    help="steps a spent capture takes to come back (--capture-refill-steps; a revision without a "
+                         "refilling budget ignores it; default: its default)")
     ap.add_argument("--plant", default="", metavar="F,F", help="also replay healthy cases this many times slower "
                     "from each --onsets step on")
     ap.add_argument("--onsets", default="700,1000,1500,2000,2400", metavar="S,S")
@@ -150,9 +154,11 @@ def main() -> None:
         ap.error(f"--quiet-after must be 0 or more, not {args.quiet_after}")
     if args.budget < 1 or args.within < 1:
         ap.error(f"--budget and --within must be 1 or more, not {args.budget} and {args.within}")
+    if args.refill < 0:
+        ap.error(f"--refill must be 0 (never) or more, not {args.refill}")
     factors = _numbers(args.plant, float, "--plant", ap) if args.plant else []
     onsets = _numbers(args.onsets, int, "--onsets", ap)
-    cfg = Config(max_captures=args.budget)
+    cfg = Config(max_captures=args.budget, capture_refill_steps=args.refill)
     delays: dict[str, list[tuple[float, int | None]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         revisions = {args.base: _load_base(args.base, Path(tmp)).Trigger, "working tree": trigger.Trigger}
