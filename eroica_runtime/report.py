@@ -20,6 +20,7 @@ from eroica_runtime import reportdir
 from eroica_runtime.engine import Diagnosis, Finding, consolidate
 from eroica_runtime.engine.categories import SAME_CALLS
 from eroica_runtime.engine.model import conclusive, count_ranks
+from eroica_runtime.engine.transient import split_transient
 
 REPORT_SCHEMA = "eroica.report/1"
 STEPS_SCHEMA = "eroica.steps/1"
@@ -119,16 +120,18 @@ def write_steps(report_dir: str | os.PathLike[str], history: Sequence[float]) ->
 
 def build_report(*, diagnoses: Sequence[Diagnosis], world_size: int, steps: int,
                  job: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The report.json document (findings consolidated over the job, sorted by impact)."""
+    """The report.json document: findings consolidated over the job, sorted by impact, less the CPU
+    contention that came once and went (``transient``, engine/transient.py)."""
     caps = []
     for d in sorted(diagnoses, key=lambda x: x.step):
         doc = d.to_json()
         caps.append({"step": d.step, "trigger": d.trigger, "findings": doc["findings"],
                      "missing": doc["missing"], "errors": doc["errors"], "notes": doc["notes"],
                      "ranks_analysed": d.ranks_analysed, "step_ms": doc["step_ms"], "peers": doc["peers"]})
+    findings, transient = split_transient(consolidate(list(diagnoses)), list(diagnoses))
     return {"schema": REPORT_SCHEMA, "world_size": int(world_size), "steps": int(steps),
             "job": job or {}, "captures": caps,
-            "findings": [f.to_json() for f in consolidate(list(diagnoses))]}
+            "findings": [f.to_json() for f in findings], "transient": [f.to_json() for f in transient]}
 
 
 def write_job(report_dir: str | os.PathLike[str], *, diagnoses: Sequence[Diagnosis], world_size: int,
@@ -489,6 +492,21 @@ def refused_summary(refused: Any) -> str:
             "EROICA_MAX_CAPTURES; --capture-refill-steps 0: it never refills); raise it to keep watching a long job")
 
 
+def transient_lines(report: dict[str, Any]) -> list[str]:
+    """The job report's lines for CPU contention seen once and not since (report.json "transient";
+    none in a report from before it, or a foreign value)."""
+    out = []
+    for f in report.get("transient") or []:
+        ev = f.get("evidence") if isinstance(f, dict) else None
+        caps, after = (f.get("captures"), ev.get("not_seen_after")) if isinstance(ev, dict) else (None, None)
+        if not (isinstance(caps, list) and caps and isinstance(after, list)):
+            continue
+        out.append(f"  transient, not a finding: rank {_text(f.get('rank'))} on {_text(f.get('host'))} was starved "
+                   f"of CPU around step {_text(caps[0])} (+{_ms(f.get('impact_ms_per_step'))} ms/step), and not in "
+                   f"the {len(after)} detector capture(s) after it: contention on its host that came and went")
+    return out
+
+
 def format_job(report: dict[str, Any], report_dir: str | os.PathLike[str] | None = None) -> str:
     """Text block at job end (also what `eroica show` prints)."""
     findings = report.get("findings") or []
@@ -523,6 +541,7 @@ def format_job(report: dict[str, Any], report_dir: str | os.PathLike[str] | None
         if f.get("captures"):
             one = len(f["captures"]) == 1
             lines.append(f"     seen in {'the capture at step' if one else 'captures at steps'} {_ranks(f['captures'])}")
+    lines.extend(transient_lines(report))
     lost = format_time_lost((report.get("job") or {}).get("time_lost")) if findings else ""
     if lost:
         lines.append(lost)

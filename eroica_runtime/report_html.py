@@ -8,7 +8,14 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from eroica_runtime.report import calls_text, format_time_lost, passing_text, refused_summary, slower_text
+from eroica_runtime.report import (
+    calls_text,
+    format_time_lost,
+    passing_text,
+    refused_summary,
+    slower_text,
+    transient_lines,
+)
 
 _CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1200px}
 h1{font-size:20px}h2{font-size:17px;margin-top:28px}h3{font-size:15px}
@@ -197,6 +204,9 @@ def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
         # the text report's head says the same: no culprit, but not healthy either
         parts[-1] = (f'<p class="cat">No findings, but the capture(s) at step(s) {_e(", ".join(map(str, slower)))} '
                      "were slower than the baseline with no culprit found (below).</p>")
+    transient = transient_lines(report)
+    if transient:
+        parts.append("<h3>Transient (not findings)</h3>" + "".join(f"<p>{_e(line.strip())}</p>" for line in transient))
     job = report.get("job") or {}
     if job:
         scalars = {k: v for k, v in job.items() if not isinstance(v, (list, dict))}
