@@ -9,7 +9,8 @@ ones; the capture's own link probe is used). ``--base REV`` runs the same over t
 revision (a temporary worktree on ``PYTHONPATH``) and prints only the captures whose findings
 differ, with a count of the captures compared. The recorded captures carry what the live runs
 measured (their probe ran when that revision's runtime ran it), so this judges the engine, not the
-runtime.
+runtime. ``--job`` compares each case's job report instead (``report.build_report`` over its
+captures' diagnoses: the job's findings, and what it lists as transient).
 """
 
 from __future__ import annotations
@@ -30,9 +31,14 @@ def _hosts(host: str | None) -> str:
     return ",".join(h.rsplit("-", 1)[-1] for h in (host or "-").split(","))
 
 
-def findings(dirs: list[str]) -> dict[str, list[str]]:
-    """{"run/case@step trigger": ["category rRANK@HOST function", ...]} over every capture."""
-    from eroica_runtime import summary
+def _text(f: dict) -> str:
+    return f"{f['category']} r{f['rank']}@{_hosts(f['host'])} {f['function']}"
+
+
+def findings(dirs: list[str], job: bool = False) -> dict[str, list[str]]:
+    """{"run/case@step trigger": ["category rRANK@HOST function", ...]} over every capture; with
+    ``job``, {"run/case job": [...the job report's findings, then "transient: ..." ones]}."""
+    from eroica_runtime import report, summary
     from eroica_runtime.pipeline import Pipeline
 
     out: dict[str, list[str]] = {}
@@ -43,11 +49,19 @@ def findings(dirs: list[str]) -> dict[str, list[str]]:
                 continue
             meta, _, _ = summary.decode_capture(caps[0].read_bytes())
             pipe = Pipeline(world_size=int(meta.get("world_size") or 0) or None)
+            diagnoses = []
             for path in caps:
                 got = pipe.analyse(path.read_bytes(), origin=str(path))
                 diag = got.diagnosis
+                diagnoses.append(diag)
                 key = f"{Path(d).name}/{case.name}@{diag.step} {diag.trigger}"
-                out[key] = [f"{f.category} r{f.rank}@{_hosts(f.host)} {f.function}" for f in diag.findings]
+                out[key] = [_text(f.to_json()) for f in diag.findings]
+            if job:
+                for key in [k for k in out if k.startswith(f"{Path(d).name}/{case.name}@")]:
+                    del out[key]
+                doc = report.build_report(diagnoses=diagnoses, world_size=diagnoses[0].world_size, steps=0)
+                out[f"{Path(d).name}/{case.name} job"] = ([_text(f) for f in doc["findings"]]
+                                                          + [f"transient: {_text(f)}" for f in doc.get("transient", [])])
     return out
 
 
@@ -55,12 +69,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dirs", nargs="+")
     ap.add_argument("--base", help="git revision to compare with")
+    ap.add_argument("--job", action="store_true", help="compare the job reports, not each capture's findings")
     ap.add_argument("--json", action="store_true", help="print this tree's findings as JSON (used by --base)")
     args = ap.parse_args()
     missing = [d for d in args.dirs if not Path(d).is_dir()]
     if missing:
         raise SystemExit(f"engine_replay: not a fault-bench output directory: {', '.join(missing)}")
-    now = findings(args.dirs)
+    now = findings(args.dirs, args.job)
     if args.json:
         print(json.dumps(now))
         return
@@ -73,7 +88,8 @@ def main() -> None:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), args.base], check=True)
         try:
             env = {**os.environ, "PYTHONPATH": str(tree)}
-            text = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--json", *args.dirs],
+            text = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--json",
+                                   *(["--job"] if args.job else []), *args.dirs],
                                   env=env, check=True, capture_output=True, text=True, cwd=tmp).stdout
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
@@ -81,7 +97,7 @@ def main() -> None:
     differ = [k for k in now if was.get(k) != now[k]]
     for key in differ:
         print(f"{key}:\n  {args.base}: {'; '.join(was.get(key) or []) or '-'}\n  now: {'; '.join(now[key]) or '-'}")
-    print(f"{len(differ)} of {len(now)} captures differ")
+    print(f"{len(differ)} of {len(now)} {'job reports' if args.job else 'captures'} differ")
 
 
 if __name__ == "__main__":
