@@ -20,14 +20,14 @@ from eroica_runtime.engine.hang import hang_diagnosis
 from eroica_runtime.engine.model import count_ranks
 from eroica_runtime.gather import Gathered
 from eroica_runtime.pipeline import Pipeline
-from eroica_runtime.trigger import DETECTED, Said
+from eroica_runtime.trigger import DETECTED, Refusal
 
 
 def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def refused_text(refused: Said, max_captures: int, refill_steps: int) -> str:
+def refused_text(refused: Refusal, max_captures: int, refill_steps: int) -> str:
     """Rank 0's line when the capture budget refuses a capture: every time for a person's request,
     and for a slowdown the first time since a capture was last taken (``refused.what`` is the
     detector that voted)."""

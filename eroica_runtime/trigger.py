@@ -420,7 +420,7 @@ class Trigger:
         self.manual_waiting = False
         self.scheduled = sorted(set(cfg.capture_at_steps))
         self.refused = Refused()
-        self.said: list[Said] = []   # what the budget refused, for rank 0 to say
+        self.said: list[Refusal] = []   # what the budget refused, for rank 0 to say
         self.said_since_capture = False   # a refused slowdown is said once until a capture is taken again
         self.held: list[int] = []   # first steps of the drift captures found healthy this rank applied
 
@@ -564,25 +564,25 @@ class Trigger:
         budget is spent, that is: again after a capture came back and went)."""
         r = self.refused
         first = r.first_step if r.first_step is not None else step
-        said = Said(step, what, self.budget.next_back())
+        refusal = Refusal(step, what, self.budget.next_back())
         if what == "request":
             self.refused = Refused(r.slowdowns, r.requests + 1, first, step)
-            self.said.append(said)
+            self.said.append(refusal)
             return
         new = not r.slowdowns or r.last_step != step - 1
         self.refused = Refused(r.slowdowns + int(new), r.requests, first, step)
         if not self.said_since_capture:
             self.said_since_capture = True
-            self.said.append(said)
+            self.said.append(refusal)
 
-    def take_said(self) -> list[Said]:
+    def take_said(self) -> list[Refusal]:
         """What the budget refused since the last call (rank 0 prints it)."""
         out, self.said = self.said, []
         return out
 
 
 @dataclass(frozen=True)
-class Said:
+class Refusal:
     """A capture the budget refused, for rank 0's line: the step its window would have begun at,
     what asked for it ("request" or the detector's rule), and the step the budget gets one back at
     (None: never, --capture-refill-steps 0)."""

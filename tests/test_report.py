@@ -290,7 +290,7 @@ def test_a_job_whose_budget_refused_captures_says_so_under_healthy(tmp_path: Pat
     slowdowns: the job report (text, `eroica show`, report.html) says what was not captured, and
     rank 0's live line says when the budget has a capture again."""
     from eroica_runtime.analyst import refused_text
-    from eroica_runtime.trigger import Said
+    from eroica_runtime.trigger import Refusal
 
     d = diagnose(_job(), step=7, trigger="slow_step", world_size=8)
     job = {"captures_refused": {"slowdowns": 3, "requests": 1, "first_step": 2013, "max_captures": 8,
@@ -310,10 +310,10 @@ def test_a_job_whose_budget_refused_captures_says_so_under_healthy(tmp_path: Pat
     # nothing refused, or a foreign value: no line
     for odd in (None, {}, {"slowdowns": 0, "requests": 0}, {"slowdowns": "3", "requests": 1}, [3]):
         assert report.refused_summary(odd) == ""
-    line = refused_text(Said(96, "request", 1013), 8, 1000)
+    line = refused_text(Refusal(96, "request", 1013), 8, 1000)
     assert "but the capture budget is spent" in line and line.endswith("not captured; the budget has one again at "
                                                                           "step 1013"), line
-    line = refused_text(Said(2013, "drift", 2500), 8, 1000)
+    line = refused_text(Refusal(2013, "drift", 2500), 8, 1000)
     assert line.startswith("eroica: step 2013: steps slowed (drift), but the capture budget is spent (8 captures")
     assert "one comes back at step 2500 (every 1000 steps, --capture-refill-steps)" in line, line
-    assert "nothing more is captured in this job" in refused_text(Said(2013, "drift", None), 8, 0)
+    assert "nothing more is captured in this job" in refused_text(Refusal(2013, "drift", None), 8, 0)

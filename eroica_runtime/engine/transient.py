@@ -24,10 +24,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from eroica_runtime.engine.history import TRIGGERED
 from eroica_runtime.engine.model import Diagnosis, Finding
 
 LATER_CAPTURES = 2   # detector captures after the one that named it, which did not name it again
-DETECTED = ("spike", "drift", "throughput")   # as trigger.DETECTED (the engine does not import the runtime)
 
 
 def split_transient(findings: Sequence[Finding], diagnoses: Sequence[Diagnosis]) -> tuple[list[Finding],
@@ -51,7 +51,7 @@ def _not_seen_after(f: Finding, diagnoses: Sequence[Diagnosis]) -> list[int]:
     that analysed its rank; [] if one of them named it again, or ``f`` is not such a finding."""
     if f.category != "host" or f.rank is None or not f.evidence.get("cpu_starved") or len(f.captures) != 1:
         return []
-    later = [d for d in diagnoses if d.step > f.captures[0] and d.trigger in DETECTED and d.conclusive
+    later = [d for d in diagnoses if d.step > f.captures[0] and d.trigger in TRIGGERED and d.conclusive
              and f.rank not in d.missing]
     if any(g.rank == f.rank and g.category == f.category for d in later for g in d.findings):
         return []
