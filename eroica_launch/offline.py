@@ -90,19 +90,50 @@ def _traced_steps(meta: dict[str, Any]) -> list[list[int]]:
     return []
 
 
+def _removed_captures(root: Path, files: list[Path]) -> tuple[list[Diagnosis], dict[int, Any], list[str]]:
+    """The diagnoses of captures whose file is gone, read from their diagnosis-<step>.json as the job
+    wrote it (retention.py removes an old capture's file once it is diagnosed: --keep-captures), with
+    their drill-down; and a problem line for each such file that is not an eroica diagnosis."""
+    have = {int(p.stem) for p in files if p.stem.isdigit()}
+    diagnoses: list[Diagnosis] = []
+    drill: dict[int, Any] = {}
+    problems: list[str] = []
+    for step, path in reportdir.diagnosis_files(root).items():
+        if step in have:
+            continue
+        try:
+            doc = json.loads(read_capped(path, MAX_REPORT_BYTES))
+            if not isinstance(doc, dict) or doc.get("schema") != "eroica.diagnosis/1":
+                raise ValueError(f"schema is {doc.get('schema') if isinstance(doc, dict) else type(doc).__name__!r}, "
+                                 "expected 'eroica.diagnosis/1'")
+            d = Diagnosis.from_json(doc)
+            if d.step != step:
+                raise ValueError(f"it is step {d.step}'s diagnosis")
+        except InputError as exc:
+            problems.append(str(exc))
+            continue
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+            problems.append(f"{path.name}: no capture file and not a usable diagnosis "
+                            f"({' '.join(str(exc).split())[:200]})")
+            continue
+        diagnoses.append(d)
+        if isinstance(doc.get("drill_down"), dict):
+            drill[step] = doc["drill_down"]
+    return diagnoses, drill, problems
+
+
 def run_analysis(root: Path, *, topology: str | None = None,
                  lone: list[dict[str, Any]] | None = None) -> tuple[list[Diagnosis], dict[str, Any], list[str]]:
     """Analyse every capture under ``root`` in step order through the live analyst's pipeline;
     return (diagnoses, report doc, problems). ``lone`` receives the summary of every capture that
     held one rank alone (nothing to compare it with: its profile is what can be said)."""
     files = capture_files(root)
-    if not files:
+    kept, drill, problems = _removed_captures(root, files)
+    if not files and not kept:
         raise click.ClickException(f"{root}: no captures/*.msgpack to analyse")
-    problems: list[str] = []
     pipeline = Pipeline(topology=topology)
     diagnoses: list[Diagnosis] = []
-    drill: dict[int, dict[str, Any]] = {}
-    world = 0
+    world = max((d.world_size for d in kept), default=0)
     traced: list[list[int]] = []
     for path, data in _read_ahead(files):
         origin = f"{path.parent.name}/{path.name}"
@@ -121,15 +152,17 @@ def run_analysis(root: Path, *, topology: str | None = None,
         traced.extend(_traced_steps(result.meta))
         diagnoses.append(result.diagnosis)
         drill[result.diagnosis.step] = report.drill_down(result.summaries)
-    if not diagnoses:
+    if not diagnoses and not kept:
         raise click.ClickException(f"{root}: no capture could be read ({len(problems)} rejected): "
                                    + (problems[0] if problems else ""))
+    written = list(diagnoses)
+    diagnoses = sorted(diagnoses + kept, key=lambda d: d.step)
     steps = _history_steps(root, max((d.step for d in diagnoses), default=0) + 1)
     job = _old_report(root).get("job")
     job = job if isinstance(job, dict) else {}
     if traced:   # no step history in traces: the report says which steps were traced, not a job length
         job = {**job, "source": "chrome traces", "traced_steps": sorted(traced)}
-    for d in diagnoses:
+    for d in written:   # a removed capture's diagnosis stays as the job wrote it
         report.write_capture(root, d, drill.get(d.step))
     doc = report.write_job(root, diagnoses=diagnoses, world_size=world, steps=steps, job=job, drill=drill)
     return diagnoses, doc, problems
@@ -150,6 +183,12 @@ def _print_analysis(report_dir: Path, topology: str | None) -> None:
         return
     for d in diagnoses:
         click.echo(report.format_capture(d))
+    have = {int(p.stem) for p in capture_files(report_dir) if p.stem.isdigit()}
+    stored = [d.step for d in diagnoses if d.step not in have and d.trigger != "hang"]
+    if stored:
+        click.echo(f"eroica: analyze: {len(stored)} capture(s) without a file in captures/ (removed once diagnosed: "
+                   f"--keep-captures), reported from their diagnosis-<step>.json as the job wrote it: steps "
+                   f"{', '.join(map(str, stored[:8]))}{', ...' if len(stored) > 8 else ''}", err=True)
     for s in alone:
         click.echo("\n".join(report.format_profile(s)))
     click.echo(report.format_job(doc, report_dir))

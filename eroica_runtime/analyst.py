@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from eroica_runtime import engine, report, reportdir
+from eroica_runtime import engine, report, reportdir, retention
 from eroica_runtime.engine import timelost
 from eroica_runtime.engine.hang import hang_diagnosis
 from eroica_runtime.engine.model import count_ranks
@@ -55,10 +55,12 @@ def healthy_against_baseline(d: engine.Diagnosis) -> bool:
 
 
 class Analyst:
-    def __init__(self, report_dir: str, world_size: int, topology: str = "") -> None:
+    def __init__(self, report_dir: str, world_size: int, topology: str = "", keep_captures: int = 0) -> None:
         self.report_dir = Path(report_dir)
         self.world_size = world_size
         self.topology = topology or None
+        self.keep_captures = keep_captures   # retention.py; 0: every capture file stays
+        self.removed: list[int] = []   # capture steps whose file retention removed
         self.diagnoses: list[engine.Diagnosis] = []
         self.drill: dict[int, dict[str, Any]] = {}    # capture step -> report.drill_down
         self.captures: list[dict[str, Any]] = []   # step, trigger for every capture taken
@@ -103,6 +105,7 @@ class Analyst:
             self.diagnoses.append(diagnosis)
             self.drill[diagnosis.step] = drill
         report.write_capture(self.report_dir, diagnosis, drill)   # on disk before it is printed
+        self._prune()
         self._write_partial()  # a job killed from now on still leaves a report.json
         say(report.format_capture(diagnosis))
         lost = self._time_lost()
@@ -114,6 +117,23 @@ class Analyst:
             if healthy_against_baseline(diagnosis):
                 with self._lock:
                     self._healthy = diagnosis.step
+
+    def _prune(self) -> None:
+        """Remove the capture files retention.py does not keep (their diagnoses are on disk); a file
+        that cannot be removed is said once and every file is kept from then on."""
+        if self.keep_captures <= 0:
+            return
+        with self._lock:
+            diagnoses = list(self.diagnoses)
+        try:
+            removed = retention.prune(self.report_dir, diagnoses, self.keep_captures)
+        except OSError as exc:
+            say(f"eroica: cannot remove an old capture file in {self.report_dir / reportdir.CAPTURES} "
+                f"({exc.strerror or exc}): every capture file is kept from now on (--keep-captures)")
+            self.keep_captures = 0
+            return
+        with self._lock:
+            self.removed.extend(removed)
 
     def take_unexplained(self) -> bool:
         """Whether a capture a slowdown opened found no culprit since the last call (then the
@@ -163,6 +183,8 @@ class Analyst:
         with self._lock:
             diagnoses, drill = list(self.diagnoses), dict(self.drill)
             job = {**job, "captures_taken": list(self.captures)}
+            if self.removed:
+                job["capture_files_removed"] = sorted(self.removed)
         with reportdir.job_files_lock():   # the analyst, the hang watchdog and the flusher all write here
             report.write_steps(self.report_dir, history)
             return report.write_job(self.report_dir, diagnoses=diagnoses, world_size=self.world_size,

@@ -74,6 +74,11 @@ class Config:
                                               "that runs for days keeps being watched while noise costs it at most "
                                               "one capture per N steps; 0 = never (N captures per job).",
                                         metavar="N", lo=0, hi=10**9)
+    keep_captures: int = setting(16, "Capture files kept in <report-dir>/captures: the newest N, plus the "
+                                     "baseline capture and the first capture of each finding; an older one's "
+                                     "file is removed once it is diagnosed (its diagnosis-<step>.json stays, "
+                                     "and `eroica analyze` reads it in the file's place); 0 = keep every file.",
+                                 metavar="N", lo=0, hi=10**9)
     max_profiled_fraction: float = setting(0.2, "Cap on the fraction of steps spent profiling (the baseline and "
                                                 "the first detector-triggered capture are always allowed).",
                                            metavar="F",

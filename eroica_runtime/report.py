@@ -548,6 +548,11 @@ def format_job(report: dict[str, Any], report_dir: str | os.PathLike[str] | None
     refused = refused_summary((report.get("job") or {}).get("captures_refused"))
     if refused:
         lines.append(refused)
+    removed = (report.get("job") or {}).get("capture_files_removed")
+    if isinstance(removed, list) and removed:
+        lines.append(f"  ({len(removed)} older capture file{'s were' if len(removed) > 1 else ' was'} removed from "
+                     "captures/ once diagnosed (--keep-captures); the diagnosis-<step>.json files keep what each "
+                     "capture showed)")
     errors = sum(len(c.get("errors") or []) for c in caps)
     missing = sum(len(c.get("missing") or []) for c in caps)
     if errors or missing:

@@ -209,6 +209,29 @@ def capture_files(root: str | os.PathLike[str]) -> list[Path]:
     return sorted(names, key=key)
 
 
+def diagnosis_files(root: str | os.PathLike[str]) -> dict[int, Path]:
+    """``diagnosis-<step>.json`` under ``root`` by step (other names left out)."""
+    out = {}
+    try:
+        for p in Path(root).iterdir():
+            step = p.name[len("diagnosis-"):-len(".json")] if p.name.startswith("diagnosis-") else ""
+            if p.name.endswith(".json") and step.isdigit():
+                out[int(step)] = p
+    except OSError:
+        return {}
+    return dict(sorted(out.items()))
+
+
+def remove_capture(root: str | os.PathLike[str], step: int) -> bool:
+    """Remove ``captures/<step>.msgpack`` (retention.py decides which). A symlink is removed, never what
+    it points to; True when a file was removed, False when there was none. OSError when it cannot be."""
+    try:
+        os.unlink(capture_path(root, step))
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def take_trigger(root: str | os.PathLike[str]) -> bool | None:
     """Consume ``<root>/trigger`` (a manual capture request). True: taken; False: none; None: a
     trigger file that cannot be removed (the caller must stop looking, or it would fire forever)."""

@@ -152,7 +152,8 @@ class Runtime:
         if self.rank == 0:
             from eroica_runtime.analyst import Analyst
 
-            self.analyst = Analyst(self.report_dir, self.side.size, self.cfg.topology)
+            self.analyst = Analyst(self.report_dir, self.side.size, self.cfg.topology,
+                                   keep_captures=self.cfg.keep_captures)
             self.analyst.history_source = lambda: self.clock.all_ms
             self.analyst.time_lost_source = self._time_lost
             # a report.json from the start: a job cancelled at any moment leaves one (rewritten

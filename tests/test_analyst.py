@@ -169,3 +169,20 @@ def test_a_failing_time_lost_source_never_fails_the_analysis(tmp_path: Path, cap
     analyst.stop()
     assert analyst.diagnoses[-1].findings and (tmp_path / "diagnosis-46.json").exists()
     assert "time lost so far not measured: ZeroDivisionError" in capsys.readouterr().err
+
+
+def test_an_old_capture_file_that_cannot_be_removed_is_said_once_and_every_file_kept_from_then_on(
+        tmp_path: Path, capsys) -> None:
+    """--keep-captures 1: after the capture at 30, the file of the healthy one at 20 would go; it is a
+    directory here (any OSError), so rank 0 says so once, keeps every file from then on, and every
+    capture is still diagnosed."""
+    (tmp_path / "captures" / "20.msgpack").mkdir(parents=True)
+    analyst = Analyst(str(tmp_path), world_size=4, keep_captures=1)
+    for g in (_gathered(12, "baseline"), *(_gathered(12, "drift", as_step=s) for s in (20, 30, 40))):
+        analyst.submit(g)
+    assert analyst.wait(60.0)
+    analyst.stop()
+    err = capsys.readouterr().err
+    assert err.count("cannot remove an old capture file") == 1, err
+    assert analyst.keep_captures == 0 and analyst.removed == [] and len(analyst.diagnoses) == 4
+    assert (tmp_path / "captures" / "20.msgpack").is_dir()

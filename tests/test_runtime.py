@@ -142,6 +142,37 @@ def test_a_slowdown_the_spent_budget_refused_is_captured_when_a_capture_comes_ba
     assert (top["rank"], top["category"]) == (2, "compute"), (top["title"], explain(proc))
 
 
+def test_a_long_job_keeps_the_files_of_its_baseline_its_first_finding_and_its_newest_capture(tmp_path) -> None:
+    """--keep-captures 1 and four captures asked for (30, 45, 80, 95) around rank 2's extra matmuls
+    from step 60: the baseline's, the first capture that named rank 2's and the newest capture's
+    files stay in captures/; the others' files are removed once diagnosed, every diagnosis file
+    stays, the job report lists what was removed, and `eroica analyze` of the directory afterwards
+    reports the same captures and findings as the job did."""
+    proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, "--keep-captures", "1",
+                      "--capture-at-steps", "30,45,80,95", "--cooldown-steps", "5", "--max-captures", "20",
+                      "--max-profiled-fraction", "0.6", TRAIN,
+                      env={"FAULT": "compute", "FAULT_RANK": "2", "FAULT_FROM": "60", "FAULT_MATMULS": "1000",
+                           "STEPS": "110"}, timeout=240)
+    assert proc.returncode == 0, explain(proc)
+    job = json.loads((tmp_path / "report.json").read_text())
+    caps = [c["step"] for c in job["captures"]]
+    files = sorted(int(p.stem) for p in (tmp_path / "captures").glob("*.msgpack"))
+    removed = job["job"].get("capture_files_removed") or []
+    assert removed and sorted(set(files) | set(removed)) == caps and not set(files) & set(removed), (
+        caps, files, removed, explain(proc))
+    first = next(c["step"] for c in job["captures"] if any(f["rank"] == 2 for f in c["findings"]))
+    assert {caps[0], first, caps[-1]} <= set(files), (caps, files, first)
+    assert job["captures"][0]["trigger"] == "baseline"
+    assert all((tmp_path / f"diagnosis-{s}.json").is_file() for s in caps)
+    assert "older capture files were removed from captures/ once diagnosed" in proc.stderr, explain(proc)
+
+    again = subprocess.run([str(BIN / "eroica"), "analyze", str(tmp_path)], capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 0, again.stderr
+    offline = json.loads((tmp_path / "report.json").read_text())
+    assert offline["captures"] == job["captures"] and offline["findings"] == job["findings"], again.stdout
+
+
 def test_sigusr1_to_one_rank_captures_on_all_ranks(tmp_path) -> None:
     """Also: with EROICA_KEEP_RAW_EVENTS=1 every rank keeps the window's raw profiler events, and the
     summary built again from them, read back on their own, is the one the rank sent."""

@@ -78,7 +78,7 @@ from eroica_runtime.engine.stalls import action as stall_action
 from eroica_runtime.engine.table import Table, TableBuilder, build_table
 
 __all__ = ["CATEGORIES", "Diagnosis", "Finding", "Table", "TableBuilder", "Thresholds", "build_table", "consolidate",
-           "diagnose", "parse_topology"]
+           "diagnose", "finding_key", "parse_topology"]
 
 HEAT_COLUMNS = ("step", "data", "forward", "backward", "optimizer", "host_gap", "gc", "io", "comm")
 HEAT_MAX_ROWS = 40
@@ -369,6 +369,12 @@ def _speaks_for(f: Finding) -> tuple[int, float]:
     return (1 if named else 0), f.impact_ms_per_step
 
 
+def finding_key(f: Finding) -> tuple[Any, ...]:
+    """What makes two captures' findings one job-level finding (``consolidate``): a culprit rank is
+    one finding per category, a rank-less (host/link/job-wide) one also per function."""
+    return (f.category, f.rank, f.host, f.function if f.rank is None else None)
+
+
 def consolidate(diagnoses: Sequence[Diagnosis]) -> list[Finding]:
     """Merge findings across captures into job-level findings, sorted by impact (``_speaks_for``
     picks the capture whose finding is kept, with its cost a step, function and evidence; ``captures``
@@ -381,7 +387,7 @@ def consolidate(diagnoses: Sequence[Diagnosis]) -> list[Finding]:
     merged: dict[tuple[Any, ...], Finding] = {}
     for d in diagnoses:
         for f in d.findings:
-            key = (f.category, f.rank, f.host, f.function if f.rank is None else None)
+            key = finding_key(f)
             prev = merged.get(key)
             caps = tuple(sorted(set((prev.captures if prev else ()) + (f.captures or (d.step,)))))
             victims = tuple(sorted(set(prev.victims if prev else ()) | set(f.victims)))

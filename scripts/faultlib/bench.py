@@ -446,6 +446,9 @@ def run_case(case: Case, args: argparse.Namespace, cluster: netns.Cluster | None
     rdir = cdir / "report"
     argv, env = _launcher(args, cluster, ["--report-dir", str(rdir)])
     env["EROICA_BENCH_FAULT"] = fault
+    # every capture file stays (retention.py removes old ones from a long job's report directory):
+    # the replay tools (scripts/bench/engine_replay.py, trigger_replay.py) re-analyse them all
+    env["EROICA_KEEP_CAPTURES"] = os.environ.get("EROICA_KEEP_CAPTURES", "0")
     argv += [str(case.script), *case.script_args, "--steps", str(max(args.steps, case.min_steps)),
              "--out", str(cdir / "steps")]
     res.argv = argv

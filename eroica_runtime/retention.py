@@ -1,0 +1,53 @@
+"""Which capture files a long job keeps, so that its report directory does not grow without end.
+
+Why: the capture budget refills (``--capture-refill-steps``), so a job that runs for days takes a
+capture every refill period: noise its drift rule voted on, or a fault already named, captured again.
+Each leaves ``captures/<step>.msgpack``: ~50 KB at 4 ranks (the train job of tests/test_runtime.py),
+11.5 MB at 1,000 ranks (``eroica synth --ranks 1000``), 33-69 MB at 100,000 ranks (node blocks).
+What a capture showed is in its ``diagnosis-<step>.json`` (1-9 KB at 4 ranks, 10-25 KB at 1,000,
+with the summaries of the ranks it names); the capture file is only needed to analyse it again.
+
+Kept: the baseline capture (the reference every later capture is compared with, live and by
+``eroica analyze``), the first capture of each job-level finding (``engine.finding_key``: the
+evidence it was first found on), and the newest ``--keep-captures`` captures. Every other capture's
+file is removed once its diagnosis is on disk; ``eroica analyze`` reads that diagnosis in its place
+(eroica_launch/offline.py), so the job report it writes is the one the job wrote. Pure policy plus
+one call into reportdir, the files' owner.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from eroica_runtime import reportdir
+from eroica_runtime.engine import Diagnosis, finding_key
+
+HANG = "hang"   # a hang's diagnosis (engine/hang.py) has no capture file
+
+
+def kept_steps(diagnoses: Sequence[Diagnosis], newest: int) -> set[int]:
+    """The capture steps whose files stay, out of ``diagnoses`` (every capture diagnosed so far);
+    ``newest`` <= 0 keeps them all."""
+    caps = sorted((d for d in diagnoses if d.trigger != HANG), key=lambda d: d.step)
+    if newest <= 0:
+        return {d.step for d in caps}
+    keep = {d.step for d in caps[-newest:]}
+    seen: set[tuple[object, ...]] = set()
+    for d in caps:
+        keys = {finding_key(f) for f in d.findings}
+        if d.trigger == "baseline" or keys - seen:
+            keep.add(d.step)
+        seen |= keys
+    return keep
+
+
+def prune(root: str | os.PathLike[str], diagnoses: Sequence[Diagnosis], newest: int) -> list[int]:
+    """Remove the capture files ``kept_steps`` does not keep (each capture's diagnosis-<step>.json must
+    already be written); return the steps whose file was removed now. OSError when one cannot be."""
+    keep = kept_steps(diagnoses, newest)
+    removed = []
+    for d in sorted(diagnoses, key=lambda d: d.step):
+        if d.trigger != HANG and d.step not in keep and reportdir.remove_capture(root, d.step):
+            removed.append(d.step)
+    return removed

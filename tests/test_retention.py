@@ -1,0 +1,118 @@
+"""A long job's report directory stays bounded: old capture files go, what they showed stays.
+
+Fixtures: ``data/engine/transient-jobs.json`` (the diagnoses of real long jobs, see test_transient.py)
+for the policy; ``data/engine/checkpoint-job`` (a real 4-rank job: baseline 13, a request at 50, the
+spike capture at 80 that named rank 1, a request at 99 that named it again) for the files on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import msgpack
+from conftest import BIN
+
+from eroica_launch.offline import run_analysis
+from eroica_runtime import report, retention
+from eroica_runtime.engine.hang import hang_diagnosis
+from eroica_runtime.engine.model import Diagnosis
+
+DATA = Path(__file__).parent / "data" / "engine"
+JOBS = json.loads((DATA / "transient-jobs.json").read_text())["jobs"]
+
+
+def _diagnoses(name: str) -> list[Diagnosis]:
+    return [Diagnosis.from_json(d) for d in JOBS[name]]
+
+
+def _job_dir(tmp_path: Path) -> Path:
+    """checkpoint-job's captures, and two more of its real captures under later steps, as a long job
+    takes them: the healthy baseline again as a drift capture at 30, the spike capture that named rank
+    1 again at 90."""
+    root = tmp_path / "job"
+    shutil.copytree(DATA / "checkpoint-job" / "captures", root / "captures")
+    for src, step, trigger in ((13, 30, "drift"), (80, 90, "spike")):
+        doc = msgpack.unpackb((root / "captures" / f"{src}.msgpack").read_bytes(), raw=False, strict_map_key=False)
+        doc["step"], doc["trigger"] = step, trigger
+        (root / "captures" / f"{step}.msgpack").write_bytes(msgpack.packb(doc, use_bin_type=True))
+    return root
+
+
+def _files(root: Path) -> set[int]:
+    return {int(p.stem) for p in (root / "captures").glob("*.msgpack")}
+
+
+def test_a_long_healthy_jobs_old_captures_lose_their_files_but_not_the_baseline_the_first_finding_or_the_newest(
+        ) -> None:
+    """5,000 steps, 12 captures: the baseline (13), the one capture that named a rank (655) and the
+    newest three keep their files; the 7 other healthy captures do not."""
+    diagnoses = _diagnoses("healthy-5000-steps")
+    assert retention.kept_steps(diagnoses, 3) == {13, 655, 3168, 4161, 4804}
+    assert retention.kept_steps(diagnoses, 0) == {d.step for d in diagnoses}   # 0: every file stays
+    assert retention.kept_steps(diagnoses, 100) == {d.step for d in diagnoses}
+
+
+def test_a_finding_captured_again_keeps_only_its_first_captures_file() -> None:
+    """contend-int named rank 1 at 58 and again at 98; a later healthy capture is the newest: 98's file
+    is the one that goes (the same finding, already kept at 58)."""
+    diagnoses = _diagnoses("contend-int-120-steps")
+    later = replace(diagnoses[0], step=140, trigger="drift")
+    assert retention.kept_steps([*diagnoses, later], 1) == {13, 58, 140}
+
+
+def test_a_hang_takes_no_place_among_the_newest_captures() -> None:
+    """A hang's diagnosis has no capture file: it does not push a capture out of the newest N."""
+    diagnoses = _diagnoses("noise-2500-steps")
+    hang = hang_diagnosis({"finding": {"category": "hang", "title": "stuck"}, "world_size": 4}, 2000)
+    assert hang.trigger == retention.HANG
+    assert retention.kept_steps([*diagnoses, hang], 2) == {13, 254, 1208, 1303}
+
+
+def test_eroica_analyze_reports_the_same_job_after_old_capture_files_were_removed(tmp_path: Path) -> None:
+    """The job's own report (every capture file there) and `eroica analyze` of the directory after
+    retention removed what --keep-captures 1 does not keep: the same captures, findings and transient
+    list; the removed capture's diagnosis file is left as the job wrote it."""
+    root = _job_dir(tmp_path)
+    diagnoses, before, problems = run_analysis(root)
+    named = {d.step: {(f.rank, f.category) for f in d.findings} for d in diagnoses}
+    assert not problems and named == {13: set(), 30: set(), 50: {(0, "io")}, 80: {(1, "compute")},
+                                      90: {(1, "compute")}, 99: {(1, "compute")}}, named
+    written = {d.step: (root / f"diagnosis-{d.step}.json").read_bytes() for d in diagnoses}
+
+    removed = retention.prune(root, diagnoses, 1)
+    assert removed == [30, 90] and _files(root) == {13, 50, 80, 99}
+    assert retention.prune(root, diagnoses, 1) == []   # nothing left to remove: removed once
+
+    proc = subprocess.run([str(BIN / "eroica"), "analyze", str(root)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    after = json.loads((root / "report.json").read_text())
+    assert after["captures"] == before["captures"]
+    assert after["findings"] == before["findings"] and after["transient"] == before["transient"]
+    for step in removed:
+        assert (root / f"diagnosis-{step}.json").read_bytes() == written[step]
+    assert "2 capture(s) without a file in captures/ (removed once diagnosed: --keep-captures)" in proc.stderr
+    assert report.format_job(after) == report.format_job(before)
+
+
+def test_a_stray_file_named_like_a_diagnosis_is_rejected_by_name_and_the_rest_analysed(tmp_path: Path) -> None:
+    root = _job_dir(tmp_path)
+    (root / "diagnosis-7.json").write_text('{"schema": "something else"}')
+    (root / "diagnosis-8.json").write_text("{not json")
+    diagnoses, doc, problems = run_analysis(root)
+    assert {d.step for d in diagnoses} == {13, 30, 50, 80, 90, 99} and len(doc["captures"]) == 6
+    assert len(problems) == 2 and all("no capture file and not a usable diagnosis" in p for p in problems)
+    assert problems[0].startswith("diagnosis-7.json") and problems[1].startswith("diagnosis-8.json")
+
+
+def test_the_job_report_says_old_capture_files_were_removed(tmp_path: Path) -> None:
+    diagnoses = _diagnoses("healthy-5000-steps")
+    doc = report.build_report(diagnoses=diagnoses, world_size=4, steps=5000,
+                              job={"capture_files_removed": [402, 1321]})
+    text = report.format_job(doc)
+    assert "2 older capture files were removed from captures/ once diagnosed (--keep-captures)" in text
+    assert "removed" not in report.format_job(report.build_report(diagnoses=diagnoses, world_size=4, steps=5000))
