@@ -1,8 +1,9 @@
 """Offline commands of the `eroica` tool: analyze, show, synth (registered in eroica_launch/tool.py).
 
 `eroica analyze DIR` re-runs the pure diagnosis engine over DIR/captures/*.msgpack (the capture whose
-trigger is "baseline" is the job's healthy baseline), rewrites diagnosis-*.json, report.json and
-report.html, then prints the text report. `eroica analyze --traces FILES --out DIR` first writes
+trigger is "baseline" is the job's healthy baseline), rewrites their diagnosis-*.json, report.json and
+report.html, then prints the text report. What the job diagnosed without a capture file there (a
+capture whose file --keep-captures removed, a hang) joins the job report as the job wrote it. `eroica analyze --traces FILES --out DIR` first writes
 DIR/captures from per-rank torch.profiler traces (eroica_launch/traces.py), then does the same. Bad
 input gets one line naming the file or rank and a non-zero exit; everything that could be read is
 still analysed.
@@ -21,7 +22,9 @@ import click
 
 from eroica_runtime import report, reportdir, summary
 from eroica_runtime.engine import Diagnosis
+from eroica_runtime.engine.hang import HANG_SCHEMA, hang_diagnosis
 from eroica_runtime.engine.ingest import CaptureBytes
+from eroica_runtime.engine.model import DIAGNOSIS_SCHEMA
 from eroica_runtime.pipeline import Pipeline
 from eroica_runtime.reportdir import (
     MAX_CAPTURE_BYTES,
@@ -90,34 +93,42 @@ def _traced_steps(meta: dict[str, Any]) -> list[list[int]]:
     return []
 
 
-def _removed_captures(root: Path, files: list[Path]) -> tuple[list[Diagnosis], dict[int, Any], list[str]]:
-    """The diagnoses of captures whose file is gone, read from their diagnosis-<step>.json as the job
-    wrote it (retention.py removes an old capture's file once it is diagnosed: --keep-captures), with
-    their drill-down; and a problem line for each such file that is not an eroica diagnosis."""
+def _stored_diagnoses(root: Path, files: list[Path]) -> tuple[list[Diagnosis], dict[int, Any], list[str]]:
+    """What the job diagnosed that no capture file holds, as the job wrote it: the captures whose file
+    is gone (retention.py removes an old capture's file once it is diagnosed: --keep-captures), from
+    their diagnosis-<step>.json with its drill-down, and the diagnosed hangs (hang-<step>.json: the
+    live analyst adds them to the job's findings too). A problem line for each such file that is not
+    what its name says."""
     have = {int(p.stem) for p in files if p.stem.isdigit()}
     diagnoses: list[Diagnosis] = []
     drill: dict[int, Any] = {}
     problems: list[str] = []
-    for step, path in reportdir.diagnosis_files(root).items():
-        if step in have:
-            continue
+    stored = [(step, path, DIAGNOSIS_SCHEMA) for step, path in reportdir.diagnosis_files(root).items()
+              if step not in have]
+    stored += [(step, path, HANG_SCHEMA) for step, path in reportdir.hang_files(root).items()]
+    for step, path, schema in stored:
         try:
             doc = json.loads(read_capped(path, MAX_REPORT_BYTES))
-            if not isinstance(doc, dict) or doc.get("schema") != "eroica.diagnosis/1":
+            if not isinstance(doc, dict) or doc.get("schema") != schema:
                 raise ValueError(f"schema is {doc.get('schema') if isinstance(doc, dict) else type(doc).__name__!r}, "
-                                 "expected 'eroica.diagnosis/1'")
-            d = Diagnosis.from_json(doc)
-            if d.step != step:
-                raise ValueError(f"it is step {d.step}'s diagnosis")
+                                 f"expected {schema!r}")
+            if schema == HANG_SCHEMA:
+                if not doc.get("finding"):
+                    continue   # a stall every rank shared: nothing named, nothing in the job's findings
+                d = hang_diagnosis(doc, step)
+            else:
+                d = Diagnosis.from_json(doc)
+                if d.step != step:
+                    raise ValueError(f"it is step {d.step}'s diagnosis")
         except InputError as exc:
             problems.append(str(exc))
             continue
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
-            problems.append(f"{path.name}: no capture file and not a usable diagnosis "
-                            f"({' '.join(str(exc).split())[:200]})")
+            what = "a usable hang diagnosis" if schema == HANG_SCHEMA else "a usable diagnosis"
+            problems.append(f"{path.name}: no capture file and not {what} ({' '.join(str(exc).split())[:200]})")
             continue
         diagnoses.append(d)
-        if isinstance(doc.get("drill_down"), dict):
+        if schema != HANG_SCHEMA and isinstance(doc.get("drill_down"), dict):
             drill[step] = doc["drill_down"]
     return diagnoses, drill, problems
 
@@ -128,12 +139,12 @@ def run_analysis(root: Path, *, topology: str | None = None,
     return (diagnoses, report doc, problems). ``lone`` receives the summary of every capture that
     held one rank alone (nothing to compare it with: its profile is what can be said)."""
     files = capture_files(root)
-    kept, drill, problems = _removed_captures(root, files)
-    if not files and not kept:
+    stored, drill, problems = _stored_diagnoses(root, files)
+    if not files and not stored:
         raise click.ClickException(f"{root}: no captures/*.msgpack to analyse")
     pipeline = Pipeline(topology=topology)
     diagnoses: list[Diagnosis] = []
-    world = max((d.world_size for d in kept), default=0)
+    world = max((d.world_size for d in stored), default=0)
     traced: list[list[int]] = []
     for path, data in _read_ahead(files):
         origin = f"{path.parent.name}/{path.name}"
@@ -152,11 +163,11 @@ def run_analysis(root: Path, *, topology: str | None = None,
         traced.extend(_traced_steps(result.meta))
         diagnoses.append(result.diagnosis)
         drill[result.diagnosis.step] = report.drill_down(result.summaries)
-    if not diagnoses and not kept:
+    if not diagnoses and not stored:
         raise click.ClickException(f"{root}: no capture could be read ({len(problems)} rejected): "
                                    + (problems[0] if problems else ""))
-    written = list(diagnoses)
-    diagnoses = sorted(diagnoses + kept, key=lambda d: d.step)
+    written = list(diagnoses)   # the others stay as the job wrote them
+    diagnoses = sorted(diagnoses + stored, key=lambda d: d.step)
     steps = _history_steps(root, max((d.step for d in diagnoses), default=0) + 1)
     job = _old_report(root).get("job")
     job = job if isinstance(job, dict) else {}

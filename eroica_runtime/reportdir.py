@@ -209,17 +209,27 @@ def capture_files(root: str | os.PathLike[str]) -> list[Path]:
     return sorted(names, key=key)
 
 
-def diagnosis_files(root: str | os.PathLike[str]) -> dict[int, Path]:
-    """``diagnosis-<step>.json`` under ``root`` by step (other names left out)."""
+def _by_step(root: str | os.PathLike[str], prefix: str) -> dict[int, Path]:
+    """``<prefix><step>.json`` under ``root`` by step, in step order (other names left out)."""
     out = {}
     try:
         for p in Path(root).iterdir():
-            step = p.name[len("diagnosis-"):-len(".json")] if p.name.startswith("diagnosis-") else ""
+            step = p.name[len(prefix):-len(".json")] if p.name.startswith(prefix) else ""
             if p.name.endswith(".json") and step.isdigit():
                 out[int(step)] = p
     except OSError:
         return {}
     return dict(sorted(out.items()))
+
+
+def diagnosis_files(root: str | os.PathLike[str]) -> dict[int, Path]:
+    """``diagnosis-<step>.json`` under ``root`` by step."""
+    return _by_step(root, "diagnosis-")
+
+
+def hang_files(root: str | os.PathLike[str]) -> dict[int, Path]:
+    """``hang-<step>.json`` under ``root`` by step."""
+    return _by_step(root, "hang-")
 
 
 def remove_capture(root: str | os.PathLike[str], step: int) -> bool:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 
 import pytest
-from conftest import DATA, eroica_run, explain
+from conftest import BIN, DATA, eroica_run, explain
 
 from eroica_runtime.engine.hang import analyse, where
 
@@ -59,3 +60,10 @@ def test_stuck_rank_is_named_and_abort_ends_the_job(tmp_path) -> None:
     root = proc.stderr[proc.stderr.index("Root Cause"):]
     assert "hang diagnosed" in root
     assert elapsed < 120, elapsed
+    # analysed again offline (no capture was taken): the hang stays the job's finding
+    again = subprocess.run([str(BIN / "eroica"), "analyze", str(tmp_path)], capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 0, again.stderr
+    offline = json.loads((tmp_path / "report.json").read_text())
+    assert [(f["category"], f["rank"]) for f in offline["findings"]] == [("hang", 2)], again.stdout
+    assert "#1 HANG: rank 2" in again.stdout, again.stdout

@@ -99,14 +99,16 @@ def test_eroica_analyze_reports_the_same_job_after_old_capture_files_were_remove
     assert report.format_job(after) == report.format_job(before)
 
 
-def test_a_stray_file_named_like_a_diagnosis_is_rejected_by_name_and_the_rest_analysed(tmp_path: Path) -> None:
+def test_a_stray_file_named_like_a_diagnosis_or_a_hang_is_rejected_by_name_and_the_rest_analysed(tmp_path: Path) -> None:
     root = _job_dir(tmp_path)
     (root / "diagnosis-7.json").write_text('{"schema": "something else"}')
     (root / "diagnosis-8.json").write_text("{not json")
+    (root / "hang-9.json").write_text('{"schema": "eroica.diagnosis/1", "step": 9}')
     diagnoses, doc, problems = run_analysis(root)
     assert {d.step for d in diagnoses} == {13, 30, 50, 80, 90, 99} and len(doc["captures"]) == 6
-    assert len(problems) == 2 and all("no capture file and not a usable diagnosis" in p for p in problems)
-    assert problems[0].startswith("diagnosis-7.json") and problems[1].startswith("diagnosis-8.json")
+    assert [p.split(":")[0] for p in problems] == ["diagnosis-7.json", "diagnosis-8.json", "hang-9.json"]
+    assert "no capture file and not a usable diagnosis" in problems[0]
+    assert "not a usable hang diagnosis (schema is 'eroica.diagnosis/1', expected 'eroica.hang/1')" in problems[2]
 
 
 def test_the_job_report_says_old_capture_files_were_removed(tmp_path: Path) -> None:

@@ -80,6 +80,9 @@ def conclusive(ranks_analysed: int, world_size: int) -> bool:
     return ranks_analysed >= min(2, max(world_size, 1)) and 2 * ranks_analysed >= world_size
 
 
+DIAGNOSIS_SCHEMA = "eroica.diagnosis/1"   # diagnosis-<step>.json
+
+
 @dataclass(frozen=True)
 class Diagnosis:
     """Everything the engine concluded about one capture (plus what it could not look at)."""
@@ -111,7 +114,7 @@ class Diagnosis:
     def to_json(self) -> dict[str, Any]:
         """The JSON document written as diagnosis-<step>.json."""
         return _clean({
-            "schema": "eroica.diagnosis/1", "step": self.step, "trigger": self.trigger,
+            "schema": DIAGNOSIS_SCHEMA, "step": self.step, "trigger": self.trigger,
             "world_size": self.world_size, "ranks_analysed": self.ranks_analysed,
             "missing": list(self.missing), "errors": list(self.errors), "notes": list(self.notes),
             "findings": [f.to_json() for f in self.findings], "peers": self.peers,
