@@ -79,6 +79,12 @@ Fixtures under data/engine/, all real captures recorded on this 2-core machine:
   13. Every rank reads the same counter, which grew ~1.2 s a wall second (both CPUs' throttled time).
   Median step 96.6-99.6 ms against 49.8-50.1 for the same job without the cgroup, interleaved: the
   quota cost ~48 ms a step.
+- ``profiler-spell-rank1.msgpack`` and ``profiler-spell-baseline-rank2.msgpack``: tests/test_runtime.py's
+  healthy job (4 ranks, DIM=768, 2026-12-04), the --capture-at-steps capture at step 50 and the
+  baseline capture at step 13 of two runs: one rank's same calls of AddmmBackward0 cost it 4-6x the CPU
+  in the window's second and third steps (19-33 ms a step of training-thread CPU against 6-7 before
+  the window and on its peers; its resident memory grew 13-16 MB in the window, its peers' 0-7), and
+  rank 0's next steps were normal again. The engine named that rank "compute" in 2 of 5 runs.
 """
 
 from __future__ import annotations
@@ -761,3 +767,42 @@ def test_held_time_from_the_throttle_counter_follows_the_cpus_it_counts() -> Non
     assert held_ms(np.array([1000.0]), np.array([1000.0]), np.array([1.0]))[0] == pytest.approx(500.0)
     assert held_ms(np.array([1500.0, 300.0]), np.array([1000.0, 1000.0]), np.array([np.nan, np.nan])).tolist() \
         == [1000.0, 300.0]
+
+
+@pytest.mark.parametrize(("name", "rank"), [("profiler-spell-rank1.msgpack", 1),
+                                            ("profiler-spell-baseline-rank2.msgpack", 2)])
+def test_the_same_calls_costing_one_rank_more_cpu_in_the_profiled_steps_only_name_nobody(name: str, rank: int) -> None:
+    """Healthy jobs (tests/test_runtime.py's, 4 ranks): in these windows one rank's same calls of
+    AddmmBackward0 cost 4-6x the CPU (its training thread 19-33 ms a step in the window's second and
+    third steps against 6-7 before the window and on its peers; its memory grew 13-16 MB in the window);
+    the step after the window was normal again. Named "compute" before; now a note says why not."""
+    meta, sums = _capture(name)
+    d = _diagnose(meta, sums)
+    assert not d.findings, [f.title for f in d.findings]
+    note = next(n for n in d.notes if "the same calls cost them more CPU in the profiled steps" in n)
+    assert f"rank {rank} +" in note and "before the window" in note, note
+
+
+def test_a_rank_that_burned_more_cpu_before_the_window_too_is_still_named() -> None:
+    """The same capture with rank 1's CPU a step before the window as high as in it (a slower CPU since
+    before the window, as a detector's capture sees it): named compute, the same work done slower."""
+    meta, sums = _capture("profiler-spell-rank1.msgpack")
+    spell = next(s for s in sums if s["rank"] == 1)
+    in_window = sum(st["cpu"] for st in spell["steps"]) / len(spell["steps"])
+    spell["history"]["cpu"] = [in_window] * len(spell["history"]["cpu"])
+    d = _diagnose(meta, sums)
+    assert [(f.rank, f.category) for f in d.findings] == [(1, "compute")], [f.title for f in d.findings]
+    assert d.findings[0].evidence["work"] == "slower"
+
+
+def test_a_rank_doing_more_calls_in_the_window_only_is_still_named() -> None:
+    """A person's capture that catches one rank doing extra work (more calls of what its peers do) is a
+    finding even when the steps before the window did not show it: more work is not a spell."""
+    meta, sums = _capture("profiler-spell-rank1.msgpack")
+    spell = next(s for s in sums if s["rank"] == 1)
+    for f in spell["functions"]:
+        if "AddmmBackward0" in f["name"] or f["name"] == "aten::mm":
+            f["count"] = f["count"] * 3
+    d = _diagnose(meta, sums)
+    assert [(f.rank, f.category) for f in d.findings] == [(1, "compute")], [f.title for f in d.findings]
+    assert d.findings[0].evidence["work"] == "more"

@@ -23,6 +23,7 @@ from eroica_runtime.engine.baseline import (
     significant,
 )
 from eroica_runtime.engine.categories import (
+    SAME_CALLS,
     function_candidates,
     is_memory_function,
     pick_category,
@@ -38,6 +39,10 @@ LUCK_SWING = 2.0    # run-queue excess up to this x the rank's excess before the
 # a rank's run-queue excess over the steps before the window is contention that persists from this share
 # of the step (the rule of history._persistent_contention too)
 CONTENTION_SHARE = 0.15
+# window-only CPU (window_only_cpu): the rank's extra CPU a step in the window is at least this share of
+# its excess, and its extra CPU a step before the window at most WINDOW_BEFORE_SHARE of that
+WINDOW_CPU_SHARE = 0.5
+WINDOW_BEFORE_SHARE = 0.25
 WAIT_SHARE = 0.5         # a rank whose wait shrank by this share of its own-work excess is corroborated
 PART_WAIT_SHARE = 0.25   # ... and by this share of one part's excess (one_part_stragglers)
 
@@ -144,6 +149,7 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
     alone = alone or {}
     out: list[Culprit] = []
     luck: list[tuple[int, float, dict[str, Any]]] = []
+    window_only: list[tuple[int, float, dict[str, float]]] = []   # window_only_cpu
     taken_out: list[LoneWork] = []   # lone work the group's other ranks were judged without
     one_offs: list[LoneWork] = []    # lone work under the noise that the steps before the window do not show
     for gi, rows in enumerate(peers.groups):
@@ -213,6 +219,10 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
                                                  sref, th, len(rows), d_wait <= -share * left):
                     luck.append((row, excess, sched))
                     continue
+            spell = None if table.has_device(rows) else window_only_cpu(table, rows, row, excess, th)
+            if spell is not None:
+                window_only.append((row, excess, spell))
+                continue
             if part is not None and notes is not None:
                 whole = float(own[k] - c_own.ref)
                 notes.append(f"rank {int(table.rank[row])} named on its {part_names[part]} alone: +{excess:.1f} ms/step "
@@ -235,7 +245,65 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
             "than their peers, unlike the steps before it (scheduler noise on a shared host), were not reported: "
             + ", ".join(f"rank {int(table.rank[r])} +{ex:.1f} ms, {sc['runq_ms'][0]:.1f} ms run queue vs "
                         f"peers {sc['runq_ms'][1]:.1f}" for r, ex, sc in luck[:5]))
+    if window_only and notes is not None:
+        notes.append(
+            f"{len(window_only)} rank(s) slow in this window only because the same calls cost them more CPU "
+            "in the profiled steps than in the steps before them, unlike their peers (a spell on a shared host, "
+            "or the profiler's own effect on that process), were not reported: "
+            + ", ".join(f"rank {int(table.rank[r])} +{ex:.1f} ms, CPU {sp['cpu_ms']:.1f} ms a step vs "
+                        f"{sp['cpu_before_ms']:.1f} before the window (peers {sp['peers_cpu_ms']:.1f})"
+                        for r, ex, sp in window_only[:5]))
     return out
+
+
+def window_only_cpu(table: Table, rows: np.ndarray, row: int, excess: float,
+                    th: Thresholds) -> dict[str, float] | None:
+    """The rank's excess was CPU its same calls burned in the profiled steps only, or None.
+
+    Why: on a host without a device timeline, the profiler itself sometimes makes one process's
+    ops cost far more CPU for a step or two. In a healthy 4-rank job on this 2-core VM (2026-12-04,
+    tests/test_runtime.py's healthy job failed 2 runs in 5) one rank per window at random had the
+    same 4 calls of AddmmBackward0 a step take 4.45 ms each instead of 0.73: its training thread's
+    CPU went from 6 ms a step before the window to 19-33 ms in the window's second and third steps,
+    its resident memory grew 13.5 MB in the window (its peers' not at all), and rank 0's step times
+    were back to normal the step after the window. Named, that is a "compute" culprit of a healthy job.
+
+    So: a rank whose extra CPU a step in the window is at least WINDOW_CPU_SHARE of its excess, whose
+    CPU a step in the steps just before the window was within WINDOW_BEFORE_SHARE of that of its
+    peers', and whose functions that grew were called as often as its peers' (the same work, not
+    more), is not named from this window. A fault that was there before the window, as a detector's
+    capture has by construction (its steps made the detector fire), shows in those steps and is
+    named; one that starts inside a person's window is named by the next capture. Not for ranks
+    with a device timeline (a GPU's work is not host CPU). A rank that worked alone in a window step
+    (lonework.py) is judged the same way: its checkpoint or evaluation is other calls, not the same
+    work (the window above had rank 1's slowest step read as work alone)."""
+    cpu, before = table.sch("cpu"), table.sch("hist_cpu")
+    peers = rows[rows != row]
+    if not (np.isfinite(cpu[row]) and np.isfinite(before[row]) and np.isfinite(cpu[peers]).any()
+            and np.isfinite(before[peers]).any()):
+        return None
+    peer_cpu, peer_before = float(np.nanmedian(cpu[peers])), float(np.nanmedian(before[peers]))
+    d_cpu, d_before = float(cpu[row]) - peer_cpu, float(before[row]) - peer_before
+    if d_cpu < WINDOW_CPU_SHARE * excess or d_before > WINDOW_BEFORE_SHARE * d_cpu:
+        return None
+    if not same_work(table, rows, row, excess, th):
+        return None
+    return {"cpu_ms": float(cpu[row]), "cpu_before_ms": float(before[row]), "peers_cpu_ms": peer_cpu}
+
+
+def same_work(table: Table, rows: np.ndarray, row: int, excess: float, th: Thresholds) -> bool:
+    """The functions that carry a rank's excess (each grew by at least a tenth of it, half of it in all)
+    were called as often as its peers call them (categories.SAME_CALLS): the same work, done slower."""
+    if not table.fn_names:
+        return False
+    ref_ms = column_reference(table.fn_ms, rows)
+    delta = table.fn_ms[row] - ref_ms
+    grew = np.flatnonzero(delta >= max(0.5 * th.abs_ms, 0.1 * excess))
+    if not len(grew) or float(delta[grew].sum()) < 0.5 * excess:
+        return False
+    calls, ref_calls = table.fn_count[row, grew], column_reference(table.fn_count[:, grew], rows)
+    return bool((np.abs(calls - ref_calls) <= SAME_CALLS * ref_calls + 0.5).all() and (ref_calls > 0).all())
+
 
 
 def _wait_ref(wait: np.ndarray, ref: float, k: int) -> float:
