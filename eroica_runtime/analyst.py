@@ -11,6 +11,7 @@ import queue
 import statistics
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,7 @@ class Analyst:
         self.captures: list[dict[str, Any]] = []   # step, trigger for every capture taken
         # decode -> validate -> baseline policy -> diagnose: the same as `eroica analyze` runs
         self.pipeline = Pipeline(world_size=world_size, topology=topology)
-        self.history_source: Any = None   # callable -> rank 0's step history (set by the runtime)
+        self.history_source: Any = None   # callable -> a copy of rank 0's step history (set by the runtime)
         # callable -> {"time_lost": ...} measured so far, or {} (set by the runtime: Runtime._time_lost)
         self.time_lost_source: Any = None
         self._lock = threading.Lock()
@@ -178,7 +179,7 @@ class Analyst:
         threading.Thread(target=join, daemon=True).start()
         return done.wait(timeout_s)
 
-    def write_job(self, *, steps: int, job: dict[str, Any], history: list[float]) -> dict[str, Any]:
+    def write_job(self, *, steps: int, job: dict[str, Any], history: Sequence[float]) -> dict[str, Any]:
         """steps.msgpack, report.json, report.html — all before the caller prints anything."""
         with self._lock:
             diagnoses, drill = list(self.diagnoses), dict(self.drill)
@@ -202,7 +203,7 @@ class Analyst:
     def _write_partial(self) -> None:
         """report.json/html with what is known so far (rank 0's own step history only), with the time
         lost so far: a job killed from now on keeps it."""
-        history = list(self.history_source()) if self.history_source else []
+        history = self.history_source() if self.history_source else []
         lost = self._time_lost()
         self.write_job(steps=len(history) + 1 if history else 0,
                        job={"partial": True, **({"time_lost": lost} if lost else {})}, history=history)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import numpy as np
 
 from eroica_runtime import reportdir
 from eroica_runtime.engine import Diagnosis, Finding, consolidate
@@ -90,7 +91,8 @@ def write_capture(report_dir: str | os.PathLike[str], diagnosis: Diagnosis,
 
 
 def load_steps(report_dir: str | os.PathLike[str]) -> dict[str, list] | None:
-    """Rank 0's step history (``steps.msgpack``) or None when absent or unreadable."""
+    """Rank 0's step history (``steps.msgpack``) or None when absent or unreadable. Checked in numpy:
+    a long job's file holds a million steps and is read back at every capture (report.html's plot)."""
     try:
         raw = reportdir.read_capped(Path(report_dir) / reportdir.STEPS, reportdir.MAX_REPORT_BYTES)
         doc = msgpack.unpackb(raw, raw=False, strict_map_key=False)
@@ -102,18 +104,21 @@ def load_steps(report_dir: str | os.PathLike[str]) -> dict[str, list] | None:
     if not isinstance(steps, list) or not isinstance(ms, list) or len(steps) != len(ms):
         return None
     try:
-        out = {"steps": [int(s) for s in steps], "ms": [float(m) for m in ms]}
+        step_arr = np.array(steps, dtype=np.int64)
+        ms_arr = np.array(ms, dtype=np.float64)
     except (TypeError, ValueError, OverflowError):
         return None
-    if not all(math.isfinite(m) and m >= 0 for m in out["ms"]):
+    if ms_arr.ndim != 1 or step_arr.ndim != 1 or not (np.isfinite(ms_arr).all() and (ms_arr >= 0).all()):
         return None
-    return out
+    return {"steps": step_arr.tolist(), "ms": ms_arr.tolist()}
 
 
 def write_steps(report_dir: str | os.PathLike[str], history: Sequence[float]) -> Path:
-    """``steps.msgpack``: rank 0's step-time history (for plots)."""
-    data = msgpack.packb({"schema": STEPS_SCHEMA, "steps": list(range(1, len(history) + 1)),
-                          "ms": [round(float(m), 4) for m in history]}, use_bin_type=True)
+    """``steps.msgpack``: rank 0's step-time history (for plots); rounded to 0.1 µs in numpy (a long
+    job's million steps are rewritten at every capture)."""
+    ms = np.round(np.asarray(history, dtype=np.float64), 4)
+    data = msgpack.packb({"schema": STEPS_SCHEMA, "steps": np.arange(1, len(ms) + 1).tolist(),
+                          "ms": ms.tolist()}, use_bin_type=True)
     with reportdir.job_files_lock():
         return reportdir.atomic_write(Path(report_dir) / reportdir.STEPS, data)
 

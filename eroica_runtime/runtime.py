@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,7 +155,7 @@ class Runtime:
 
             self.analyst = Analyst(self.report_dir, self.side.size, self.cfg.topology,
                                    keep_captures=self.cfg.keep_captures)
-            self.analyst.history_source = lambda: self.clock.all_ms
+            self.analyst.history_source = lambda: self.clock.all_ms[:]   # a copy: see StepClock.all_ms
             self.analyst.time_lost_source = self._time_lost
             # a report.json from the start: a job cancelled at any moment leaves one (rewritten
             # after every capture and at job end)
@@ -618,7 +619,7 @@ class Runtime:
         if pending is not None:   # a flush while a summary is still being built: from its close on
             deferred.append((pending.close_step + 1, self.clock.step + 1))
         cfg = self.cfg
-        lost = timelost.time_lost(list(self.clock.all_ms), list(self._windows), since, warmup=cfg.warmup_steps,
+        lost = timelost.time_lost(self.clock.all_ms[:], list(self._windows), since, warmup=cfg.warmup_steps,
                                   lookback=timelost.lookback(cfg.spike_steps, cfg.vote_lag), deferred=deferred,
                                   reach=timelost.onset_reach(cfg.spike_steps, cfg.vote_lag, cfg.drift_window,
                                                              cfg.lost_window))
@@ -645,7 +646,7 @@ class Runtime:
         print(format_job(rep, self.report_dir), file=sys.stderr, flush=True)
 
 
-def _step_stats(history: list[float], cfg: Config) -> dict[str, Any]:
+def _step_stats(history: Sequence[float], cfg: Config) -> dict[str, Any]:
     """Steps, median and p99 step time after warm-up (all steps when the job was shorter)."""
     values = history[cfg.warmup_steps:] or history   # history[i] is step i + 1
     if not values:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import time
 import weakref
+from array import array
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -115,7 +116,10 @@ class StepClock:
         self._thr_last = 0.0
         self.step = 0                     # index of the step that ends at the next boundary
         self.durations: deque[tuple[int, float]] = deque(maxlen=history)
-        self.all_ms: list[float] = []     # step times of steps 1, 2, ... (compact, for the job summary)
+        # step times of steps 1, 2, ... (the job summary, time lost, steps.msgpack): 8 bytes a step, not
+        # a list's 32 (38 MB a rank after 1.2 M steps; scripts/bench/long_history.py). Other threads read
+        # a copy (all_ms[:]): a view held while this thread appends would make the append fail
+        self.all_ms: array[float] = array("d")
         # (step, cpu ms, run-queue ms, times continued, ms waiting for batches, ms in GC pauses, ms
         # the process was held throttled by its CPU quota) of the training thread, eroica's own
         # boundary work excluded

@@ -115,6 +115,15 @@ def onset_reach(spike_steps: int, vote_lag: int, *windows: int) -> int:
     return max(lookback(spike_steps, vote_lag), max(windows, default=0) + vote_lag + 2)
 
 
+def _steps(history: Sequence[float], skip: set[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(step numbers, step times, eroica's own) as arrays: a long job's history is a million steps,
+    measured again at every capture (scripts/bench/long_history.py)."""
+    ms = np.asarray(history, dtype=np.float64)
+    steps = np.arange(1, len(ms) + 1)
+    own = np.isin(steps, np.fromiter(skip, dtype=np.int64, count=len(skip)))
+    return steps, ms, own
+
+
 def onset(history: Sequence[float], since: int, *, warmup: int, skip: set[int], reach: int) -> int | None:
     """The step the slowdown seen at ``since`` began, from rank 0's step times, or None.
 
@@ -123,11 +132,11 @@ def onset(history: Sequence[float], since: int, *, warmup: int, skip: set[int], 
     after ``since`` pin the slow level). Taken only when the slow level is above the healthy one and
     the steps from t up to ``since`` are nearer the slow level than the healthy one: otherwise noise
     picked t, and there is no clear onset."""
-    pts = [(s, ms) for s, ms in enumerate(history, 1) if s > warmup and s not in skip]
-    if len(pts) < MIN_BEFORE + MIN_AFTER:
+    all_steps, all_ms, own = _steps(history, skip)
+    keep = (all_steps > warmup) & ~own
+    steps, ms = all_steps[keep], all_ms[keep]
+    if len(ms) < MIN_BEFORE + MIN_AFTER:
         return None
-    steps = np.array([s for s, _ in pts])
-    ms = np.array([m for _, m in pts], dtype=float)
     # candidate splits: index i puts pts[:i] before; at least MIN_BEFORE before, t <= since
     first = max(MIN_BEFORE, int(np.searchsorted(steps, since - reach)))
     last = int(np.searchsorted(steps, since, side="right"))
@@ -166,13 +175,15 @@ def time_lost(history: Sequence[float], windows: Iterable[tuple[int, int]], sinc
     start = onset(history, since, warmup=warmup, skip=skip, reach=reach) if reach > 0 else None
     end_before = since - lookback if start is None else start
     begin = since if start is None else start
-    before = [(s, ms) for s, ms in enumerate(history, 1)
-              if warmup < s < end_before and s not in skip]
-    after = [ms for s, ms in enumerate(history, 1) if s >= begin and s not in skip]
-    own = [ms for s, ms in enumerate(history, 1) if s >= begin and s in skip]
-    if len(before) < MIN_BEFORE or len(after) < MIN_AFTER:
+    steps, ms, own = _steps(history, skip)
+    before = (steps > warmup) & (steps < end_before) & ~own
+    after = (steps >= begin) & ~own
+    mine = (steps >= begin) & own
+    n_before, n_after, n_own = int(before.sum()), int(after.sum()), int(mine.sum())
+    if n_before < MIN_BEFORE or n_after < MIN_AFTER:
         return None
-    return TimeLost(since_step=since, last_step=len(history), steps=len(after), mean_ms=sum(after) / len(after),
-                    before_first=before[0][0], before_last=before[-1][0], before_steps=len(before),
-                    before_ms=sum(ms for _, ms in before) / len(before), eroica_steps=len(own),
-                    eroica_ms=sum(own) / len(own) if own else None, onset_step=start)
+    first_before, last_before = steps[before][[0, -1]]
+    return TimeLost(since_step=since, last_step=len(ms), steps=n_after, mean_ms=float(ms[after].mean()),
+                    before_first=int(first_before), before_last=int(last_before), before_steps=n_before,
+                    before_ms=float(ms[before].mean()), eroica_steps=n_own,
+                    eroica_ms=float(ms[mine].mean()) if n_own else None, onset_step=start)
