@@ -523,13 +523,13 @@ class Runtime:
             return
         try:
             self.analyst.wait(5.0)
-            stats = {"rank": 0, "host": socket.gethostname(), **_step_stats(self.clock.all_ms, self.cfg)}
+            stats = {"rank": 0, "host": socket.gethostname(), **_step_stats(self.clock.all_ms[:], self.cfg)}
             from eroica_runtime.analyst import job_stats
 
             self.analyst.write_job(steps=self.clock.step, job={**job_stats({0: stats}, self.side.size),
                                                                **self._time_lost(), **self._refused(),
                                                                "flushed_by": why},
-                                   history=self.clock.all_ms)
+                                   history=self.clock.all_ms[:])   # a copy: see StepClock.all_ms
             self._warn(f"{why}: report flushed to {self.report_dir}")
         except Exception as exc:
             self._warn(f"{why}: report flush failed: {type(exc).__name__}: {exc}")
@@ -641,7 +641,7 @@ class Runtime:
         if not self.analyst.wait(max(30.0, self.cfg.deadline_s)):
             self._warn("job end: analysis still running after 30s; writing the report without it")
         stats = {**stats, **self._time_lost(), **self._refused()}
-        rep = self.analyst.write_job(steps=stats["steps"], job=stats, history=self.clock.all_ms)
+        rep = self.analyst.write_job(steps=stats["steps"], job=stats, history=self.clock.all_ms[:])
         print(format_job_stats(stats, self.analyst.captures), file=sys.stderr)
         print(format_job(rep, self.report_dir), file=sys.stderr, flush=True)
 
