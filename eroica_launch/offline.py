@@ -12,6 +12,7 @@ still analysed.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -93,6 +94,30 @@ def _traced_steps(meta: dict[str, Any]) -> list[list[int]]:
     return []
 
 
+def _check_stored(d: Diagnosis) -> None:
+    """A stored diagnosis joins the job report's consolidation (engine.consolidate, transient.py):
+    raise ValueError naming the field unless every value those read has its type (a stray or edited
+    file must give a one-line rejection, not a crash halfway through the report)."""
+    def ints(xs: Any, what: str) -> None:
+        if not all(type(x) is int for x in xs):
+            raise ValueError(f"{what} must be integers")
+
+    if type(d.world_size) is not int or type(d.ranks_analysed) is not int:
+        raise ValueError("world_size and ranks_analysed must be integers")
+    ints(d.missing, "missing")
+    for f in d.findings:
+        if f.rank is not None and type(f.rank) is not int:
+            raise ValueError("a finding's rank must be an integer or null")
+        for name in ("host", "function", "phase"):
+            if getattr(f, name) is not None and not isinstance(getattr(f, name), str):
+                raise ValueError(f"a finding's {name} must be a string or null")
+        ints(f.victims, "a finding's victims")
+        ints(f.captures, "a finding's captures")
+        if not math.isfinite(f.impact_ms_per_step) or (
+                f.what_if_step_ms is not None and not isinstance(f.what_if_step_ms, (int, float))):
+            raise ValueError("a finding's impact_ms_per_step and what_if_step_ms must be numbers")
+
+
 def _stored_diagnoses(root: Path, files: list[Path]) -> tuple[list[Diagnosis], dict[int, Any], list[str]]:
     """What the job diagnosed that no capture file holds, as the job wrote it: the captures whose file
     is gone (retention.py removes an old capture's file once it is diagnosed: --keep-captures), from
@@ -120,6 +145,7 @@ def _stored_diagnoses(root: Path, files: list[Path]) -> tuple[list[Diagnosis], d
                 d = Diagnosis.from_json(doc)
                 if d.step != step:
                     raise ValueError(f"it is step {d.step}'s diagnosis")
+            _check_stored(d)
         except InputError as exc:
             problems.append(str(exc))
             continue

@@ -104,11 +104,21 @@ def test_a_stray_file_named_like_a_diagnosis_or_a_hang_is_rejected_by_name_and_t
     (root / "diagnosis-7.json").write_text('{"schema": "something else"}')
     (root / "diagnosis-8.json").write_text("{not json")
     (root / "hang-9.json").write_text('{"schema": "eroica.diagnosis/1", "step": 9}')
+    # well-formed JSON of the right schema whose finding the job report could not consolidate
+    (root / "diagnosis-11.json").write_text(json.dumps({
+        "schema": "eroica.diagnosis/1", "step": 11, "trigger": "manual", "world_size": 4, "ranks_analysed": 4,
+        "findings": [{"category": "compute", "rank": 1, "host": "vm", "function": "aten::matmul",
+                      "captures": ["x"], "victims": [0]}]}))
+    (root / "hang-12.json").write_text(json.dumps({"schema": "eroica.hang/1", "world_size": 4, "missing": [],
+                                                   "finding": {"rank": "two", "victims": [0]}}))
     diagnoses, doc, problems = run_analysis(root)
     assert {d.step for d in diagnoses} == {13, 30, 50, 80, 90, 99} and len(doc["captures"]) == 6
-    assert [p.split(":")[0] for p in problems] == ["diagnosis-7.json", "diagnosis-8.json", "hang-9.json"]
+    assert [p.split(":")[0] for p in problems] == ["diagnosis-7.json", "diagnosis-8.json", "diagnosis-11.json",
+                                                   "hang-9.json", "hang-12.json"], problems
     assert "no capture file and not a usable diagnosis" in problems[0]
-    assert "not a usable hang diagnosis (schema is 'eroica.diagnosis/1', expected 'eroica.hang/1')" in problems[2]
+    assert "(a finding's captures must be integers)" in problems[2]
+    assert "not a usable hang diagnosis (schema is 'eroica.diagnosis/1', expected 'eroica.hang/1')" in problems[3]
+    assert "(a finding's rank must be an integer or null)" in problems[4]
 
 
 def test_the_job_report_says_old_capture_files_were_removed(tmp_path: Path) -> None:
