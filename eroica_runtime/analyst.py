@@ -125,9 +125,9 @@ class Analyst:
         if self.keep_captures <= 0:
             return
         with self._lock:
-            diagnoses = list(self.diagnoses)
+            diagnoses, gone = list(self.diagnoses), set(self.removed)
         try:
-            removed = retention.prune(self.report_dir, diagnoses, self.keep_captures)
+            removed = retention.prune(self.report_dir, diagnoses, self.keep_captures, gone)
         except OSError as exc:
             say(f"eroica: cannot remove an old capture file in {self.report_dir / reportdir.CAPTURES} "
                 f"({exc.strerror or exc}): every capture file is kept from now on (--keep-captures)")

@@ -18,7 +18,7 @@ one call into reportdir, the files' owner.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from eroica_runtime import reportdir
 from eroica_runtime.engine import Diagnosis, finding_key
@@ -42,12 +42,16 @@ def kept_steps(diagnoses: Sequence[Diagnosis], newest: int) -> set[int]:
     return keep
 
 
-def prune(root: str | os.PathLike[str], diagnoses: Sequence[Diagnosis], newest: int) -> list[int]:
+def prune(root: str | os.PathLike[str], diagnoses: Sequence[Diagnosis], newest: int,
+          gone: Collection[int] = ()) -> list[int]:
     """Remove the capture files ``kept_steps`` does not keep (each capture's diagnosis-<step>.json must
-    already be written); return the steps whose file was removed now. OSError when one cannot be."""
+    already be written), except those of the steps in ``gone`` (removed before: a job of a thousand
+    captures is not sent a thousand unlinks at each one); return the steps whose file was removed now.
+    OSError when one cannot be."""
     keep = kept_steps(diagnoses, newest)
     removed = []
     for d in sorted(diagnoses, key=lambda d: d.step):
-        if d.trigger != HANG and d.step not in keep and reportdir.remove_capture(root, d.step):
+        if d.trigger != HANG and d.step not in keep and d.step not in gone \
+                and reportdir.remove_capture(root, d.step):
             removed.append(d.step)
     return removed

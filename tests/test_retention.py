@@ -86,6 +86,9 @@ def test_eroica_analyze_reports_the_same_job_after_old_capture_files_were_remove
     removed = retention.prune(root, diagnoses, 1)
     assert removed == [30, 90] and _files(root) == {13, 50, 80, 99}
     assert retention.prune(root, diagnoses, 1) == []   # nothing left to remove: removed once
+    (root / "captures" / "30.msgpack").write_bytes(b"")   # a step already removed is not looked at again
+    assert retention.prune(root, diagnoses, 1, gone={30, 90}) == [] and (root / "captures" / "30.msgpack").exists()
+    (root / "captures" / "30.msgpack").unlink()
 
     proc = subprocess.run([str(BIN / "eroica"), "analyze", str(root)], capture_output=True, text=True,
                           timeout=120)
