@@ -8,6 +8,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from eroica_runtime.engine.model import conclusive
 from eroica_runtime.report import (
     calls_text,
     format_time_lost,
@@ -16,6 +17,8 @@ from eroica_runtime.report import (
     slower_text,
     transient_lines,
 )
+
+FULL_HEALTHY = 8   # healthy captures shown in full, the newest (_brief_steps)
 
 _CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1200px}
 h1{font-size:20px}h2{font-size:17px;margin-top:28px}h3{font-size:15px}
@@ -191,6 +194,18 @@ def _drill(drill: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def _brief_steps(diagnoses: list[dict[str, Any]]) -> list[Any]:
+    """Steps of the captures shown in one row each: found healthy (no finding, conclusive, not slower
+    than the baseline and no passing slowdown), not the baseline, and older than the newest
+    FULL_HEALTHY such captures. Why: a job that runs for days is captured every refill period, and
+    each capture's section (its ranks × phases heatmap) is 5-20 KB: a thousand healthy ones made
+    report.html tens of MB that say nothing the timeline does not."""
+    healthy = [d for d in diagnoses if not d.get("findings") and d.get("trigger") != "baseline"
+               and conclusive(int(d.get("ranks_analysed") or 0), int(d.get("world_size") or 0))
+               and not slower_text(d) and not passing_text(d)]
+    return [d.get("step") for d in healthy[:-FULL_HEALTHY]] if len(healthy) > FULL_HEALTHY else []
+
+
 def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
                 steps: dict[str, list] | None) -> str:
     """The whole page as a string."""
@@ -232,7 +247,20 @@ def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
                              for r in per_rank[:64]) + "</table>"
                          + (f"<p>… {len(per_rank) - 64} more ranks in report.json</p>" if len(per_rank) > 64 else ""))
     parts += ["<h2>Step time</h2>", _timeline(steps, report.get("captures") or [])]
+    brief = set(_brief_steps(diagnoses))
+    if brief:
+        rows = [d for d in diagnoses if d.get("step") in brief]
+        parts.append(f"<h2>{len(rows)} earlier captures found healthy</h2><p class=muted>Each in one row (the "
+                     f"newest {FULL_HEALTHY} healthy captures, the baseline and every other capture are shown in "
+                     "full below; every capture is in full in its diagnosis-&lt;step&gt;.json).</p><table><tr>"
+                     "<th>step</th><th>trigger</th><th>ranks</th><th>median step ms</th></tr>" + "".join(
+                         f"<tr><td>{_e(d.get('step'))}</td><td>{_e(d.get('trigger'))}</td><td>"
+                         f"{_e(d.get('ranks_analysed'))}/{_e(d.get('world_size'))}</td><td>"
+                         f"{_e(_cell((d.get('step_ms') or {}).get('median')))}</td></tr>" for d in rows)
+                     + "</table>")
     for d in diagnoses:
+        if d.get("step") in brief:
+            continue
         parts.append(f"<h2>Capture at step {_e(d.get('step'))} ({_e(d.get('trigger'))}) — "
                      f"{_e(d.get('ranks_analysed'))}/{_e(d.get('world_size'))} ranks</h2>")
         slower, passing = slower_text(d), passing_text(d)

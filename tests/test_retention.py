@@ -1,4 +1,5 @@
-"""A long job's report directory stays bounded: old capture files go, what they showed stays.
+"""A long job's report directory stays bounded: old capture files go, what they showed stays, and its
+page shows older healthy captures in one row each.
 
 Fixtures: ``data/engine/transient-jobs.json`` (the diagnoses of real long jobs, see test_transient.py)
 for the policy; ``data/engine/checkpoint-job`` (a real 4-rank job: baseline 13, a request at 50, the
@@ -131,3 +132,18 @@ def test_the_job_report_says_old_capture_files_were_removed(tmp_path: Path) -> N
     text = report.format_job(doc)
     assert "2 older capture files were removed from captures/ once diagnosed (--keep-captures)" in text
     assert "removed" not in report.format_job(report.build_report(diagnoses=diagnoses, world_size=4, steps=5000))
+
+
+def test_a_long_jobs_page_shows_older_healthy_captures_in_one_row_each(tmp_path: Path) -> None:
+    """report.html of the 5,000-step healthy job: the baseline, the capture that named rank 1 and the
+    newest 8 healthy captures in full; the two older healthy ones (402, 1321) one row each."""
+    from eroica_runtime.report_html import FULL_HEALTHY
+
+    diagnoses = _diagnoses("healthy-5000-steps")
+    report.write_job(tmp_path, diagnoses=diagnoses, world_size=4, steps=5000)
+    page = (tmp_path / "report.html").read_text()
+    assert FULL_HEALTHY == 8 and "2 earlier captures found healthy" in page
+    for step in (402, 1321):
+        assert f"Capture at step {step} " not in page and f"<tr><td>{step}</td><td>" in page
+    for step in (13, 655, 1516, 2176, 2359, 2403, 2945, 3168, 4161, 4804):
+        assert f"Capture at step {step} " in page, step
