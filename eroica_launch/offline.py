@@ -218,8 +218,8 @@ def _print_analysis(report_dir: Path, topology: str | None) -> None:
     except OSError as exc:
         _fail(f"analyze: cannot write the reports into {report_dir}: {exc.strerror or exc}", 3)
         return
-    for d in diagnoses:
-        click.echo(report.format_capture(d))
+    for i, d in enumerate(diagnoses):   # in step order, as rank 0 printed them
+        click.echo(report.format_capture(d, report.named_before(diagnoses[:i])))
     have = {int(p.stem) for p in capture_files(report_dir) if p.stem.isdigit()}
     stored = [d.step for d in diagnoses if d.step not in have and d.trigger != "hang"]
     if stored:

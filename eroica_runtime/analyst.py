@@ -103,12 +103,13 @@ class Analyst:
         diagnosis = result.diagnosis
         drill = report.drill_down(result.summaries)
         with self._lock:
+            before = report.named_before(self.diagnoses)
             self.diagnoses.append(diagnosis)
             self.drill[diagnosis.step] = drill
         report.write_capture(self.report_dir, diagnosis, drill)   # on disk before it is printed
         self._prune()
         self._write_partial()  # a job killed from now on still leaves a report.json
-        say(report.format_capture(diagnosis))
+        say(report.format_capture(diagnosis, before))
         lost = self._time_lost()
         if diagnosis.findings and lost.get("since_step", diagnosis.step) < diagnosis.step:
             # a later capture of a job already slowed: what the job has lost so far, measured

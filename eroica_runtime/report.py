@@ -18,7 +18,7 @@ import msgpack
 import numpy as np
 
 from eroica_runtime import reportdir
-from eroica_runtime.engine import Diagnosis, Finding, consolidate
+from eroica_runtime.engine import Diagnosis, Finding, consolidate, finding_key
 from eroica_runtime.engine.categories import SAME_CALLS
 from eroica_runtime.engine.model import conclusive, count_ranks
 from eroica_runtime.engine.transient import split_transient
@@ -416,8 +416,22 @@ def passing_text(d: dict[str, Any]) -> str:
             f"just before this window {before[0] - before[1]:+.1f} ms vs those before the baseline's")
 
 
-def format_capture(diagnosis: Diagnosis | dict[str, Any]) -> str:
-    """Text block for one capture (one line when nothing is wrong)."""
+def named_before(diagnoses: Sequence[Diagnosis]) -> dict[tuple[Any, ...], int]:
+    """Each job-level finding (engine.finding_key) of ``diagnoses`` with the step of the first capture
+    that named it: what ``format_capture`` says in one line when a later capture names it again."""
+    out: dict[tuple[Any, ...], int] = {}
+    for d in sorted(diagnoses, key=lambda x: x.step):
+        for f in d.findings:
+            out.setdefault(finding_key(f), d.step)
+    return out
+
+
+def format_capture(diagnosis: Diagnosis | dict[str, Any], before: Mapping[tuple[Any, ...], int] | None = None) -> str:
+    """Text block for one capture (one line when nothing is wrong). ``before`` (``named_before`` of the
+    job's earlier captures): a finding named before is one line pointing at the capture that named
+    it first, not its whole block again. Why: a long job's refilled captures name a steady fault
+    every refill period, and rank 0's log would repeat the same eight lines each time; the full
+    block is in the capture's diagnosis-<step>.json."""
     d = diagnosis.to_json() if isinstance(diagnosis, Diagnosis) else diagnosis
     n, ws = d.get("ranks_analysed", 0), d.get("world_size", 0)
     med = (d.get("step_ms") or {}).get("median")
@@ -458,8 +472,21 @@ def format_capture(diagnosis: Diagnosis | dict[str, Any]) -> str:
     lines = [f"eroica: step {_text(d.get('step'))} ({_text(d.get('trigger'))}): "
              f"{_text(top.get('title') or top.get('category'))}"
              f"{more} — {n}/{ws} ranks analysed, median step {_ms(med)} ms"]
-    for i, f in enumerate(findings, 1):
-        lines.extend(format_finding(f, i))
+    firsts = [(before or {}).get(finding_key(Finding.from_json(f))) if isinstance(f, dict) else None
+              for f in findings]
+    firsts = [None if s == d.get("step") else s for s in firsts]
+    where = f"diagnosis-{_text(d.get('step'))}.json"
+    if all(s is not None for s in firsts):   # nothing new: the head line says where it was named first
+        steps = sorted(set(firsts))
+        lines[0] += (f"; named before, at step{'s' if len(steps) > 1 else ''} {_ranks(steps)} "
+                     f"(this capture in full: {where})")
+        return "\n".join(lines + tail)
+    for i, (f, first) in enumerate(zip(findings, firsts, strict=True), 1):
+        if first is not None:
+            lines.append(f"  #{i} {_text(f.get('title') or f.get('category'))} — named before, at step {first} "
+                         f"(this capture in full: {where})")
+        else:
+            lines.extend(format_finding(f, i))
     return "\n".join(lines + tail)
 
 

@@ -147,3 +147,23 @@ def test_a_long_jobs_page_shows_older_healthy_captures_in_one_row_each(tmp_path:
         assert f"Capture at step {step} " not in page and f"<tr><td>{step}</td><td>" in page
     for step in (13, 655, 1516, 2176, 2359, 2403, 2945, 3168, 4161, 4804):
         assert f"Capture at step {step} " in page, step
+
+
+def test_a_finding_named_again_is_one_line_in_rank_0s_log_pointing_at_where_it_was_named_first() -> None:
+    """contend-int named rank 1 "host" at 58 and again at 98: the capture at 98 says so in one line and
+    where to read it in full; the first naming keeps its whole block, with its action."""
+    baseline, first, again = _diagnoses("contend-int-120-steps")
+    full = report.format_capture(first, report.named_before([baseline]))
+    assert "action:" in full and "named before" not in full
+    short = report.format_capture(again, report.named_before([baseline, first])).splitlines()
+    assert len(short) == 1 and short[0].startswith("eroica: step 98 (spike): rank 1 on "), short
+    assert short[0].endswith("; named before, at step 58 (this capture in full: diagnosis-98.json)"), short
+    assert report.format_capture(again).count("action:") == 1   # without the job's earlier captures: in full
+
+
+def test_eroica_analyze_prints_a_finding_named_again_in_one_line_as_rank_0_did(tmp_path: Path) -> None:
+    root = _job_dir(tmp_path)
+    proc = subprocess.run([str(BIN / "eroica"), "analyze", str(root)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if "named before, at step 80" in ln]
+    assert [ln.split(":")[1].strip() for ln in lines] == ["step 90 (spike)", "step 99 (manual)"], proc.stdout
