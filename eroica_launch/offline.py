@@ -22,7 +22,7 @@ from typing import Any
 import click
 
 from eroica_runtime import report, reportdir, summary
-from eroica_runtime.engine import Diagnosis
+from eroica_runtime.engine import Diagnosis, first_named
 from eroica_runtime.engine.hang import HANG_SCHEMA, hang_diagnosis
 from eroica_runtime.engine.ingest import CaptureBytes
 from eroica_runtime.engine.model import DIAGNOSIS_SCHEMA
@@ -219,7 +219,7 @@ def _print_analysis(report_dir: Path, topology: str | None) -> None:
         _fail(f"analyze: cannot write the reports into {report_dir}: {exc.strerror or exc}", 3)
         return
     for i, d in enumerate(diagnoses):   # in step order, as rank 0 printed them
-        click.echo(report.format_capture(d, report.named_before(diagnoses[:i])))
+        click.echo(report.format_capture(d, first_named(diagnoses[:i])))
     have = {int(p.stem) for p in capture_files(report_dir) if p.stem.isdigit()}
     stored = [d.step for d in diagnoses if d.step not in have and d.trigger != "hang"]
     if stored:

@@ -103,7 +103,7 @@ class Analyst:
         diagnosis = result.diagnosis
         drill = report.drill_down(result.summaries)
         with self._lock:
-            before = report.named_before(self.diagnoses)
+            before = engine.first_named(self.diagnoses)
             self.diagnoses.append(diagnosis)
             self.drill[diagnosis.step] = drill
         report.write_capture(self.report_dir, diagnosis, drill)   # on disk before it is printed

@@ -416,19 +416,9 @@ def passing_text(d: dict[str, Any]) -> str:
             f"just before this window {before[0] - before[1]:+.1f} ms vs those before the baseline's")
 
 
-def named_before(diagnoses: Sequence[Diagnosis]) -> dict[tuple[Any, ...], int]:
-    """Each job-level finding (engine.finding_key) of ``diagnoses`` with the step of the first capture
-    that named it: what ``format_capture`` says in one line when a later capture names it again."""
-    out: dict[tuple[Any, ...], int] = {}
-    for d in sorted(diagnoses, key=lambda x: x.step):
-        for f in d.findings:
-            out.setdefault(finding_key(f), d.step)
-    return out
-
-
 def format_capture(diagnosis: Diagnosis | dict[str, Any], before: Mapping[tuple[Any, ...], int] | None = None) -> str:
-    """Text block for one capture (one line when nothing is wrong). ``before`` (``named_before`` of the
-    job's earlier captures): a finding named before is one line pointing at the capture that named
+    """Text block for one capture (one line when nothing is wrong). ``before`` (``engine.first_named``
+    of the job's earlier captures): a finding named before is one line pointing at the capture that named
     it first, not its whole block again. Why: a long job's refilled captures name a steady fault
     every refill period, and rank 0's log would repeat the same eight lines each time; the full
     block is in the capture's diagnosis-<step>.json."""

@@ -9,7 +9,7 @@ with the summaries of the ranks it names); the capture file is only needed to an
 
 Kept: the baseline capture (the reference every later capture is compared with, live and by
 ``eroica analyze``), the first capture of each job-level finding (``engine.finding_key``: the
-evidence it was first found on), and the newest ``--keep-captures`` captures. Every other capture's
+evidence it was first found on, ``engine.first_named``), and the newest ``--keep-captures`` captures. Every other capture's
 file is removed once its diagnosis is on disk; ``eroica analyze`` reads that diagnosis in its place
 (eroica_launch/offline.py), so the job report it writes is the one the job wrote. Pure policy plus
 one call into reportdir, the files' owner.
@@ -21,7 +21,7 @@ import os
 from collections.abc import Collection, Sequence
 
 from eroica_runtime import reportdir
-from eroica_runtime.engine import Diagnosis, finding_key
+from eroica_runtime.engine import Diagnosis, first_named
 
 HANG = "hang"   # a hang's diagnosis (engine/hang.py) has no capture file
 
@@ -32,14 +32,8 @@ def kept_steps(diagnoses: Sequence[Diagnosis], newest: int) -> set[int]:
     caps = sorted((d for d in diagnoses if d.trigger != HANG), key=lambda d: d.step)
     if newest <= 0:
         return {d.step for d in caps}
-    keep = {d.step for d in caps[-newest:]}
-    seen: set[tuple[object, ...]] = set()
-    for d in caps:
-        keys = {finding_key(f) for f in d.findings}
-        if d.trigger == "baseline" or keys - seen:
-            keep.add(d.step)
-        seen |= keys
-    return keep
+    return ({d.step for d in caps[-newest:]} | {d.step for d in caps if d.trigger == "baseline"}
+            | set(first_named(caps).values()))
 
 
 def prune(root: str | os.PathLike[str], diagnoses: Sequence[Diagnosis], newest: int,

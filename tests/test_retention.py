@@ -19,6 +19,7 @@ from conftest import BIN
 
 from eroica_launch.offline import run_analysis
 from eroica_runtime import report, retention
+from eroica_runtime.engine import first_named
 from eroica_runtime.engine.hang import hang_diagnosis
 from eroica_runtime.engine.model import Diagnosis
 
@@ -153,9 +154,9 @@ def test_a_finding_named_again_is_one_line_in_rank_0s_log_pointing_at_where_it_w
     """contend-int named rank 1 "host" at 58 and again at 98: the capture at 98 says so in one line and
     where to read it in full; the first naming keeps its whole block, with its action."""
     baseline, first, again = _diagnoses("contend-int-120-steps")
-    full = report.format_capture(first, report.named_before([baseline]))
+    full = report.format_capture(first, first_named([baseline]))
     assert "action:" in full and "named before" not in full
-    short = report.format_capture(again, report.named_before([baseline, first])).splitlines()
+    short = report.format_capture(again, first_named([baseline, first])).splitlines()
     assert len(short) == 1 and short[0].startswith("eroica: step 98 (spike): rank 1 on "), short
     assert short[0].endswith("; named before, at step 58 (this capture in full: diagnosis-98.json)"), short
     assert report.format_capture(again).count("action:") == 1   # without the job's earlier captures: in full

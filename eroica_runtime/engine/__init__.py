@@ -78,7 +78,7 @@ from eroica_runtime.engine.stalls import action as stall_action
 from eroica_runtime.engine.table import Table, TableBuilder, build_table
 
 __all__ = ["CATEGORIES", "Diagnosis", "Finding", "Table", "TableBuilder", "Thresholds", "build_table", "consolidate",
-           "diagnose", "finding_key", "parse_topology"]
+           "diagnose", "finding_key", "first_named", "parse_topology"]
 
 HEAT_COLUMNS = ("step", "data", "forward", "backward", "optimizer", "host_gap", "gc", "io", "comm")
 HEAT_MAX_ROWS = 40
@@ -373,6 +373,17 @@ def finding_key(f: Finding) -> tuple[Any, ...]:
     """What makes two captures' findings one job-level finding (``consolidate``): a culprit rank is
     one finding per category, a rank-less (host/link/job-wide) one also per function."""
     return (f.category, f.rank, f.host, f.function if f.rank is None else None)
+
+
+def first_named(diagnoses: Sequence[Diagnosis]) -> dict[tuple[Any, ...], int]:
+    """Each job-level finding (``finding_key``) of ``diagnoses`` with the step of the first capture that
+    named it: the capture file a long job keeps for it (retention.py), and what rank 0's log points
+    at when a later capture names it again (report.format_capture)."""
+    out: dict[tuple[Any, ...], int] = {}
+    for d in sorted(diagnoses, key=lambda x: x.step):
+        for f in d.findings:
+            out.setdefault(finding_key(f), d.step)
+    return out
 
 
 def consolidate(diagnoses: Sequence[Diagnosis]) -> list[Finding]:
