@@ -3,10 +3,10 @@
 `eroica analyze DIR` re-runs the pure diagnosis engine over DIR/captures/*.msgpack (the capture whose
 trigger is "baseline" is the job's healthy baseline), rewrites their diagnosis-*.json, report.json and
 report.html, then prints the text report. What the job diagnosed without a capture file there (a
-capture whose file --keep-captures removed, a hang) joins the job report as the job wrote it. `eroica analyze --traces FILES --out DIR` first writes
-DIR/captures from per-rank torch.profiler traces (eroica_launch/traces.py), then does the same. Bad
-input gets one line naming the file or rank and a non-zero exit; everything that could be read is
-still analysed.
+capture whose file --keep-captures removed, a hang) joins the job report as the job wrote it.
+`eroica analyze --traces FILES --out DIR` first writes DIR/captures from per-rank torch.profiler
+traces (eroica_launch/traces.py), then does the same. Bad input gets one line naming the file or rank
+and a non-zero exit; everything that could be read is still analysed.
 """
 
 from __future__ import annotations

@@ -137,7 +137,7 @@ def onset(history: Sequence[float], since: int, *, warmup: int, skip: set[int], 
     steps, ms = all_steps[keep], all_ms[keep]
     if len(ms) < MIN_BEFORE + MIN_AFTER:
         return None
-    # candidate splits: index i puts pts[:i] before; at least MIN_BEFORE before, t <= since
+    # candidate splits: index i puts ms[:i] before; at least MIN_BEFORE before, t <= since
     first = max(MIN_BEFORE, int(np.searchsorted(steps, since - reach)))
     last = int(np.searchsorted(steps, since, side="right"))
     if first >= last:
