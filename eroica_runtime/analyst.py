@@ -129,11 +129,11 @@ class Analyst:
             diagnoses, gone = list(self.diagnoses), set(self.removed)
         try:
             removed = retention.prune(self.report_dir, diagnoses, self.keep_captures, gone)
-        except OSError as exc:
+        except retention.PruneError as exc:
+            removed = exc.removed
             say(f"eroica: cannot remove an old capture file in {self.report_dir / reportdir.CAPTURES} "
                 f"({exc.strerror or exc}): every capture file is kept from now on (--keep-captures)")
             self.keep_captures = 0
-            return
         with self._lock:
             self.removed.extend(removed)
 

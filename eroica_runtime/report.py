@@ -416,6 +416,14 @@ def passing_text(d: dict[str, Any]) -> str:
             f"just before this window {before[0] - before[1]:+.1f} ms vs those before the baseline's")
 
 
+def is_healthy(d: dict[str, Any]) -> bool:
+    """What ``format_capture`` calls "healthy": no finding, enough ranks to compare (more than one), not
+    slower than the baseline and no passing slowdown."""
+    n, ws = int(d.get("ranks_analysed") or 0), int(d.get("world_size") or 0)
+    return (not d.get("findings") and conclusive(n, ws) and n != 1 and not slower_text(d)
+            and not passing_text(d))
+
+
 def format_capture(diagnosis: Diagnosis | dict[str, Any], before: Mapping[tuple[Any, ...], int] | None = None) -> str:
     """Text block for one capture (one line when nothing is wrong). ``before`` (``engine.first_named``
     of the job's earlier captures): a finding named before is one line pointing at the capture that named

@@ -8,10 +8,10 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from eroica_runtime.engine.model import conclusive
 from eroica_runtime.report import (
     calls_text,
     format_time_lost,
+    is_healthy,
     passing_text,
     refused_summary,
     slower_text,
@@ -195,14 +195,11 @@ def _drill(drill: dict[str, Any]) -> str:
 
 
 def _brief_steps(diagnoses: list[dict[str, Any]]) -> list[Any]:
-    """Steps of the captures shown in one row each: found healthy (no finding, conclusive, not slower
-    than the baseline and no passing slowdown), not the baseline, and older than the newest
-    FULL_HEALTHY such captures. Why: a job that runs for days is captured every refill period, and
+    """Steps of the captures shown in one row each: found healthy (``report.is_healthy``), not the
+    baseline, and older than the newest FULL_HEALTHY such captures. Why: a job that runs for days is captured every refill period, and
     each capture's section (its ranks × phases heatmap) is 5-20 KB: a thousand healthy ones made
     report.html tens of MB that say nothing the timeline does not."""
-    healthy = [d for d in diagnoses if not d.get("findings") and d.get("trigger") != "baseline"
-               and conclusive(int(d.get("ranks_analysed") or 0), int(d.get("world_size") or 0))
-               and not slower_text(d) and not passing_text(d)]
+    healthy = [d for d in diagnoses if d.get("trigger") != "baseline" and is_healthy(d)]
     return [d.get("step") for d in healthy[:-FULL_HEALTHY]] if len(healthy) > FULL_HEALTHY else []
 
 

@@ -26,6 +26,14 @@ from eroica_runtime.engine import Diagnosis, first_named
 HANG = "hang"   # a hang's diagnosis (engine/hang.py) has no capture file
 
 
+class PruneError(OSError):
+    """A capture file that could not be removed; ``removed``: the steps whose file was removed before it."""
+
+    def __init__(self, cause: OSError, removed: list[int]) -> None:
+        super().__init__(cause.errno, cause.strerror or str(cause), cause.filename)
+        self.removed = removed
+
+
 def kept_steps(diagnoses: Sequence[Diagnosis], newest: int) -> set[int]:
     """The capture steps whose files stay, out of ``diagnoses`` (every capture diagnosed so far);
     ``newest`` <= 0 keeps them all."""
@@ -41,11 +49,14 @@ def prune(root: str | os.PathLike[str], diagnoses: Sequence[Diagnosis], newest: 
     """Remove the capture files ``kept_steps`` does not keep (each capture's diagnosis-<step>.json must
     already be written), except those of the steps in ``gone`` (removed before: a job of a thousand
     captures is not sent a thousand unlinks at each one); return the steps whose file was removed now.
-    OSError when one cannot be."""
+    PruneError when one cannot be (with the steps removed before it: the job report lists them)."""
     keep = kept_steps(diagnoses, newest)
-    removed = []
+    removed: list[int] = []
     for d in sorted(diagnoses, key=lambda d: d.step):
-        if d.trigger != HANG and d.step not in keep and d.step not in gone \
-                and reportdir.remove_capture(root, d.step):
-            removed.append(d.step)
+        try:
+            if d.trigger != HANG and d.step not in keep and d.step not in gone \
+                    and reportdir.remove_capture(root, d.step):
+                removed.append(d.step)
+        except OSError as exc:
+            raise PruneError(exc, removed) from exc
     return removed

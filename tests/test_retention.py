@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import msgpack
+import pytest
 from conftest import BIN
 
 from eroica_launch.offline import run_analysis
@@ -91,6 +92,13 @@ def test_eroica_analyze_reports_the_same_job_after_old_capture_files_were_remove
     (root / "captures" / "30.msgpack").write_bytes(b"")   # a step already removed is not looked at again
     assert retention.prune(root, diagnoses, 1, gone={30, 90}) == [] and (root / "captures" / "30.msgpack").exists()
     (root / "captures" / "30.msgpack").unlink()
+    # a file that cannot be removed (here a directory) stops it; what was removed before is said
+    (root / "captures" / "30.msgpack").write_bytes(b"")
+    (root / "captures" / "90.msgpack").mkdir()
+    with pytest.raises(retention.PruneError) as err:
+        retention.prune(root, diagnoses, 1)
+    assert err.value.removed == [30] and "90.msgpack" in str(err.value)
+    (root / "captures" / "90.msgpack").rmdir()
 
     proc = subprocess.run([str(BIN / "eroica"), "analyze", str(root)], capture_output=True, text=True,
                           timeout=120)
