@@ -73,6 +73,7 @@ class Analyst:
         self._lock = threading.Lock()
         self._unexplained = threading.Event()   # a detector's capture found no culprit (take_unexplained)
         self._healthy: int | None = None   # first step of a detector capture found healthy (take_healthy)
+        self._said_transient: set[tuple[Any, ...]] = set()   # (rank, captures) of transient lines said
         self._queue: queue.Queue[Gathered | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="eroica-analyst", daemon=True)
         self._thread.start()
@@ -100,21 +101,26 @@ class Analyst:
         result = self.pipeline.analyse(g.data, origin=f"capture {g.step}")
         for err in result.errors:
             say(f"eroica: rejected {err}")
-        diagnosis = result.diagnosis
-        drill = report.drill_down(result.summaries)
+        self.record(result.diagnosis, report.drill_down(result.summaries))
+
+    def record(self, diagnosis: engine.Diagnosis, drill: dict[str, Any]) -> None:
+        """A capture's diagnosis joins the job: its files are written, then its block is printed, with
+        a line for each CPU contention an earlier capture named that this one shows came and went."""
         with self._lock:
             before = engine.first_named(self.diagnoses)
             self.diagnoses.append(diagnosis)
             self.drill[diagnosis.step] = drill
         report.write_capture(self.report_dir, diagnosis, drill)   # on disk before it is printed
         self._prune()
-        self._write_partial()  # a job killed from now on still leaves a report.json
+        doc = self._write_partial()  # a job killed from now on still leaves a report.json
         say(report.format_capture(diagnosis, before))
+        for line in self._newly_transient(doc):
+            say(f"eroica: step {diagnosis.step}: {line.strip()}")
         lost = self._time_lost()
         if diagnosis.findings and lost.get("since_step", diagnosis.step) < diagnosis.step:
             # a later capture of a job already slowed: what the job has lost so far, measured
             say(report.format_time_lost(lost))
-        if g.trigger in DETECTED and not diagnosis.findings:
+        if diagnosis.trigger in DETECTED and not diagnosis.findings:
             self._unexplained.set()
             if healthy_against_baseline(diagnosis):
                 with self._lock:
@@ -201,13 +207,29 @@ class Analyst:
             say(f"eroica: time lost so far not measured: {type(exc).__name__}: {exc}")
             return {}
 
-    def _write_partial(self) -> None:
+    def _write_partial(self) -> dict[str, Any]:
         """report.json/html with what is known so far (rank 0's own step history only), with the time
-        lost so far: a job killed from now on keeps it."""
+        lost so far: a job killed from now on keeps it. Returns the report document."""
         history = self.history_source() if self.history_source else []
         lost = self._time_lost()
-        self.write_job(steps=len(history) + 1 if history else 0,
-                       job={"partial": True, **({"time_lost": lost} if lost else {})}, history=history)
+        return self.write_job(steps=len(history) + 1 if history else 0,
+                              job={"partial": True, **({"time_lost": lost} if lost else {})}, history=history)
+
+    def _newly_transient(self, doc: dict[str, Any]) -> list[str]:
+        """The job report's lines (``report.transient_lines``) for the CPU contention that became
+        transient with the latest capture (engine/transient.py), each said once.
+
+        Why: rank 0's line at a capture names a rank the scheduler or a co-located process starved
+        for a dozen steps once (a healthy 5,000-step job here: rank 1 at step 655, "host"), and only
+        the job report, at the end, said it never came back; a person reading the log hours in took
+        it for the job's culprit. Now the log says so as soon as the captures after it show it."""
+        fresh = []
+        for f in doc.get("transient") or []:
+            key = (f.get("rank"), tuple(f.get("captures") or ()))
+            if key not in self._said_transient:
+                self._said_transient.add(key)
+                fresh.append(f)
+        return report.transient_lines({"transient": fresh})
 
     def stop(self) -> None:
         self._queue.put(None)

@@ -85,3 +85,33 @@ def test_a_report_without_transient_or_with_a_foreign_one_prints_no_such_line() 
     for odd in (None, [], [3], [{"captures": [5]}], [{"captures": "5", "evidence": {"not_seen_after": [9, 10]}}]):
         assert report.transient_lines({**base, "transient": odd}) == []
     assert report.transient_lines(base) == []
+
+
+def test_rank_0s_log_says_a_starved_rank_was_transient_once_the_captures_after_it_show_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The healthy 5,000-step job's captures, handed to rank 0's analyst one by one as the live job
+    did: the capture at 655 names rank 1, and the log says it was transient at the second detector
+    capture after it, once, with the job report's words; report.json then agrees."""
+    from eroica_runtime.analyst import Analyst
+
+    diagnoses = _diagnoses("healthy-5000-steps")
+    analyst = Analyst(str(tmp_path), world_size=4)
+    try:
+        said: dict[int, str] = {}
+        for d in diagnoses:
+            analyst.record(d, {})
+            said[d.step] = capsys.readouterr().err
+    finally:
+        analyst.stop()
+    later = [d.step for d in diagnoses if d.step > 655 and d.trigger in ("spike", "drift", "throughput")]
+    news = {step: [line for line in text.splitlines() if "transient" in line] for step, text in said.items()}
+    assert "rank 1" in said[655].splitlines()[0]
+    at = later[LATER_CAPTURES - 1]
+    assert [step for step, lines in news.items() if lines] == [at]
+    [line] = news[at]
+    assert line.startswith(f"eroica: step {at}: transient, not a finding: rank 1 on vm was starved of CPU around "
+                           "step 655 (+"), line
+    assert line.endswith(f"not in the {LATER_CAPTURES} detector capture(s) after it: contention on its host that "
+                         "came and went"), line
+    doc = json.loads((tmp_path / "report.json").read_text())
+    assert doc["findings"] == [] and [f["rank"] for f in doc["transient"]] == [1]
