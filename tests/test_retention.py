@@ -19,7 +19,7 @@ import pytest
 from conftest import BIN
 
 from eroica_launch.offline import run_analysis
-from eroica_runtime import report, retention
+from eroica_runtime import report, reportdir, retention
 from eroica_runtime.engine import first_named
 from eroica_runtime.engine.hang import hang_diagnosis
 from eroica_runtime.engine.model import Diagnosis
@@ -86,8 +86,15 @@ def test_eroica_analyze_reports_the_same_job_after_old_capture_files_were_remove
                                       90: {(1, "compute")}, 99: {(1, "compute")}}, named
     written = {d.step: (root / f"diagnosis-{d.step}.json").read_bytes() for d in diagnoses}
 
+    for step in (30, 80):   # EROICA_KEEP_RAW_EVENTS=1: every rank's raw events of the capture
+        for rank in range(4):
+            raw = reportdir.raw_events_path(root, step, rank)
+            raw.parent.mkdir(parents=True, exist_ok=True)
+            raw.write_bytes(b"events")
     removed = retention.prune(root, diagnoses, 1)
     assert removed == [30, 90] and _files(root) == {13, 50, 80, 99}
+    assert sorted(p.name for p in (root / reportdir.RAW).iterdir()) == ["80"]   # they go with the capture file
+    assert len(list((root / reportdir.RAW / "80").iterdir())) == 4
     assert retention.prune(root, diagnoses, 1) == []   # nothing left to remove: removed once
     (root / "captures" / "30.msgpack").write_bytes(b"")   # a step already removed is not looked at again
     assert retention.prune(root, diagnoses, 1, gone={30, 90}) == [] and (root / "captures" / "30.msgpack").exists()
