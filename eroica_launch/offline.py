@@ -23,7 +23,7 @@ import click
 
 from eroica_runtime import report, reportdir, summary
 from eroica_runtime.engine import Diagnosis, first_named
-from eroica_runtime.engine.hang import HANG_SCHEMA, hang_diagnosis
+from eroica_runtime.engine.hang import HANG_SCHEMA, HANG_TRIGGER, hang_diagnosis
 from eroica_runtime.engine.ingest import CaptureBytes
 from eroica_runtime.engine.model import DIAGNOSIS_SCHEMA
 from eroica_runtime.pipeline import Pipeline
@@ -221,7 +221,7 @@ def _print_analysis(report_dir: Path, topology: str | None) -> None:
     for i, d in enumerate(diagnoses):   # in step order, as rank 0 printed them
         click.echo(report.format_capture(d, first_named(diagnoses[:i])))
     have = {int(p.stem) for p in capture_files(report_dir) if p.stem.isdigit()}
-    stored = [d.step for d in diagnoses if d.step not in have and d.trigger != "hang"]
+    stored = [d.step for d in diagnoses if d.step not in have and d.trigger != HANG_TRIGGER]
     if stored:
         click.echo(f"eroica: analyze: {len(stored)} capture(s) without a file in captures/ (removed once diagnosed: "
                    f"--keep-captures), reported from their diagnosis-<step>.json as the job wrote it: steps "

@@ -17,7 +17,7 @@ from typing import Any
 
 from eroica_runtime import engine, report, reportdir, retention
 from eroica_runtime.engine import timelost
-from eroica_runtime.engine.hang import hang_diagnosis
+from eroica_runtime.engine.hang import HANG_TRIGGER, hang_diagnosis
 from eroica_runtime.engine.model import count_ranks
 from eroica_runtime.gather import Gathered
 from eroica_runtime.pipeline import Pipeline
@@ -166,7 +166,7 @@ class Analyst:
         diagnosis = hang_diagnosis(doc, step)
         with self._lock:
             self.diagnoses.append(diagnosis)
-            self.captures.append({"step": step, "trigger": "hang", "missing": list(diagnosis.missing)})
+            self.captures.append({"step": step, "trigger": HANG_TRIGGER, "missing": list(diagnosis.missing)})
         self._write_partial()
 
     def first_finding_step(self) -> int | None:

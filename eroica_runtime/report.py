@@ -20,6 +20,7 @@ import numpy as np
 from eroica_runtime import reportdir
 from eroica_runtime.engine import Diagnosis, Finding, consolidate, finding_key
 from eroica_runtime.engine.categories import SAME_CALLS
+from eroica_runtime.engine.hang import HANG_TRIGGER
 from eroica_runtime.engine.model import conclusive, count_ranks
 from eroica_runtime.engine.transient import split_transient
 
@@ -545,7 +546,7 @@ def format_job(report: dict[str, Any], report_dir: str | os.PathLike[str] | None
     steps = _steps_text(report)
     head = (f"eroica: job report: {len(findings)} finding(s) over {len(caps)} capture(s), "
             f"world size {report.get('world_size')}, {steps}{where}")
-    looked = [c for c in caps if c.get("trigger") == "hang"
+    looked = [c for c in caps if c.get("trigger") == HANG_TRIGGER
               or conclusive(int(c.get("ranks_analysed") or 0), int(report.get("world_size") or 0))]
     slower = [c for c in looked if _unexplained(c)]   # slower than the baseline, no culprit found
     if not findings and not caps:

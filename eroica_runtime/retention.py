@@ -22,8 +22,7 @@ from collections.abc import Collection, Sequence
 
 from eroica_runtime import reportdir
 from eroica_runtime.engine import Diagnosis, first_named
-
-HANG = "hang"   # a hang's diagnosis (engine/hang.py) has no capture file
+from eroica_runtime.engine.hang import HANG_TRIGGER  # a hang's diagnosis has no capture file
 
 
 class PruneError(OSError):
@@ -37,7 +36,7 @@ class PruneError(OSError):
 def kept_steps(diagnoses: Sequence[Diagnosis], newest: int) -> set[int]:
     """The capture steps whose files stay, out of ``diagnoses`` (every capture diagnosed so far);
     ``newest`` <= 0 keeps them all."""
-    caps = sorted((d for d in diagnoses if d.trigger != HANG), key=lambda d: d.step)
+    caps = sorted((d for d in diagnoses if d.trigger != HANG_TRIGGER), key=lambda d: d.step)
     if newest <= 0:
         return {d.step for d in caps}
     return ({d.step for d in caps[-newest:]} | {d.step for d in caps if d.trigger == "baseline"}
@@ -54,7 +53,7 @@ def prune(root: str | os.PathLike[str], diagnoses: Sequence[Diagnosis], newest: 
     removed: list[int] = []
     for d in sorted(diagnoses, key=lambda d: d.step):
         try:
-            if d.trigger != HANG and d.step not in keep and d.step not in gone \
+            if d.trigger != HANG_TRIGGER and d.step not in keep and d.step not in gone \
                     and reportdir.remove_capture(root, d.step):
                 removed.append(d.step)
         except OSError as exc:

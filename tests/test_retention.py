@@ -21,7 +21,7 @@ from conftest import BIN
 from eroica_launch.offline import run_analysis
 from eroica_runtime import report, reportdir, retention
 from eroica_runtime.engine import first_named
-from eroica_runtime.engine.hang import hang_diagnosis
+from eroica_runtime.engine.hang import HANG_TRIGGER, hang_diagnosis
 from eroica_runtime.engine.model import Diagnosis
 
 DATA = Path(__file__).parent / "data" / "engine"
@@ -71,7 +71,7 @@ def test_a_hang_takes_no_place_among_the_newest_captures() -> None:
     """A hang's diagnosis has no capture file: it does not push a capture out of the newest N."""
     diagnoses = _diagnoses("noise-2500-steps")
     hang = hang_diagnosis({"finding": {"category": "hang", "title": "stuck"}, "world_size": 4}, 2000)
-    assert hang.trigger == retention.HANG
+    assert hang.trigger == HANG_TRIGGER
     assert retention.kept_steps([*diagnoses, hang], 2) == {13, 254, 1208, 1303}
 
 

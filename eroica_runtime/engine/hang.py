@@ -13,6 +13,8 @@ from typing import Any
 from eroica_runtime.engine.model import Diagnosis, Finding
 
 HANG_SCHEMA = "eroica.hang/1"
+# the trigger of a hang's diagnosis: a capture of no steps, with no capture file (retention.py)
+HANG_TRIGGER = "hang"
 
 
 def where(report: dict[str, Any], user_roots: tuple[str, ...] = ()) -> str:
@@ -81,5 +83,5 @@ def hang_diagnosis(doc: dict[str, Any], step: int) -> Diagnosis:
                             victims=tuple(f.get("victims") or ()), evidence=dict(f.get("evidence") or {}),
                             action=str(f.get("action") or ""),
                             title=f"hang: rank {f.get('rank')} at {f.get('function')}", captures=(step,)),)
-    return Diagnosis(step=step, trigger="hang", world_size=world, ranks_analysed=world - len(missing),
+    return Diagnosis(step=step, trigger=HANG_TRIGGER, world_size=world, ranks_analysed=world - len(missing),
                      findings=findings, missing=missing)

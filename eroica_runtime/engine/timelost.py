@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from eroica_runtime.engine.hang import HANG_TRIGGER
+
 MIN_BEFORE = 10   # fewer healthy steps than this are no reference (a fault from the job's start)
 SURE = 4.0      # an onset's two levels differ by this many standard errors (of healthy noise) at least
 MIN_AFTER = 10  # a mean of fewer steps is luck for a rare stall (5 steps of freeze-int: -14 ms a step)
@@ -81,7 +83,7 @@ class TimeLost:
 def since_step(captures: Iterable[tuple[int, str, bool]]) -> int | None:
     """Where the loss is counted from: the first step of the earliest capture, other than the
     baseline or a hang, that named something; ``captures`` are (step, trigger, named anything)."""
-    return min((step for step, trigger, named in captures if named and trigger not in ("baseline", "hang")),
+    return min((step for step, trigger, named in captures if named and trigger not in ("baseline", HANG_TRIGGER)),
                default=None)
 
 
@@ -132,7 +134,12 @@ def onset(history: Sequence[float], since: int, *, warmup: int, skip: set[int], 
     after ``since`` pin the slow level). Taken only when the slow level is above the healthy one and
     the steps from t up to ``since`` are nearer the slow level than the healthy one: otherwise noise
     picked t, and there is no clear onset."""
-    all_steps, all_ms, own = _steps(history, skip)
+    return _onset(*_steps(history, skip), since, warmup=warmup, reach=reach)
+
+
+def _onset(all_steps: np.ndarray, all_ms: np.ndarray, own: np.ndarray, since: int, *, warmup: int,
+           reach: int) -> int | None:
+    """``onset`` on the history as ``_steps`` returns it (``time_lost`` converts it once)."""
     keep = (all_steps > warmup) & ~own
     steps, ms = all_steps[keep], all_ms[keep]
     if len(ms) < MIN_BEFORE + MIN_AFTER:
@@ -171,11 +178,10 @@ def time_lost(history: Sequence[float], windows: Iterable[tuple[int, int]], sinc
     for (``onset_reach()``; 0: not looked for). None when there are fewer than MIN_BEFORE healthy steps
     before the loss is counted (a fault from the start) or MIN_AFTER steps after that eroica left
     alone."""
-    skip = eroica_steps(windows, deferred)
-    start = onset(history, since, warmup=warmup, skip=skip, reach=reach) if reach > 0 else None
+    steps, ms, own = _steps(history, eroica_steps(windows, deferred))
+    start = _onset(steps, ms, own, since, warmup=warmup, reach=reach) if reach > 0 else None
     end_before = since - lookback if start is None else start
     begin = since if start is None else start
-    steps, ms, own = _steps(history, skip)
     before = (steps > warmup) & (steps < end_before) & ~own
     after = (steps >= begin) & ~own
     mine = (steps >= begin) & own
