@@ -89,7 +89,10 @@ class Config:
                                 lo=0.0, lo_open=True, hi=DAY_S)
     topology: str = setting("", "Parallel layout for peer grouping, e.g. pp=4,tp=8,dp=* (last dim fastest).",
                             metavar="SPEC")
-    hang_timeout_s: float = setting(0.0, "Hang watchdog floor in seconds; 0 = automatic.", metavar="S",
+    hang_timeout_s: float = setting(0.0, "Hang watchdog floor in seconds; 0 = automatic (60). The watchdog "
+                                         "looks after max(5 x the median step, this) without a step, and again at "
+                                         "2x, 4x, ... that: ranks still moving then (a checkpoint, an evaluation) "
+                                         "are a pause, said in one line, not a hang.", metavar="S",
                                     lo=0.0, hi=DAY_S)
     hang_factor: float = setting(5.0, lo=1.0, lo_open=True, hi=1e6)
     hang_action: str = setting("report", "On a diagnosed hang: report (keep waiting) or abort the job.",

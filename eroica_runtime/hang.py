@@ -3,9 +3,19 @@
 A hung job produces no slow step to compare, and every rank sits in a collective except the one that
 never arrived. The side MPI channel does not depend on NCCL/gloo, so it still works while they are
 stuck. Each rank's watchdog thread fires after max(hang_factor x median step, floor) without a step
-boundary; it records the Python stacks of its threads (main thread first), the last collectives from
-torch's Flight Recorder (``TORCH_FR_BUFFER_SIZE``) and host telemetry, and sends them to rank 0, whose
-pure analysis (``engine.hang``) groups ranks by where they are and names the outliers.
+boundary; it watches its own rank for ``WATCH_S`` (does the main thread's stack move, does the process
+read or write storage, do its collectives advance), records the Python stacks of its threads (main
+thread first), the last collectives from torch's Flight Recorder (``TORCH_FR_BUFFER_SIZE``) and host
+telemetry, and sends them to rank 0, whose pure analysis (``engine.hang``) groups ranks by where they
+are and names the outliers.
+
+A stretch without optimizer steps is not always a hang: rank 0 writing a checkpoint while the others
+wait in a barrier, or every rank evaluating, stops the step clock for minutes in most real jobs. A
+rank that moves is busy, not stuck: then rank 0 prints one line saying who is busy where and who
+waits, names no culprit, and every rank looks again at 2x, 4x, ... the threshold into the same stall,
+so a checkpoint that gets stuck on its storage is still reported as a hang. Found by a 12 s checkpoint
+on rank 0 (``--hang-timeout 4``): it was reported as "HANG ... culprit: rank 0" and joined the job's
+findings; a 12 s evaluation printed a HANG block too.
 """
 
 from __future__ import annotations
@@ -22,13 +32,15 @@ from typing import Any
 
 import msgpack
 
-from eroica_runtime import errorfile, reportdir
+from eroica_runtime import errorfile, reportdir, telemetry
 from eroica_runtime.engine.hang import analyse
-from eroica_runtime.report import format_hang
+from eroica_runtime.report import format_hang, format_pause
 from eroica_runtime.sidechannel import SideChannel
 
 TAG_HANG = 30200
 DEFAULT_FLOOR_S = 60.0
+WATCH_S = 2.0          # how long a stalled rank watches itself for movement before it reports
+WATCH_EVERY_S = 0.25   # how often it samples its main thread's stack meanwhile
 
 
 def stacks() -> list[dict[str, Any]]:
@@ -45,6 +57,44 @@ def stacks() -> list[dict[str, Any]]:
                     "frames": [{"file": f.filename, "line": f.lineno, "function": f.name,
                                 "code": (f.line or "").strip()} for f in summary[-30:]]})
     return out
+
+
+def main_stack_key() -> tuple[tuple[str, int], ...]:
+    """Where the main thread is, as (file, line) of every frame: cheap enough to take every
+    ``WATCH_EVERY_S`` while a rank is stalled."""
+    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+    key = []
+    while frame is not None:
+        key.append((frame.f_code.co_filename, frame.f_lineno))
+        frame = frame.f_back
+    return tuple(key)
+
+
+def storage_bytes() -> int | None:
+    """Bytes this process has read from and written to storage so far (None: not readable here)."""
+    sample = telemetry.host_sample()
+    read, written = sample.get("io_read_bytes"), sample.get("io_write_bytes")
+    return None if read is None or written is None else int(read) + int(written)
+
+
+def watch(seconds: float, every: float = WATCH_EVERY_S) -> dict[str, Any]:
+    """Watch this rank for ``seconds``: did its main thread's stack change, how many bytes did it move
+    to or from storage, how many collectives did it finish? A stuck rank (a blocked read, a deadlock,
+    a collective a peer never joins, a GPU wait that spins) changes none of them; a rank writing a
+    checkpoint or evaluating changes at least one. Not its CPU time: a host thread spinning in a hung
+    device synchronize burns CPU too."""
+    first, io0 = main_stack_key(), storage_bytes()
+    fr0 = (flight_recorder() or {}).get("seq")
+    moved = False
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(every)
+        moved = moved or main_stack_key() != first
+    io1 = storage_bytes()
+    fr1 = (flight_recorder() or {}).get("seq")
+    return {"seconds": seconds, "stack_moved": moved,
+            "storage_bytes": io1 - io0 if io0 is not None and io1 is not None else None,
+            "collectives": fr1 - fr0 if isinstance(fr0, int) and isinstance(fr1, int) else None}
 
 
 def flight_recorder() -> dict[str, Any] | None:
@@ -80,7 +130,9 @@ class Watchdog(threading.Thread):
         self.factor, self.floor_s, self.action, self.deadline_s = factor, floor_s, action, deadline_s
         self.last_progress = time.monotonic()
         self.last_step = -1
-        self.fired_at_step: int | None = None
+        self.stall_step: int | None = None   # the step the current stall followed, once it was looked at
+        self.looks = 0                       # how often this stall was looked at (the next look: 2^looks x)
+        self.reported_hang = False           # rank 0: this stall was reported as a hang
         self._stop_event = threading.Event()  # not _stop: Thread._stop() is used at fork
 
     def progress(self, step: int) -> None:
@@ -98,24 +150,31 @@ class Watchdog(threading.Thread):
 
     def run(self) -> None:
         while not self._stop_event.wait(0.5):
-            if self.last_step < self.warmup_steps or self.fired_at_step == self.last_step:
+            if self.last_step < self.warmup_steps:
                 continue
+            if self.stall_step != self.last_step:   # a new stall (or none): looked at from the start
+                self.stall_step, self.looks, self.reported_hang = None, 0, False
             stalled = time.monotonic() - self.last_progress
-            if stalled < self.threshold():
+            due = self.threshold() * 2 ** self.looks
+            if stalled < due:
                 continue
-            self.fired_at_step = self.last_step
+            self.stall_step, self.looks = self.last_step, self.looks + 1
             try:
-                self._fire(stalled)
+                self._fire(stalled, due)
             except Exception as exc:
                 self.warn(f"hang diagnosis failed: {type(exc).__name__}: {exc}")
 
-    def _fire(self, stalled: float) -> None:
+    def _fire(self, stalled: float, due: float) -> None:
+        """Look at this stall on every rank (each fires at the same multiple of the same threshold):
+        watch, gather, and on rank 0 say what it is. Every rank takes part in the gather once it has
+        fired, also if its own stall ended meanwhile: the others wait for it."""
         side = self.side
+        since = self.last_progress
+        moving = watch(WATCH_S)
         mine = {"rank": side.rank, "host": socket.gethostname(), "pid": os.getpid(), "step": self.last_step,
-                "stalled_s": round(stalled, 2), "stacks": stacks(), "flight_recorder": flight_recorder()}
+                "stalled_s": round(stalled + WATCH_S, 2), "stacks": stacks(), "flight_recorder": flight_recorder(),
+                "moving": moving}
         try:
-            from eroica_runtime import telemetry
-
             mine["telemetry"] = telemetry.sample().get("host")
         except Exception:
             pass
@@ -132,13 +191,21 @@ class Watchdog(threading.Thread):
                     reports[r] = doc
             except Exception:
                 self.warn(f"hang: unreadable report from rank {r}")
+        if self.last_progress != since:
+            return   # the job stepped again while this rank watched and gathered: the stall is over
         doc = json.loads(json.dumps(analyse(reports, side.size), default=str))
         doc["step"] = self.last_step
+        if doc.get("busy"):
+            print(format_pause(doc, stalled + WATCH_S, 2 * due), file=sys.stderr, flush=True)
+            return
+        if self.reported_hang:
+            return   # said once for this stall
+        self.reported_hang = True
         path = reportdir.atomic_write(reportdir.hang_path(self.report_dir, self.last_step),
                                       json.dumps(doc, indent=1))
         if self.on_diagnosis is not None:
             self.on_diagnosis(doc, self.last_step)
-        print(format_hang(doc, stalled) + f"\n  written to {path}", file=sys.stderr, flush=True)
+        print(format_hang(doc, stalled + WATCH_S) + f"\n  written to {path}", file=sys.stderr, flush=True)
         if self.action == "abort":
             finding = doc.get("finding") or {}
             msg = (f"eroica: hang diagnosed (rank {finding.get('rank')} at {finding.get('function')}); "

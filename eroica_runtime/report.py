@@ -591,6 +591,41 @@ def format_job(report: dict[str, Any], report_dir: str | os.PathLike[str] | None
     return "\n".join(lines)
 
 
+def format_pause(doc: dict[str, Any], stalled_s: float, again_s: float) -> str:
+    """Rank 0's line for a stall that is no hang (``engine.hang.analyse``'s ``busy``): who is busy
+    where, and where the others wait; no culprit. Why a line at all: minutes without a step are what a
+    person looks for at 3 a.m., and "rank 0 busy in torch.save" tells a checkpoint from a hang."""
+    busy = [b for b in doc.get("busy") or [] if isinstance(b, dict)]
+    places: dict[str, list[Any]] = {}
+    for b in busy:
+        places.setdefault(str(b.get("where")), []).append(b.get("rank"))
+    why = "; ".join(_text(w) for w in dict.fromkeys(w for b in busy for w in b.get("why") or []))
+    at = ", ".join(f"{_text(place)} ({'rank' if len(ranks) == 1 else 'ranks'} {_ranks(ranks)})"
+                   for place, ranks in list(places.items())[:3])
+    total = sum(len(p.get("ranks") or []) for p in doc.get("positions") or [] if isinstance(p, dict))
+    if len(busy) == 1:
+        b = busy[0]
+        stored = b.get("storage_bytes")
+        if isinstance(stored, int) and "storage I/O" in (b.get("why") or []):
+            why += f": {stored / 2**20:.0f} MB in {_text(b.get('seconds'))} s"
+        said = f"rank {_text(b.get('rank'))} on {_text(b.get('host'))} is busy at {_text(b.get('where'))} ({why})"
+    elif len(busy) == total:
+        said = f"every rank is busy ({why}) at {at}"
+    else:
+        said = f"{len(busy)} ranks are busy ({why}) at {at}"
+    named = {b.get("rank") for b in busy}
+    waits: dict[str, int] = {}
+    for pos in doc.get("positions") or []:
+        if isinstance(pos, dict):
+            n = sum(r not in named for r in pos.get("ranks") or [])
+            if n:
+                waits[str(pos.get("where"))] = waits.get(str(pos.get("where")), 0) + n
+    said += "".join(f"; {n} {'rank waits' if n == 1 else 'ranks wait'} at {_text(place)}"
+                    for place, n in list(waits.items())[:2])
+    return (f"eroica: no step for {stalled_s:.0f} s, but no hang: {said} — a checkpoint or an evaluation? "
+            f"Looked at again at {again_s:.0f} s without a step")
+
+
 def format_hang(doc: dict[str, Any], stalled_s: float) -> str:
     """The HANG block in the rank-0 log (engine.hang.analyse's document)."""
     lines = [f"eroica: HANG: no step progress for {stalled_s:.0f}s"]

@@ -9,17 +9,22 @@ import time
 import pytest
 from conftest import BIN, DATA, eroica_run, explain
 
-from eroica_runtime.engine.hang import analyse, where
+from eroica_runtime.engine.hang import MOVED_BYTES, analyse, where
+from eroica_runtime.report import format_pause
 
 TRAIN = DATA / "runtime" / "train.py"
 
 
-def _report(rank: int, file: str, line: int, seq: int | None) -> dict:
+def _report(rank: int, file: str, line: int, seq: int | None, moving: dict | None = None) -> dict:
     frames = [{"file": "/x/site-packages/torch/nn/modules/module.py", "line": 1, "function": "_call_impl",
                "code": ""}, {"file": file, "line": line, "function": "f", "code": "..."}]
     return {"rank": rank, "host": f"h{rank // 2}", "step": 7, "stalled_s": 9.0,
             "stacks": [{"thread": "MainThread", "main": True, "frames": frames}],
-            "flight_recorder": {"seq": seq} if seq is not None else None}
+            "flight_recorder": {"seq": seq} if seq is not None else None,
+            **({"moving": moving} if moving is not None else {})}
+
+
+STILL = {"seconds": 2.0, "stack_moved": False, "storage_bytes": 0, "collectives": 0}
 
 
 def test_analyse_names_the_rank_outside_the_collective() -> None:
@@ -37,6 +42,62 @@ def test_analyse_blames_a_silent_rank_and_not_a_uniform_stall() -> None:
     assert analyse(same, 4)["finding"] is None
     del same[3]
     assert analyse(same, 4)["finding"]["rank"] == 3
+
+
+def test_a_rank_that_moves_while_the_others_wait_is_busy_not_hung() -> None:
+    """Rank 0 writing a checkpoint (its stack moves, it writes) while 1-3 wait in a barrier: the same
+    positions that name a hang's culprit, but rank 0 moved, so nobody is blamed."""
+    reports = {r: _report(r, "/job/train.py", 85, 41, STILL) for r in (1, 2, 3)}
+    reports[0] = _report(0, "/x/site-packages/torch/serialization.py", 650, 40,
+                         {**STILL, "stack_moved": True, "storage_bytes": 300 << 20})
+    doc = analyse(reports, 4)
+    assert doc["finding"] is None
+    assert [(b["rank"], b["why"]) for b in doc["busy"]] == [(0, ["stack moving", "storage I/O"])]
+    line = format_pause(doc, 62.0, 124.0)
+    assert line.startswith("eroica: no step for 62 s, but no hang: rank 0 on h0 is busy at "
+                           "/x/site-packages/torch/serialization.py:650 in f (stack moving; storage I/O: 300 MB in 2.0 s)")
+    assert "; 3 ranks wait at /job/train.py:85 in f" in line and line.endswith("at 124 s without a step")
+    # what eroica itself may write meanwhile is no movement; nor is CPU time (a spinning GPU wait burns it)
+    reports[0]["moving"] = {**STILL, "storage_bytes": MOVED_BYTES - 1}
+    assert analyse(reports, 4)["finding"]["rank"] == 0
+
+
+def test_ranks_that_all_move_are_busy_and_a_silent_rank_is_still_a_hang() -> None:
+    """An evaluation: every rank's stack moves and its collectives finish, at two lines of the loop."""
+    moving = {**STILL, "stack_moved": True, "collectives": 30}
+    reports = {r: _report(r, "/job/eval.py", 90 + 2 * (r % 2), 100 + r, moving) for r in range(4)}
+    doc = analyse(reports, 4)
+    assert doc["finding"] is None and [b["rank"] for b in doc["busy"]] == [0, 1, 2, 3]
+    line = format_pause(doc, 62.0, 124.0)
+    assert ("every rank is busy (stack moving; collectives done) at /job/eval.py:90 in f (ranks 0, 2), "
+            "/job/eval.py:92 in f (ranks 1, 3)") in line
+    del reports[3]   # a rank that does not answer is dead or frozen, whatever the others do
+    doc = analyse(reports, 4)
+    assert doc["finding"]["rank"] == 3 and doc["busy"] == []
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("pause", ["checkpoint", "eval"])
+def test_a_long_checkpoint_or_evaluation_is_said_as_such_and_is_no_hang(tmp_path, pause: str) -> None:
+    """12 s without an optimizer step, 3x the hang threshold: rank 0 writing checkpoints while the
+    others wait in a barrier, or every rank evaluating (forward passes and all-reduces). Rank 0's log
+    says who is busy where, twice (at 4 s and 8 s: the threshold, then twice it); no HANG, no hang
+    file, no finding naming rank 0, and the job ends well."""
+    proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path / "report", "--hang-timeout", "4",
+                      "--no-baseline", TRAIN,
+                      env={"PAUSE": pause, "PAUSE_AT": "40", "PAUSE_S": "12", "PAUSE_DIR": str(tmp_path),
+                           "STEPS": "80"}, timeout=180)
+    assert proc.returncode == 0 and "trained 80 steps" in proc.stdout, explain(proc)
+    said = [ln for ln in proc.stderr.splitlines() if "but no hang:" in ln]
+    assert len(said) == 2, explain(proc)
+    if pause == "checkpoint":
+        assert all("rank 0 on " in ln and "is busy at " in ln and "train.py:" in ln and "3 ranks wait at " in ln
+                   for ln in said), said
+    else:
+        assert all("every rank is busy (stack moving" in ln for ln in said), said
+    assert "HANG" not in proc.stderr and not list((tmp_path / "report").glob("hang-*.json")), explain(proc)
+    doc = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert not [f for f in doc["findings"] if f["category"] == "hang" or f["rank"] == 0], doc["findings"]
 
 
 @pytest.mark.multirank

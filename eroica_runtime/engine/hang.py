@@ -13,6 +13,7 @@ from typing import Any
 from eroica_runtime.engine.model import Diagnosis, Finding
 
 HANG_SCHEMA = "eroica.hang/1"
+MOVED_BYTES = 1 << 20   # storage traffic while a rank watched itself that makes it busy (``moved``)
 # the trigger of a hang's diagnosis: a capture of no steps, with no capture file (retention.py)
 HANG_TRIGGER = "hang"
 
@@ -31,16 +32,39 @@ def where(report: dict[str, Any], user_roots: tuple[str, ...] = ()) -> str:
     return f"{f['file']}:{f['line']} in {f['function']}"
 
 
+def moved(report: dict[str, Any]) -> list[str]:
+    """Why a rank's report says it was busy while it watched itself (``eroica_runtime.hang.watch``),
+    not stuck ("stack moving", "storage I/O", "collectives done"); [] when nothing moved (or the
+    report does not say). Storage traffic counts from ``MOVED_BYTES``: less is what eroica itself may
+    write meanwhile (rank 0's reports)."""
+    m = report.get("moving")
+    if not isinstance(m, dict):
+        return []
+    stored, done = m.get("storage_bytes"), m.get("collectives")
+    return [why for why, yes in (
+        ("stack moving", m.get("stack_moved") is True),
+        ("storage I/O", isinstance(stored, int) and not isinstance(stored, bool) and stored >= MOVED_BYTES),
+        ("collectives done", isinstance(done, int) and not isinstance(done, bool) and done > 0)) if yes]
+
+
 def analyse(reports: dict[int, dict[str, Any]], world_size: int) -> dict[str, Any]:
-    """Group ranks by position (and collective sequence); the minority are the outliers to blame."""
+    """Group ranks by position (and collective sequence); the minority are the outliers to blame.
+
+    Unless a rank moved while it watched itself (``moved``): then the job is busy outside its
+    optimizer steps (a checkpoint, an evaluation), not hung, and nobody is blamed: ``busy`` lists
+    the ranks that moved, where and why, and ``positions`` where the others wait. A rank that did not
+    answer is still a hang's culprit (dead or frozen), busy peers or not."""
     groups: dict[tuple[str, Any], list[int]] = {}
     for rank, rep in sorted(reports.items()):
         fr = rep.get("flight_recorder") or {}
         groups.setdefault((where(rep), fr.get("seq")), []).append(rank)
     missing = sorted(set(range(world_size)) - set(reports))
     ordered = sorted(groups.items(), key=lambda kv: -len(kv[1]))
+    busy = [{"rank": rank, "host": rep.get("host"), "where": where(rep), "why": moved(rep),
+             "storage_bytes": rep["moving"].get("storage_bytes"), "seconds": rep["moving"].get("seconds")}
+            for rank, rep in sorted(reports.items()) if moved(rep)]
     finding: dict[str, Any] | None = None
-    if len(ordered) > 1 and len(ordered[0][1]) > len(ordered[1][1]):
+    if not busy and len(ordered) > 1 and len(ordered[0][1]) > len(ordered[1][1]):
         majority_where, majority_seq = ordered[0][0]
         outliers = sorted(r for key, ranks in ordered[1:] for r in ranks)
         culprit = outliers[0]
@@ -67,7 +91,7 @@ def analyse(reports: dict[int, dict[str, Any]], world_size: int) -> dict[str, An
                              f"frozen (SIGSTOP, D state); check their hosts"}
     return {"schema": HANG_SCHEMA, "world_size": world_size, "missing": missing,
             "positions": [{"where": w, "collective_seq": s, "ranks": r} for (w, s), r in ordered],
-            "finding": finding}
+            "finding": finding, "busy": busy if finding is None else []}
 
 
 def hang_diagnosis(doc: dict[str, Any], step: int) -> Diagnosis:

@@ -26,6 +26,10 @@ KILL_RANK = int(os.environ.get("KILL_RANK", "-1"))           # this rank SIGKILL
 KILL_AT = int(os.environ.get("KILL_AT", "-1"))               # ... at this step
 HANG_RANK = int(os.environ.get("HANG_RANK", "-1"))           # this rank blocks forever in forward ...
 HANG_AT = int(os.environ.get("HANG_AT", "-1"))               # ... from this step
+PAUSE = os.environ.get("PAUSE", "")       # checkpoint: rank 0 saves while the others wait; eval: all evaluate
+PAUSE_AT = int(os.environ.get("PAUSE_AT", "-1"))             # ... after this step
+PAUSE_S = float(os.environ.get("PAUSE_S", "0"))               # ... for this long (no optimizer step meanwhile)
+PAUSE_DIR = os.environ.get("PAUSE_DIR", "/tmp")              # where the checkpoint is written
 WORKERS = int(os.environ.get("WORKERS", "0"))
 LOOP = os.environ.get("LOOP", "plain")
 DIM = int(os.environ.get("DIM", "256"))
@@ -67,6 +71,29 @@ class Model(torch.nn.Module):
         return self.layers(x)
 
 
+def pause(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    """A long stretch without an optimizer step that is no hang: rank 0 writes checkpoints for
+    PAUSE_S seconds while the others wait in a barrier (PAUSE=checkpoint), or every rank evaluates
+    for PAUSE_S seconds, all-reducing its metric after each batch (PAUSE=eval)."""
+    end = time.monotonic() + PAUSE_S
+    if PAUSE == "checkpoint":
+        if dist.get_rank() == 0:
+            path = os.path.join(PAUSE_DIR, "checkpoint.pt")
+            while time.monotonic() < end:
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": state["step"]}, path)
+                os.fsync(os.open(path, os.O_RDONLY))
+        dist.barrier()
+    elif PAUSE == "eval":
+        done = torch.zeros(1)
+        with torch.no_grad():
+            while not done.item():
+                x = torch.randn(16, DIM)
+                metric = model(x).pow(2).mean().reshape(1)
+                dist.all_reduce(metric)
+                done[0] = float(time.monotonic() >= end)
+                dist.all_reduce(done, op=dist.ReduceOp.MAX)   # every rank stops after the same batch
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     torch.manual_seed(0)
@@ -104,6 +131,8 @@ def main() -> None:
             torch.nn.functional.mse_loss(model(x), y).backward()
             opt.step()
         state["step"] += 1
+        if state["step"] == PAUSE_AT:
+            pause(model, opt)
         if state["step"] == 10 and dist.get_rank() == 0:
             print("reached step 10", flush=True)  # tests wait for this: the runtime is up on all ranks
     if dist.get_rank() == 0:
