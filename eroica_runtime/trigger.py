@@ -7,6 +7,8 @@ Local rules (defaults in Config, all configurable):
   ``spike_ratio`` x above the level that capture saw (judged as it starts, and settled from its
   window and the steps after it, which vote for nothing until then), or once steps are back to
   normal (all but one of the last 2 x ``spike_steps`` nearer the old reference than that level);
+  a step ``PAUSE_RATIO`` x the reference between two normal ones is a pause (a checkpoint, an
+  evaluation), not part of a rise (``_spike``);
 - drift (EROICA's rule): the mean of the last ``drift_window`` steps (top 10% trimmed, so stray
   spikes don't count) stays more than ``drift_pct`` % — and more than 3 standard errors of that
   mean — above the best window seen since the last capture that caught a rise in progress, for
@@ -44,11 +46,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from eroica_runtime.config import Config
+from eroica_runtime.engine.table import PAUSE_RATIO
 
 REASONS = ("spike", "drift", "manual", "throughput")
 DETECTED = ("spike", "drift", "throughput")   # the captures a slowdown opened (not baseline or manual)
 FLOOR_WINDOWS = 10   # drift windows a level found healthy stays the drift rule's least reference
 MIN_STOPS = 2   # SIGCONTs within the throughput window that make a rank vote (one is an accident)
+
 
 
 class Budget:
@@ -122,6 +126,8 @@ class Detector:
         self.raise_level = 0.0                     # the level of its latest firing ...
         self.since_raise = 1 << 30                 # ... this many steps ago
         self.reference = 0.0                       # the spike rule's reference (median of history)
+        self.held: float | None = None             # a step PAUSE_RATIO x the reference, judged with the next
+        self.far = False                           # the last step was 2 x spike_ratio x the reference
         self.window: deque[float] = deque(maxlen=max(cfg.drift_window, 2))
         self.best: float | None = None             # drift: the best window seen
         self.over = 0
@@ -335,6 +341,29 @@ class Detector:
         return self._spike(ms), self._drift(ms)
 
     def _spike(self, ms: float) -> bool:
+        """The spike rule on one step; a step ``PAUSE_RATIO`` x the reference is held back and judged
+        with the next one: if that one is well above a spike too (2 x ``spike_ratio`` x), both count
+        (a huge rise, or a burst that starts with its longest step: gc-int's 765 ms, then 234, 174,
+        ... against 52); if not, the long step was a pause between ordinary steps (rank 0 writing a
+        checkpoint while the others wait, an evaluation, a one-off hiccup) and is left out, and the
+        steps after it are judged on their own. Why: "all but one of the last ``spike_steps`` steps
+        slow" let a 12 s checkpoint fill one of the 4 places, and two noisy 1.55x steps after it on
+        one rank of a healthy 4-rank job (8 ms steps) made a spike vote; its capture named the
+        checkpointing rank "compute"."""
+        far = ms > 2 * self.cfg.spike_ratio * self.reference
+        if self.held is not None:
+            held, self.held = self.held, None
+            if far:
+                self._judge(held)
+        elif (self.reference > 0 and not self.learning() and not self.far and ms > PAUSE_RATIO * self.reference):
+            self.held, self.far = ms, True
+            self.raised = False
+            self.since_raise += 1
+            return False
+        self.far = far
+        return self._judge(ms)
+
+    def _judge(self, ms: float) -> bool:
         cfg = self.cfg
         if len(self.recent) == self.recent.maxlen and not self.raised:
             # a rise nobody captured yet stays out of the reference: otherwise a rise the cooldown or

@@ -85,6 +85,12 @@ Fixtures under data/engine/, all real captures recorded on this 2-core machine:
   in the window's second and third steps (19-33 ms a step of training-thread CPU against 6-7 before
   the window and on its peers; its resident memory grew 13-16 MB in the window, its peers' 0-7), and
   rank 0's next steps were normal again. The engine named that rank "compute" in 2 of 5 runs.
+- ``checkpoint-pause-rank0.msgpack``: a healthy 4-rank job (tests/data/runtime/train.py
+  PAUSE=checkpoint PAUSE_AT=40 PAUSE_S=12, ``eroica-run --hang-timeout 4 --no-baseline``, 2026-12-05)
+  whose rank 0 wrote checkpoints for 12 s after step 40 while its peers waited in a barrier; the spike
+  detector voted on step noise at step 39, so the capture opened at 43 with the 12 s step (rank 0 on
+  CPU 6,979 ms) among the 8 before its window. The engine named rank 0 "COMPUTE ... (steps before
+  the window) +223 ms/step", "drain the node if it stays slow".
 """
 
 from __future__ import annotations
@@ -806,3 +812,19 @@ def test_a_rank_doing_more_calls_in_the_window_only_is_still_named() -> None:
     d = _diagnose(meta, sums)
     assert [(f.rank, f.category) for f in d.findings] == [(1, "compute")], [f.title for f in d.findings]
     assert d.findings[0].evidence["work"] == "more"
+
+
+def test_a_checkpoint_pause_in_the_steps_before_the_window_names_nobody() -> None:
+    """checkpoint-pause-rank0: a noise capture that opened right after rank 0's 12 s checkpoint.
+    The pause (one step of the history 10x the rank's median) is left out of the 8 steps before the
+    window, so the checkpoint is not read as a CPU burst of rank 0's; with it, rank 0 averaged ~870
+    ms of CPU a step there against its peers' ~1."""
+    meta, sums = _capture("checkpoint-pause-rank0.msgpack")
+    assert meta["trigger"] == "spike"
+    d = diagnose(sums, step=meta["step"], trigger=meta["trigger"], world_size=meta["world_size"])
+    assert d.findings == (), [f.title for f in d.findings]
+    [rank0] = [s for s in sums if s["rank"] == 0]
+    recent_cpu = rank0["history"]["cpu"][-8:]
+    assert max(recent_cpu) > 1000 * sorted(recent_cpu)[len(recent_cpu) // 2]   # the checkpoint is there
+    table = build_table(sums)
+    assert table.sch("hist_cpu")[0] < 5.0, table.sch("hist_cpu")   # and left out

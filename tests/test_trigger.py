@@ -550,3 +550,31 @@ def test_a_level_found_healthy_holds_the_drift_rule_back_for_ten_windows_then_no
     fired = [det.observe(ms)[1] for ms in _jitter(FLOOR_WINDOWS * cfg.drift_window + 60, 54.3, 0.01, seed=2)]
     assert not any(fired[: FLOOR_WINDOWS * cfg.drift_window])
     assert any(fired[FLOOR_WINDOWS * cfg.drift_window:])
+
+
+def test_a_long_pause_between_ordinary_steps_fills_no_place_among_the_spike_rules_slow_steps() -> None:
+    """A 12 s checkpoint after an 8 ms step, then rank 3's real steps after it (a 4-rank job on this
+    VM, tests/data/runtime/train.py PAUSE=checkpoint): two of them 1.55x. Counted as a slow step, the
+    pause made three of four slow and the rule voted; left out, two noisy steps are no rise."""
+    det = Detector(Config(drift_pct=0))
+    steps = _jitter(60, base=8.0) + [12008.3, 12.4, 12.7, 5.3, 10.5, 5.3] + _jitter(10, base=8.0, seed=2)
+    assert not any(det.observe(ms)[0] for ms in steps)
+
+
+@pytest.mark.parametrize("level", [45.0, 500.0, 5000.0])
+def test_a_rise_that_stays_is_voted_as_soon_however_far_it_goes(level: float) -> None:
+    """A step 10x and more is held back one step as a possible pause; when the next is far slower too,
+    both count at once, so a huge lasting rise is voted at the same step as a moderate one."""
+    det = Detector(Config(drift_pct=0))
+    steps = _jitter(60) + [level] * 10
+    assert next(i for i, ms in enumerate(steps) if det.observe(ms)[0]) == 62
+
+
+def test_a_burst_that_starts_with_its_longest_step_is_voted_at_its_third_step() -> None:
+    """gc-int of fault bench run 42, rank 0 (steps 44-59): the first GC storm step is 765 ms against
+    ~35, the rest 174-234. Held back, then counted with the next: the rule votes at the burst's
+    third step (52), as before there was a pause rule."""
+    det = Detector(Config(drift_pct=0))
+    gc_int = [68, 36, 21, 48, 20, 37, 765, 234, 174, 230, 213, 195, 205, 197, 60, 68]
+    steps = _jitter(44, base=35.0, spread=0.4) + [float(x) for x in gc_int]
+    assert next(i for i, ms in enumerate(steps) if det.observe(ms)[0]) == 52

@@ -48,6 +48,12 @@ SCHED_COLUMNS = ("cpu", "runq", "hist_ms", "hist_cpu", "hist_runq", "hist_data",
 SPAN_OF = ("ms", "cpu", "runq", "thr", "data")   # the "span_*" columns, in order
 SCHED_INDEX = {c: i for i, c in enumerate(SCHED_COLUMNS)}
 HISTORY_RECENT = 8     # a burst is seen by the vote 6-7 steps before the window opens
+# the one step of the history shipped this many times the rank's median step is a pause outside its
+# steps' work (rank 0 writing a checkpoint while its peers wait in a barrier, an evaluation, a one-off
+# hiccup): left out of the "hist_*" means, the steps a burst is looked for in (``_pauses``); two or
+# more such steps are a pattern and stay. The "span_*" means keep it: a checkpoint every N steps is
+# the cost lonework.py names. The trigger's spike rule holds such a step back too (Detector._spike)
+PAUSE_RATIO = 10.0
 
 
 @dataclass
@@ -839,6 +845,39 @@ def _seq_mean(cols: list[np.ndarray], m: int) -> np.ndarray:
     return total / len(cols)
 
 
+def _kept_mean(cols: list[np.ndarray], pause: list[np.ndarray], m: int) -> np.ndarray:
+    """Row-wise mean of the history columns ``cols`` less the steps ``pause`` marks (aligned from the
+    end), summed in order as ``_sched_row`` sums them: a left-out step adds 0.0, which changes no sum.
+    NaN where nothing is left."""
+    marks = pause[len(pause) - len(cols):] if len(cols) <= len(pause) else \
+        [np.zeros(m, dtype=bool)] * (len(cols) - len(pause)) + pause
+    total, n = np.zeros(m), np.zeros(m)
+    for c, out in zip(cols, marks, strict=True):
+        total = total + np.where(out, 0.0, c)
+        n = n + ~out
+    return np.where(n > 0, total / np.maximum(n, 1.0), np.nan)
+
+
+def _pauses(ms: list[float]) -> list[bool]:
+    """Which step of a rank's history is a pause: the only one above ``PAUSE_RATIO`` x its median step
+    (the upper median), if there is exactly one."""
+    if not ms:
+        return []
+    bar = PAUSE_RATIO * sorted(ms)[len(ms) // 2]
+    over = [x > bar for x in ms]
+    return over if sum(over) == 1 else [False] * len(ms)
+
+
+def _pause_cols(ms: list[np.ndarray], m: int) -> list[np.ndarray]:
+    """``_pauses`` for a block's rows, one boolean column per history step."""
+    if not ms:
+        return []
+    stacked = np.stack(ms, axis=1)
+    over = stacked > PAUSE_RATIO * np.sort(stacked, axis=1)[:, len(ms) // 2][:, None]
+    one = over.sum(axis=1) == 1
+    return [over[:, j] & one for j in range(len(ms))]
+
+
 def _span_round(x: Any) -> Any:
     """The span means to the µs: the block codec stores such decimals as small integers (with these
     columns, recorded nodes of 8 ranks grew 12.5 bytes a rank, 2%; unrounded, four such columns cost 23
@@ -855,6 +894,7 @@ def _sched_block(doc: dict[str, Any], col: Any, m: int) -> np.ndarray:
     def hist_cols(c: str) -> list[np.ndarray]:
         return [col(("history", c, j)) for j in range(len(list(hist.get(c) or [])))]
 
+    pause = _pause_cols(hist_cols("ms"), m)
     recent = {c: hist_cols(c)[-HISTORY_RECENT:] for c in ("ms", "cpu", "runq", "data", "gc", "thr")}
     ms = hist_cols("ms") + [col(("steps", i, "ms")) for i in win]
     if hist.get("stops"):
@@ -868,7 +908,7 @@ def _sched_block(doc: dict[str, Any], col: Any, m: int) -> np.ndarray:
     out[:, SCHED_INDEX["cpu"]] = _seq_mean([col(("steps", i, "cpu")) for i in win], m)
     out[:, SCHED_INDEX["runq"]] = _seq_mean([col(("steps", i, "runq")) for i in win], m)
     for c in ("ms", "cpu", "runq", "data", "gc", "thr"):
-        out[:, SCHED_INDEX[f"hist_{c}"]] = _seq_mean(recent[c], m)
+        out[:, SCHED_INDEX[f"hist_{c}"]] = _kept_mean(recent[c], pause, m)
     n_hist = len(hist_cols("cpu"))
     for c in SPAN_OF:   # thr only where the process was held: none shipped is none held
         cols = hist_cols(c) or ([np.zeros(m)] * n_hist if c == "thr" else [])
@@ -898,7 +938,13 @@ def _sched_row(s: dict[str, Any]) -> list[float]:
     """SCHED_COLUMNS of one summary: means over the window's steps and the recent history."""
     win = [x for x in s["steps"] if "cpu" in x and "runq" in x]
     hist = s.get("history") or {}
-    recent = {c: list(hist.get(c) or [])[-HISTORY_RECENT:] for c in ("ms", "cpu", "runq", "data", "gc", "thr")}
+    pause = _pauses([float(x) for x in hist.get("ms") or []])
+
+    def kept(xs: list[Any]) -> list[Any]:   # less the pauses (aligned from the end, as _kept_mean)
+        marks = pause[len(pause) - len(xs):] if len(xs) <= len(pause) else [False] * (len(xs) - len(pause)) + pause
+        return [x for x, out in zip(xs, marks, strict=True) if not out]
+
+    recent = {c: kept(list(hist.get(c) or [])[-HISTORY_RECENT:]) for c in ("ms", "cpu", "runq", "data", "gc", "thr")}
     ms = [float(x) for x in hist.get("ms") or []] + [float(x["ms"]) for x in win]
     stops = [bool(x) for x in hist.get("stops") or [0] * len(hist.get("ms") or [])] + \
         [bool(x.get("stops")) for x in win]
