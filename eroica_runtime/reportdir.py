@@ -235,10 +235,9 @@ def hang_files(root: str | os.PathLike[str]) -> dict[int, Path]:
 def remove_capture(root: str | os.PathLike[str], step: int) -> bool:
     """Remove ``captures/<step>.msgpack`` (retention.py decides which), and the raw profiler events the
     ranks kept of that capture (``raw/<step>/``, EROICA_KEEP_RAW_EVENTS=1: ~50 KB a rank of the bench
-    job's 3-step window, growing with the window's events; so a long job that keeps them is bounded
-    too; those written to another host's disk stay there). A symlink is
-    removed, never what it points to; True when the capture file was removed, False when there was
-    none. OSError when something cannot be."""
+    job's 3-step window, more with more events), so a long job that keeps them is bounded too (those
+    written to another host's disk stay there). A symlink is removed, never what it points to; True
+    when the capture file was removed, False when there was none. OSError when something cannot be."""
     raw = Path(root) / RAW / str(int(step))
     if raw.is_symlink():
         raw.unlink()

@@ -9,8 +9,9 @@ with the summaries of the ranks it names); the capture file is only needed to an
 
 Kept: the baseline capture (the reference every later capture is compared with, live and by
 ``eroica analyze``), the first capture of each job-level finding (``engine.finding_key``: the
-evidence it was first found on, ``engine.first_named``), and the newest ``--keep-captures`` captures. Every other capture's
-file (and the raw events kept of it, EROICA_KEEP_RAW_EVENTS=1) is removed once its diagnosis is on disk; ``eroica analyze`` reads that diagnosis in its place
+evidence it was first found on, ``engine.first_named``), and the newest ``--keep-captures``
+captures. Every other capture's file (and the raw events kept of it, EROICA_KEEP_RAW_EVENTS=1) is
+removed once its diagnosis is on disk; ``eroica analyze`` reads that diagnosis in its place
 (eroica_launch/offline.py), so the job report it writes is the one the job wrote. Pure policy plus
 one call into reportdir, the files' owner.
 """

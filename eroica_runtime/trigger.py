@@ -54,7 +54,6 @@ FLOOR_WINDOWS = 10   # drift windows a level found healthy stays the drift rule'
 MIN_STOPS = 2   # SIGCONTs within the throughput window that make a rank vote (one is an accident)
 
 
-
 class Budget:
     """The capture budget: a bucket of ``size`` captures (--max-captures) from which every capture takes
     one, and to which one comes back every ``refill_steps`` steps (--capture-refill-steps; 0: never)
@@ -164,6 +163,7 @@ class Detector:
         new window before the next stalls can count."""
         self.ack = self._acknowledged()
         self.settle = self.unacked = None   # what an earlier capture left to settle is this one's now
+        self.held, self.far = None, False   # a step held back as a possible pause is the capture's now
         full = len(self.window) >= max(self.cfg.drift_window, 2)
         self.capture_level = self._drift_mean()[0] if full else None
         if self.ack is not None or self.over:
@@ -355,7 +355,7 @@ class Detector:
             held, self.held = self.held, None
             if far:
                 self._judge(held)
-        elif (self.reference > 0 and not self.learning() and not self.far and ms > PAUSE_RATIO * self.reference):
+        elif self.reference > 0 and not self.learning() and not self.far and ms > PAUSE_RATIO * self.reference:
             self.held, self.far = ms, True
             self.raised = False
             self.since_raise += 1

@@ -60,9 +60,10 @@ def analyse(reports: dict[int, dict[str, Any]], world_size: int) -> dict[str, An
         groups.setdefault((where(rep), fr.get("seq")), []).append(rank)
     missing = sorted(set(range(world_size)) - set(reports))
     ordered = sorted(groups.items(), key=lambda kv: -len(kv[1]))
-    busy = [{"rank": rank, "host": rep.get("host"), "where": where(rep), "why": moved(rep),
+    why = {rank: moved(rep) for rank, rep in reports.items()}
+    busy = [{"rank": rank, "host": rep.get("host"), "where": where(rep), "why": why[rank],
              "storage_bytes": rep["moving"].get("storage_bytes"), "seconds": rep["moving"].get("seconds")}
-            for rank, rep in sorted(reports.items()) if moved(rep)]
+            for rank, rep in sorted(reports.items()) if why[rank]]
     finding: dict[str, Any] | None = None
     if not busy and len(ordered) > 1 and len(ordered[0][1]) > len(ordered[1][1]):
         majority_where, majority_seq = ordered[0][0]
