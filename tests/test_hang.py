@@ -57,7 +57,7 @@ def test_a_rank_that_moves_while_the_others_wait_is_busy_not_hung() -> None:
     assert line.startswith("eroica: no step for 62 s, but no hang: rank 0 on h0 is busy at "
                            "/x/site-packages/torch/serialization.py:650 in f (stack moving; storage I/O: 300 MB in 2.0 s)")
     assert "; 3 ranks wait at /job/train.py:85 in f" in line and line.endswith("at 124 s without a step")
-    # what eroica itself may write meanwhile is no movement; nor is CPU time (a spinning GPU wait burns it)
+    # less storage traffic than eroica itself may write meanwhile is no movement: the hang is rank 0's again
     reports[0]["moving"] = {**STILL, "storage_bytes": MOVED_BYTES - 1}
     assert analyse(reports, 4)["finding"]["rank"] == 0
 

@@ -868,7 +868,7 @@ def _pauses(ms: list[float]) -> list[bool]:
     return over if sum(over) == 1 else [False] * len(ms)
 
 
-def _pause_cols(ms: list[np.ndarray], m: int) -> list[np.ndarray]:
+def _pause_cols(ms: list[np.ndarray]) -> list[np.ndarray]:
     """``_pauses`` for a block's rows, one boolean column per history step."""
     if not ms:
         return []
@@ -894,7 +894,7 @@ def _sched_block(doc: dict[str, Any], col: Any, m: int) -> np.ndarray:
     def hist_cols(c: str) -> list[np.ndarray]:
         return [col(("history", c, j)) for j in range(len(list(hist.get(c) or [])))]
 
-    pause = _pause_cols(hist_cols("ms"), m)
+    pause = _pause_cols(hist_cols("ms"))
     recent = {c: hist_cols(c)[-HISTORY_RECENT:] for c in ("ms", "cpu", "runq", "data", "gc", "thr")}
     ms = hist_cols("ms") + [col(("steps", i, "ms")) for i in win]
     if hist.get("stops"):

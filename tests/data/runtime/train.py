@@ -81,7 +81,11 @@ def pause(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
             path = os.path.join(PAUSE_DIR, "checkpoint.pt")
             while time.monotonic() < end:
                 torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": state["step"]}, path)
-                os.fsync(os.open(path, os.O_RDONLY))
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
         dist.barrier()
     elif PAUSE == "eval":
         done = torch.zeros(1)
