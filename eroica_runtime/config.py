@@ -56,7 +56,10 @@ class Config:
     lost_pct: float = setting(10.0, "Throughput rule: the share of time lost to steps slower than the median over "
                                     "the last --lost-window steps (the longest one left out), this many % points "
                                     "above the best such window, fires: repeated long stalls that leave the "
-                                    "median alone; 0 disables.",
+                                    "median alone. After its capture, only this many points above the share "
+                                    "that capture saw, or once a whole window was back to normal (a job that "
+                                    "evaluates every few dozen steps is captured once, and once more if "
+                                    "nothing was found); 0 disables.",
                               metavar="PCT", lo=0.0, hi=100.0)
     lost_window: int = setting(48, "Throughput rule window (steps).", metavar="N", lo=4, hi=100000)
     burst_window_steps: int = setting(16, "Steps profiled when the throughput rule fires: slowness that comes and "

@@ -19,7 +19,10 @@ Local rules (defaults in Config, all configurable):
   capture for ``lost_window // 8`` steps: rare long stalls (a process stopped 250 ms once a second,
   slowness in bursts) that leave the median, and so the spike and drift rules, alone; also as soon as
   the rank was stopped and continued (SIGCONT) twice within ``lost_window`` steps. It opens a
-  ``burst_window_steps`` window, long enough to hold the bursts' slow steps;
+  ``burst_window_steps`` window, long enough to hold the bursts' slow steps; after such a capture it
+  fires again only ``lost_pct`` points above the share that capture saw, or once a whole window is
+  back to normal (``Detector.lost_ack``): a job that evaluates or checkpoints every few dozen steps
+  loses a steady share that swings with how many pauses the window holds;
 - manual: SIGUSR1, a ``trigger`` file in the report dir, ``--capture-at-steps``;
 - baseline: one automatic capture right after warm-up, so every job has a healthy reference (the
   steps its summary is built and gathered in are judged by the rules, never voted on).
@@ -132,6 +135,14 @@ class Detector:
         self.over = 0
         self.best_lost: float | None = None
         self.lost_over = 0
+        # the latest lost shares judged (the level a throughput capture saw is their highest)
+        self.lost_recent: deque[float] = deque(maxlen=max(1, cfg.lost_window // 8) + cfg.vote_lag + 1)
+        self.lost_ack: float | None = None         # the lost share the last throughput capture saw, ...
+        self.lost_base = 0.0                       # ... the best window's before it, ...
+        self.lost_normal = 0                       # ... and the steps judged back to normal since
+        self.lost_retried = False                  # a capture of that level explained nothing once
+        self.stops_acked = False                   # the last throughput capture saw this rank stopped
+        self.last_trigger = ""                     # what opened the latest capture (reset)
         self.stops: deque[int] = deque(maxlen=max(cfg.lost_window, 4))
         self.ack: float | None = None              # step level the last capture saw (spike)
         self.settle: list[float] | None = None     # the first steps judged after a capture's window,
@@ -142,8 +153,9 @@ class Detector:
         self.floor: float | None = None            # drift: the level a capture was found healthy at, ...
         self.floor_left = 0                        # ... the reference's least for this many more steps
 
-    def reset(self) -> None:
-        """A capture started: acknowledge what it caught, so the same slowness does not fire again.
+    def reset(self, trigger: str = "") -> None:
+        """A capture started (opened by ``trigger``): acknowledge what it caught, so the same slowness
+        does not fire again.
 
         The spike rule keeps its reference. Forgetting it made the steps right after a capture the
         new reference, so a fault that began just after a capture of something else (a noise burst
@@ -160,7 +172,9 @@ class Detector:
         tripled the drift captures of simulated healthy noisy jobs: the best of many noisy windows
         sinks with every window seen. The throughput rule keeps its window and forgets only its reference: a capture
         that opened on the first of a series of stalls (a spike) must not make the rule wait a whole
-        new window before the next stalls can count."""
+        new window before the next stalls can count. A capture the throughput rule opened
+        acknowledges the share of time lost it saw instead, and that rule's window starts afresh
+        (``_acknowledge_lost``)."""
         self.ack = self._acknowledged()
         self.settle = self.unacked = None   # what an earlier capture left to settle is this one's now
         self.held, self.far = None, False   # a step held back as a possible pause is the capture's now
@@ -169,9 +183,41 @@ class Detector:
         if self.ack is not None or self.over:
             self._forget_best_window()
         self.over = 0
+        self.last_trigger = trigger
+        if trigger == "throughput":
+            self._acknowledge_lost()
+        elif self.lost_ack is not None:
+            self._restart_lost_window()   # the same holds after any capture while a share is acknowledged
         self.best_lost = None
         self.lost_over = 0
         self.stops = deque(maxlen=max(self.cfg.lost_window, 4))
+
+    def _acknowledge_lost(self) -> None:
+        """A capture the throughput rule opened: the share of time lost it saw (the highest of the
+        latest shares judged) becomes the rule's reference, and a rank stopped in the rule's window
+        votes no more for stops (``_lost_acknowledged``); the rule's window starts afresh."""
+        if self.lost_recent:
+            seen = max(self.lost_recent)
+            if self.lost_ack is None:
+                self.lost_base = self.best_lost or 0.0
+            elif seen - self.lost_ack >= self.cfg.lost_pct / 100.0:
+                self.lost_retried = False   # a larger share than the one retried: it may be retried too
+            self.lost_ack, self.lost_normal = max(self.lost_ack or 0.0, seen), 0
+        self.stops_acked = self.stops_acked or sum(self.stops) >= MIN_STOPS
+        self._restart_lost_window()
+
+    def _restart_lost_window(self) -> None:
+        """The throughput rule's window starts empty. The steps of a capture's window and of its
+        summary's build are not judged, so a window that kept the steps before them spans more of the
+        job than ``lost_window`` steps, and holds more of a periodic job's pauses than any window
+        before it: 3 of a 0.5 s evaluation every 25 steps, 43% lost against the 28% the throughput
+        capture saw, and a capture again at the next cooldown. Done while a share is acknowledged
+        only: otherwise a capture that opened on the first of a series of stalls would make the rule
+        wait a whole new window before the next stalls can count (``reset``)."""
+        self.lost_window.clear()
+        self.lost_sorted.clear()
+        self.lost_sum = 0.0
+        self.lost_recent.clear()
 
     def retry(self) -> None:
         """The last detector capture explained nothing (rank 0's analyst found no culprit): forget
@@ -180,6 +226,10 @@ class Detector:
         only: its vote alone makes the capture collective (the vote is a MAX)."""
         self.ack = None
         self.settle = None
+        if self.last_trigger == "throughput" and not self.lost_retried:
+            # once: the window may have missed the bursts. A second capture of the same share that
+            # explains nothing makes it this job's own (a periodic evaluation every rank does alike)
+            self.lost_ack, self.stops_acked, self.lost_retried = None, False, True
         if self.unacked is not None:   # what _settle() acknowledged for the drift rule, undone too
             self.window, self.best, self.over = self.unacked
             self.unacked = None
@@ -293,7 +343,8 @@ class Detector:
 
         Throughput fires on lost time, or as soon as this rank was stopped and continued twice within
         the rule's window: a stopped process is the one case the step clock sees directly, and on a
-        noisy host a 250 ms stop a second moves the lost-time share by only a few points. While the
+        noisy host a 250 ms stop a second moves the lost-time share by only a few points; once a
+        throughput capture saw the rank stopped, again only after a whole window without a stop. While the
         level the last capture saw is being settled (``_settle``), the rules judge but do not vote:
         the slowdown that capture saw would otherwise fire them again."""
         settling = self.settle is not None
@@ -302,7 +353,9 @@ class Detector:
             settling = self.settle is not None
         spike, drift = self.observe(ms)
         self.stops.append(stops)
-        lost = self._lost(ms) or sum(self.stops) >= MIN_STOPS
+        if self.stops_acked and len(self.stops) == self.stops.maxlen and not sum(self.stops):
+            self.stops_acked = False
+        lost = self._lost(ms) or (sum(self.stops) >= MIN_STOPS and not self.stops_acked)
         if settling:
             return False, False, False
         return spike, drift, lost
@@ -331,10 +384,31 @@ class Detector:
         # not below 0: steps faster than the median (the last of a faster level still in the window)
         # are no gain, and a negative best would make the next ordinary window look like a loss
         lost = max(0.0, 1.0 - median * (n - 1) / total) if total > 0 else 0.0
+        self.lost_recent.append(lost)
         if self.best_lost is None or lost < self.best_lost:
             self.best_lost = lost
-        self.lost_over = self.lost_over + 1 if lost - self.best_lost >= cfg.lost_pct / 100.0 else 0
+        reference = self.best_lost
+        if self.lost_ack is not None and self._lost_acknowledged(lost):
+            reference = max(reference, self.lost_ack)
+        self.lost_over = self.lost_over + 1 if lost - reference >= cfg.lost_pct / 100.0 else 0
         return self.lost_over >= max(1, cfg.lost_window // 8)
+
+    def _lost_acknowledged(self, lost: float) -> bool:
+        """Whether the share a throughput capture saw is still the throughput rule's reference: it
+        is until a whole window's steps in a row were nearer the best window before that capture
+        than to it (the stalls went away); then it is forgotten.
+
+        Why: the share lost to a job's own periodic pauses swings with how many of them the window
+        holds. A 4-rank job that evaluated for 0.5 s every 25 steps (28 ms steps, window 48) lost
+        1-3% in windows with one pause (the longest step is left out) and ~29% in windows with two,
+        23 steps of every 25; the rule's reference, the best window since the last capture, sat at
+        the low end, so it fired soon after every capture's cooldown: 6 captures found healthy in
+        600 steps, which spent the capture budget a real slowdown would need."""
+        assert self.lost_ack is not None
+        self.lost_normal = self.lost_normal + 1 if lost < 0.5 * (self.lost_base + self.lost_ack) else 0
+        if self.lost_normal >= max(self.cfg.lost_window, 4):
+            self.lost_ack, self.lost_retried = None, False
+        return self.lost_ack is not None
 
     def observe(self, ms: float) -> tuple[bool, bool]:
         """Add one step to the spike and drift rules; return (spike, drift)."""
@@ -583,7 +657,7 @@ class Trigger:
         self.window_until = start + k
         self.busy_until = self.window_until + 1 + self.cfg.vote_lag
         if trigger != "baseline":
-            self.detector.reset()
+            self.detector.reset(trigger)
         return Decision(start, trigger, k)
 
     def _refuse(self, step: int, what: str) -> None:

@@ -142,6 +142,22 @@ def test_a_slowdown_the_spent_budget_refused_is_captured_when_a_capture_comes_ba
     assert (top["rank"], top["category"]) == (2, "compute"), (top["title"], explain(proc))
 
 
+def test_a_job_that_evaluates_every_25_steps_opens_two_throughput_captures_not_one_per_cooldown(tmp_path) -> None:
+    """Every rank evaluates for 0.5 s after every 25 steps (~28 ms each): the share of time the
+    throughput rule reads as lost swings between ~3% and ~29% with how many evaluations its window
+    holds. It opened a capture after every cooldown, each found healthy (85, 166, 260, 336 in 400
+    steps: the capture budget a real slowdown would need); now the share the first capture saw is
+    its reference, the one capture rank 0's analysis found nothing in is retried once, and then the
+    job's own evaluations are left alone."""
+    proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, TRAIN,
+                      env={"PAUSE": "eval", "PAUSE_EVERY": "25", "PAUSE_S": "0.5", "STEPS": "400",
+                           "STEP_SLEEP": "0.02"}, timeout=240)
+    assert proc.returncode == 0 and "trained 400 steps" in proc.stdout, explain(proc)
+    report = json.loads((tmp_path / "report.json").read_text())
+    throughput = [c["step"] for c in report["job"]["captures_taken"] if c["trigger"] == "throughput"]
+    assert 1 <= len(throughput) <= 2, (report["job"]["captures_taken"], explain(proc))
+
+
 def test_a_long_job_keeps_the_files_of_its_baseline_its_first_finding_and_its_newest_capture(tmp_path) -> None:
     """--keep-captures 1 and four captures asked for (30, 45, 80, 95) around rank 2's extra matmuls
     from step 60: the baseline's, the first capture that named rank 2's and the newest capture's

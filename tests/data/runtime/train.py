@@ -28,6 +28,7 @@ HANG_RANK = int(os.environ.get("HANG_RANK", "-1"))           # this rank blocks 
 HANG_AT = int(os.environ.get("HANG_AT", "-1"))               # ... from this step
 PAUSE = os.environ.get("PAUSE", "")       # checkpoint: rank 0 saves while the others wait; eval: all evaluate
 PAUSE_AT = int(os.environ.get("PAUSE_AT", "-1"))             # ... after this step
+PAUSE_EVERY = int(os.environ.get("PAUSE_EVERY", "0"))        # ... or after every this many steps
 PAUSE_S = float(os.environ.get("PAUSE_S", "0"))               # ... for this long (no optimizer step meanwhile)
 PAUSE_DIR = os.environ.get("PAUSE_DIR", "/tmp")              # where the checkpoint is written
 WORKERS = int(os.environ.get("WORKERS", "0"))
@@ -135,7 +136,7 @@ def main() -> None:
             torch.nn.functional.mse_loss(model(x), y).backward()
             opt.step()
         state["step"] += 1
-        if state["step"] == PAUSE_AT:
+        if state["step"] == PAUSE_AT or (PAUSE_EVERY and state["step"] % PAUSE_EVERY == 0):
             pause(model, opt)
         if state["step"] == 10 and dist.get_rank() == 0:
             print("reached step 10", flush=True)  # tests wait for this: the runtime is up on all ranks
