@@ -9,6 +9,11 @@ Fixtures under data/engine/, all real captures recorded on this 2-core machine:
   capture.
 - ``frozen-rank1.msgpack``: fault bench "freeze" (rank 1 SIGSTOPped 250 ms every second), the
   throughput-triggered 16-step capture.
+- ``checkpoint-burst-rank0.msgpack``: tests/data/runtime/train.py with PAUSE=checkpoint PAUSE_EVERY=25
+  PAUSE_S=0.5 (rank 0 saves checkpoints for 0.5 s after every 25 steps while the others wait), the drift
+  capture at step 479, whose window held no save: rank 0 named from the steps before it.
+- ``frozen-in-window-rank1.msgpack``: the same fault (run 45, 3c0426e), the throughput capture at
+  step 75, whose window held a stop (252 ms in step 89, inside DDP's copy_bucket_to_grad).
 - ``bursty-contention-rank1.msgpack``: fault bench "contend-int" (2 hogs on rank 1's core, 8 steps
   on, 12 off), the spike capture whose window opened as the burst ended.
 - ``bursty-gc-rank1.msgpack``: fault bench "gc-int" (GC storms on rank 1 in bursts), a spike capture
@@ -280,6 +285,31 @@ def test_a_rank_stopped_once_a_second_is_named_from_its_sigcont_marks() -> None:
     assert (f.rank, f.category, f.function) == (1, "host", "(stopped)"), [x.title for x in d.findings]
     assert f.evidence["stopped"]["stops"] >= 2 and 150 < f.evidence["stopped"]["stop_ms_each"] < 350
     assert sorted(f.victims) == [0, 2, 3]
+
+
+def test_extra_cpu_work_in_bursts_on_one_rank_says_it_may_be_work_only_that_rank_does() -> None:
+    """Rank 0's checkpoints (0.5 s every 25 steps) fell outside this drift capture's window; the steps
+    before it name rank 0 on CPU 38 ms a step against its peers' 2, +18 ms a step on average: right,
+    but the action was only "compare this rank's GPU/CPU clocks, drain the node". The user has to
+    hear that work only this rank does now and then reads this way."""
+    meta, sums = _capture("checkpoint-burst-rank0.msgpack")
+    (f,) = _diagnose(meta, sums).findings
+    assert (f.rank, f.category, f.function) == (0, "compute", "(steps before the window)"), f.title
+    assert 0.5 * 20.0 <= f.impact_ms_per_step <= 1.5 * 20.0, f.title   # 0.5 s once in 25 steps
+    assert "in bursts" in f.action and "a checkpoint it saves alone" in f.action and "clocks" in f.action, f.action
+
+
+def test_a_stop_the_window_caught_names_the_stops_not_the_op_it_fell_in() -> None:
+    """The window's comparison names rank 1 by what grew: the op its 252 ms stop fell in
+    (DDP's copy_bucket_to_grad, 15.8 vs 0.5 ms). What to change is what stops the process; its
+    stops (3 in 48 steps, ~267 ms each, 16.7 ms a step) are its whole excess (15.2)."""
+    meta, sums = _capture("frozen-in-window-rank1.msgpack")
+    d = _diagnose(meta, sums)
+    (f,) = d.findings
+    assert (f.rank, f.category, f.function, f.phase) == (1, "host", "(stopped)", "host_gap"), f.title
+    assert "process stopped 3 times in 48 steps" in f.title and "SIGSTOP/SIGCONT" in f.action, f.title
+    # what grew stays in the evidence
+    assert f.evidence["functions"][0]["name"] == "torch.distributed.ddp.reducer::copy_bucket_to_grad"
 
 
 def test_a_burst_the_window_missed_is_named_from_the_steps_before_it() -> None:

@@ -80,6 +80,7 @@ from eroica_runtime.engine.table import Table, TableBuilder, build_table
 __all__ = ["CATEGORIES", "Diagnosis", "Finding", "Table", "TableBuilder", "Thresholds", "build_table", "consolidate",
            "diagnose", "finding_key", "first_named", "parse_topology"]
 
+STOPS_EXPLAIN = 0.5   # a stopped culprit is named for its stops when they cost this share of its excess
 HEAT_COLUMNS = ("step", "data", "forward", "backward", "optimizer", "host_gap", "gc", "io", "comm")
 HEAT_MAX_ROWS = 40
 
@@ -94,6 +95,10 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float,
     quota = quota_evidence(table, row, peers.groups[c.group], c.excess_ms)
     if contended or stopped:   # runnable without a CPU, not only in this window; or stopped outright
         c = replace(c, category="host")
+    if stopped and stopped["lost_ms_per_step"] >= STOPS_EXPLAIN * c.excess_ms:
+        # the stops are the excess: whichever op a stop fell in is incidental, as for a quota (the
+        # fault bench's freeze, a stop in the window: "host in ...reducer::copy_bucket_to_grad")
+        c = replace(c, function=STOPPED_FUNCTION, phase="host_gap")
     if quota:   # held by its CPU quota: whichever op the throttling fell in is incidental
         c = replace(c, category="host", function=QUOTA_FUNCTION, phase="host_gap")
     tele_ev, hint = telemetry_refinement(table, row, peers.groups[c.group], c.category, quota_named=bool(quota))
@@ -161,6 +166,10 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float,
         title = (f"rank {rank} on {host}: host — held throttled by its CPU quota{quota_limit(quota)} for "
                  f"{quota['cgroup_throttled_ms'][0]:.1f} ms/step (+{c.excess_ms:.1f} ms/step own work, "
                  f"{ranks_waiting(len(c.victims))})")
+    if stopped and c.function == STOPPED_FUNCTION:   # what to change is what stops it, as stall_finding says
+        title = (f"rank {rank} on {host}: host — process stopped {stopped['stops']} times in "
+                 f"{stopped['steps_seen']} steps (~{stopped['stop_ms_each']:.0f} ms each, +{c.excess_ms:.1f} "
+                 f"ms/step own work, {ranks_waiting(len(c.victims))})")
     return Finding(category=c.category, rank=rank, host=host, function=c.function, phase=c.phase,
                    impact_ms_per_step=c.cost_ms, what_if_step_ms=what_if,
                    victims=tuple(int(v) for v in c.victims), evidence=ev, action=action.strip(), title=title)

@@ -72,6 +72,15 @@ def history_culprits(table: Table, peers: Peers, th: Thresholds, trigger: str,
     return out
 
 
+# what a burst of a kind asks of its user, where it differs from the kind's action
+BURST_ACTIONS = {
+    # extra CPU work in bursts on one rank is most often work only it does now and then (a 4-rank job
+    # whose rank 0 saved a checkpoint every 25 steps was named so from a window that missed the saves)
+    "compute": "work only this rank does every so often looks like this (a checkpoint it saves alone, "
+               "metrics or logging, an evaluation on one rank): make it asynchronous, share it among the "
+               "ranks or do it less often. Otherwise " + ACTIONS["compute"][0].lower() + ACTIONS["compute"][1:],
+}
+
 # a small group's share-of-step bar for the steps before the window (HISTORY_RECENT steps, not a window's 3)
 HISTORY_SMALL_SHARE = 0.20
 
@@ -212,7 +221,7 @@ def _finding(table: Table, rows: np.ndarray, row: int, excess: float, step_ref: 
     if steady is None:
         cost, on_average = _burst_cost(table, rows, row, excess, kind, ev)
         action = (f"In the steps just before the window this rank was {what}, in bursts. The window missed "
-                  "the slow steps: " + ACTIONS.get(category, ""))
+                  "the slow steps: " + BURST_ACTIONS.get(category, ACTIONS.get(category, "")))
         title = (f"rank {rank} on {host}: {category} in the {HISTORY_RECENT} steps before the window "
                  f"(+{excess:.1f} ms/step busy{on_average}, {ranks_waiting(len(victims))})")
     else:
