@@ -24,6 +24,7 @@ from types import TracebackType
 
 _installed = False
 _failed = False
+_interrupted = False   # a KeyboardInterrupt (^C) reached the top level
 _exit_code = 0      # what the interpreter will exit with, as far as the hooks below can tell
 _owner_pid = 0      # the rank's own process: a fork()ed child's exit is not the program's
 MARKER_VAR = "EROICA_EXIT_MARKER"
@@ -32,6 +33,18 @@ MARKER_VAR = "EROICA_EXIT_MARKER"
 def failed() -> bool:
     """True once an uncaught exception reached the top level, or sys.exit() got a failure status."""
     return _failed
+
+
+def interrupted() -> bool:
+    """True once a KeyboardInterrupt (^C, or SIGINT from eroica-run, mpiexec or srun) reached the top
+    level: the program is being stopped, not finishing (not a failure either: exit code 130)."""
+    return _interrupted
+
+
+def leaving_early() -> bool:
+    """The program is ending before its end: failed, or stopped by ^C. Its peers may be blocked in a
+    collective that waits for it, so its exit must wait for none of them."""
+    return _failed or _interrupted
 
 
 def exit_code() -> int:
@@ -110,8 +123,9 @@ def install() -> None:
     sys.exit = exit_
 
     def hook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-        global _failed, _exit_code
+        global _failed, _exit_code, _interrupted
         if issubclass(exc_type, KeyboardInterrupt):
+            _interrupted = True
             _exit_code = 130   # Python re-raises SIGINT on itself: 128 + 2 to a shell
         else:
             _failed = True

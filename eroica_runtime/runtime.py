@@ -122,7 +122,7 @@ class Runtime:
         except SideChannelError as exc:
             self._warn(f"off on this rank: {exc}; training continues without eroica")
             # MPI may be up: a healthy rank must still finalize it at exit (see _at_exit)
-            atexit.register(lambda: leave_mpi(failing=errorfile.failed()))
+            atexit.register(lambda: leave_mpi(failing=errorfile.leaving_early()))
             return
         self.rank = self.side.rank
         atexit.register(self._at_exit)   # from here on, whatever happens, exit goes through _at_exit
@@ -517,20 +517,24 @@ class Runtime:
             self._flush_requested.clear()
             self._flush("SIGUSR2")
 
-    def _flush(self, why: str) -> None:
-        """Write what rank 0 knows so far (no collective: other ranks may be gone)."""
+    def _flush(self, why: str, show: bool = False) -> None:
+        """Write what rank 0 knows so far (no collective: other ranks may be gone); ``show``: then
+        print the job report, as at the job's end (the job is ending early)."""
         if self.analyst is None:
             return
         try:
             self.analyst.wait(5.0)
             stats = {"rank": 0, "host": socket.gethostname(), **_step_stats(self.clock.all_ms[:], self.cfg)}
             from eroica_runtime.analyst import job_stats
+            from eroica_runtime.report import format_job
 
-            self.analyst.write_job(steps=self.clock.step, job={**job_stats({0: stats}, self.side.size),
-                                                               **self._time_lost(), **self._refused(),
-                                                               "flushed_by": why},
-                                   history=self.clock.all_ms[:])   # a copy: see StepClock.all_ms
+            rep = self.analyst.write_job(steps=self.clock.step, job={**job_stats({0: stats}, self.side.size),
+                                                                     **self._time_lost(), **self._refused(),
+                                                                     "flushed_by": why},
+                                         history=self.clock.all_ms[:])   # a copy: see StepClock.all_ms
             self._warn(f"{why}: report flushed to {self.report_dir}")
+            if show:
+                print(format_job(rep, self.report_dir), file=sys.stderr, flush=True)
         except Exception as exc:
             self._warn(f"{why}: report flush failed: {type(exc).__name__}: {exc}")
 
@@ -542,9 +546,14 @@ class Runtime:
         for every rank, as torchrun waits for every worker: a rank still working (a checkpoint after
         the last step) must not be cut short. A rank that finished but hangs in interpreter teardown is
         ended by its wrapper (eroica_launch.rank, EROICA_EXIT_GRACE_S), which releases the others.
-        Only a failing rank leaves without finalizing: under MPICH's hydra a rank that exits without
-        MPI_Finalize makes it kill every other rank at once, which is what a failure should do (as
-        torchrun stops the job) and never what a healthy rank may do to its peers.
+        Only a failing or interrupted rank leaves without finalizing: under MPICH's hydra a rank that
+        exits without MPI_Finalize makes it kill every other rank at once, which is what a failure or
+        a ^C should do (as torchrun stops the job) and never what a healthy rank may do to its peers.
+        Rank 0 first writes what it knows (``_flush``, no collective). Why ^C too: the first rank the
+        SIGINT interrupts is one running Python while its peers wait for it in a collective, where no
+        signal reaches them; it gathered, then sat in MPI_Finalize waiting for them, they in the
+        collective waiting for it, until eroica-run killed the job 30 s later (--shutdown-timeout),
+        where torchrun's job ends at once.
         """
         if self._job_end_done:
             return
@@ -557,7 +566,10 @@ class Runtime:
             return
         if self.watchdog is not None:
             self.watchdog.stop()
-        failing = errorfile.failed()
+        failing = errorfile.leaving_early()
+        if failing and self.rank == 0 and self.enabled:
+            self._flush("this rank was interrupted (^C)" if errorfile.interrupted() else "this rank failed",
+                        show=True)
         try:
             if self.capture.active:
                 self.capture.abandon()

@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
-from conftest import DATA, eroica_run, explain
+from conftest import BIN, DATA, RANK_ENV, eroica_run, explain
 
 pytestmark = pytest.mark.multirank
 JOB = DATA / "exit" / "job.py"
@@ -55,3 +57,35 @@ def test_job_end_is_bounded_whatever_eroica_is_doing(tmp_path: Path, case: str, 
     if case == "stuck-in-teardown":
         assert "rank 1: the program finished (exit code 0) but was still tearing down" in proc.stderr, explain(proc)
 
+
+
+def test_ctrl_c_ends_the_job_at_once_and_keeps_what_eroica_found(tmp_path: Path) -> None:
+    """^C (SIGINT to eroica-run, which mpiexec passes to every rank) while rank 2 runs 1,000 extra
+    matmuls a step and its peers wait for it in DDP's all-reduce, where no signal reaches them: rank
+    2 is interrupted at once. It used to gather and then wait in MPI_Finalize for peers that waited
+    for it, until eroica-run killed the job --shutdown-timeout (30 s) later; torchrun's job ends at
+    once. Now the interrupted rank leaves without finalizing, mpiexec ends the rest, and what eroica
+    found is in report.json (rank 0 also writes and prints the job report if the ^C reaches it)."""
+    report = tmp_path / "report"
+    err_path = tmp_path / "stderr"
+    env = {**os.environ, **RANK_ENV, "FAULT": "compute", "FAULT_RANK": "2", "FAULT_FROM": "40",
+           "FAULT_MATMULS": "1000", "STEPS": "3000"}
+    with err_path.open("w") as err:
+        proc = subprocess.Popen([str(BIN / "eroica-run"), "--nproc-per-node", "4", "--report-dir", str(report),
+                                 str(DATA / "runtime" / "train.py")], env=env, stdout=subprocess.DEVNULL,
+                                stderr=err, text=True)
+        try:
+            deadline = time.monotonic() + 150
+            while "#1 COMPUTE" not in err_path.read_text() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert proc.poll() is None and "#1 COMPUTE" in err_path.read_text(), err_path.read_text()[-4000:]
+            time.sleep(2)
+            proc.send_signal(signal.SIGINT)
+            rc = proc.wait(timeout=90)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    stderr = err_path.read_text()
+    assert rc != 0 and "ranks still running" not in stderr, stderr[-4000:]
+    findings = json.loads((report / "report.json").read_text())["findings"]
+    assert (findings[0]["rank"], findings[0]["category"]) == (2, "compute"), findings
