@@ -735,3 +735,12 @@ def test_peerless_ranks_all_slower_alike_name_no_culprit() -> None:
             row["ms"] += 150.0
     dg = diagnose(slower, step=57, trigger="spike", world_size=4, baseline=base)
     assert not [f for f in dg.findings if f.rank is not None], [f.title for f in dg.findings]
+
+
+def test_a_title_names_the_op_and_says_no_placeholder_for_one() -> None:
+    from eroica_runtime.engine.model import where
+
+    assert where("aten::matmul") == " in aten::matmul"
+    assert where("(host_gap)") == " between profiled ops"       # was "io in (host_gap)"
+    assert where("(gc)") == "" and where(None) == ""              # was "gc in (gc)"
+    assert where("(CPU quota)") == " in (CPU quota)"              # a named cause stays

@@ -341,6 +341,7 @@ def test_a_gc_burst_is_named_gc_in_the_window_and_from_the_pauses_before_it() ->
     lone = d.findings[0].evidence["lone_work"]
     assert lone["before_window_ms"] * lone["before_window_steps"] > 10 * lone["lone_ms"], lone
     assert d.findings[0].impact_ms_per_step == lone["average_ms"] and "in bursts" in d.findings[0].title
+    assert d.findings[0].title.startswith("rank 1 on vm: gc — "), d.findings[0].title   # not "gc in (gc)"
     assert sorted(d.findings[0].victims) == [0, 2, 3]
     table = build_table(sums)
     peers = form_peers(table, world_size=4)

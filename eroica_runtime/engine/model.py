@@ -70,6 +70,20 @@ def count_ranks(n: int) -> str:
     return f"{n} rank{'' if n == 1 else 's'}"
 
 
+def where(function: str | None) -> str:
+    """A title's " in <function>" after the category: nothing where the function only repeats the
+    phase the time went to (a GC finding "in (gc)"), "between profiled ops" for host time no op
+    covers ("(host_gap)"), else the op. Why: "io in (host_gap)" and "gc in (gc)" were jargon in the
+    rank-0 log line a person reads first."""
+    if not function:
+        return ""
+    if function == "(host_gap)":
+        return " between profiled ops"
+    if function in ("(gc)", "(data)", "(comm)", "(forward)", "(backward)", "(optimizer)"):
+        return ""
+    return f" in {function}"
+
+
 def ranks_waiting(n: int) -> str:
     """Every finding's title's "(..., 3 ranks waiting on it)"."""
     return f"{count_ranks(n)} waiting on it"
