@@ -16,6 +16,13 @@ waits, names no culprit, and every rank looks again at 2x, 4x, ... the threshold
 so a checkpoint that gets stuck on its storage is still reported as a hang. Found by a 12 s checkpoint
 on rank 0 (``--hang-timeout 4``): it was reported as "HANG ... culprit: rank 0" and joined the job's
 findings; a 12 s evaluation printed a HANG block too.
+
+A rank whose program has returned keeps answering until every rank's has (``finish``; the runtime
+waits for them before MPI_Finalize): it reports that it finished. Peers busy after the last step
+(rank 0 saving the final model) are then a pause, not ranks that "did not answer: dead or frozen";
+peers stuck in a collective are waiting for a rank that will never join one again (it ran fewer steps
+than they), and rank 0 ends the job, as the returned rank's exit ends a torchrun job through the
+others' broken connections.
 """
 
 from __future__ import annotations
@@ -133,6 +140,8 @@ class Watchdog(threading.Thread):
         self.stall_step: int | None = None   # the step the current stall followed, once it was looked at
         self.looks = 0                       # how often this stall was looked at (the next look: 2^looks x)
         self.reported_hang = False           # rank 0: this stall was reported as a hang
+        self.finished_step: int | None = None  # the program returned after this step (finish)
+        self.job_ended = False               # every rank's program returned: a look says nothing
         self._stop_event = threading.Event()  # not _stop: Thread._stop() is used at fork
 
     def progress(self, step: int) -> None:
@@ -147,6 +156,19 @@ class Watchdog(threading.Thread):
 
     def stop(self) -> None:
         self._stop_event.set()
+
+    def finish(self, step: int) -> None:
+        """This rank's program returned after ``step``: its looks say so from now on."""
+        self.finished_step = step
+
+    def end(self, timeout_s: float) -> None:
+        """Every rank's program returned: stop, and wait (bounded) for a look in progress to end, so
+        that no thread of this rank calls MPI after MPI_Finalize (MPICH aborts the process: seen at
+        the end of a job whose rank 0 saved its final model past the hang threshold)."""
+        self.job_ended = True
+        self.stop()
+        if self.is_alive() and self is not threading.current_thread():
+            self.join(timeout_s)
 
     def run(self) -> None:
         while not self._stop_event.wait(0.5):
@@ -173,7 +195,7 @@ class Watchdog(threading.Thread):
         moving = watch(WATCH_S)
         mine = {"rank": side.rank, "host": socket.gethostname(), "pid": os.getpid(), "step": self.last_step,
                 "stalled_s": round(stalled + WATCH_S, 2), "stacks": stacks(), "flight_recorder": flight_recorder(),
-                "moving": moving}
+                "moving": moving, "finished": self.finished_step is not None}
         try:
             mine["telemetry"] = telemetry.sample().get("host")
         except Exception:
@@ -191,9 +213,11 @@ class Watchdog(threading.Thread):
                     reports[r] = doc
             except Exception:
                 self.warn(f"hang: unreadable report from rank {r}")
-        if self.last_progress != since:
-            return   # the job stepped again while this rank watched and gathered: the stall is over
+        if self.last_progress != since or self.job_ended:
+            return   # the job stepped again (or ended) while this rank watched and gathered: no stall
         doc = json.loads(json.dumps(analyse(reports, side.size), default=str))
+        if doc.get("ending"):
+            return   # every rank's program returned: the job ends (rank 0 still writing its reports)
         doc["step"] = self.last_step
         if doc.get("busy"):
             print(format_pause(doc, stalled + WATCH_S, 2 * due), file=sys.stderr, flush=True)
@@ -206,6 +230,14 @@ class Watchdog(threading.Thread):
         if self.on_diagnosis is not None:
             self.on_diagnosis(doc, self.last_step)
         print(format_hang(doc, stalled + WATCH_S) + f"\n  written to {path}", file=sys.stderr, flush=True)
+        if doc.get("end_job"):
+            finding = doc.get("finding") or {}
+            msg = (f"eroica: rank {finding.get('rank')}'s program returned while ranks "
+                   f"{', '.join(str(r) for r in finding.get('victims') or [])} wait for it in a collective: "
+                   "the job cannot go on, ending it")
+            print(msg, file=sys.stderr, flush=True)
+            errorfile.write_message(msg)
+            os._exit(3)
         if self.action == "abort":
             finding = doc.get("finding") or {}
             msg = (f"eroica: hang diagnosed (rank {finding.get('rank')} at {finding.get('function')}); "

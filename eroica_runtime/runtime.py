@@ -542,9 +542,12 @@ class Runtime:
     def _at_exit(self) -> None:
         """Job end, bounded whatever state eroica is in (a window open, votes in flight, a peer gone).
 
-        The job-end gather and rank 0's wait for its analyst have deadlines. MPI_Finalize then waits
-        for every rank, as torchrun waits for every worker: a rank still working (a checkpoint after
-        the last step) must not be cut short. A rank that finished but hangs in interpreter teardown is
+        The job-end gather and rank 0's wait for its analyst have deadlines. Then every rank waits for
+        every other's program to return (``SideChannel.wait_all_at_end``), as torchrun waits for every
+        worker: a rank still working (a checkpoint after the last step) must not be cut short. Its hang
+        watchdog answers meanwhile, saying this rank finished: a peer still busy is a pause, a peer
+        stuck in a collective waits for a rank that will never join one, and rank 0 ends the job
+        (``eroica_runtime.hang``). Only then is the watchdog stopped and MPI finalized. A rank that finished but hangs in interpreter teardown is
         ended by its wrapper (eroica_launch.rank, EROICA_EXIT_GRACE_S), which releases the others.
         Only a failing or interrupted rank leaves without finalizing: under MPICH's hydra a rank that
         exits without MPI_Finalize makes it kill every other rank at once, which is what a failure or
@@ -564,9 +567,12 @@ class Runtime:
         side = self.side
         if side is None:
             return
-        if self.watchdog is not None:
-            self.watchdog.stop()
         failing = errorfile.leaving_early()
+        if self.watchdog is not None:
+            if failing:
+                self.watchdog.stop()
+            else:
+                self.watchdog.finish(self.clock.step)   # it answers "finished" until every rank is
         if failing and self.rank == 0 and self.enabled:
             self._flush("this rank was interrupted (^C)" if errorfile.interrupted() else "this rank failed",
                         show=True)
@@ -589,6 +595,14 @@ class Runtime:
         if failing:
             side.drain(timeout_s=0.2)
             return
+        try:
+            side.wait_all_at_end()   # no deadline, as MPI_Finalize; the watchdog ends a job that cannot
+        except Exception as exc:     # get there (a rank waits in a collective for one that returned)
+            self._warn(f"job end: waiting for every rank failed: {type(exc).__name__}: {exc}")
+        if self.watchdog is not None:
+            from eroica_runtime.hang import WATCH_S
+
+            self.watchdog.end(WATCH_S + self.cfg.deadline_s + 1.0)   # a look in progress: never MPI after Finalize
         side.drain(timeout_s=0.2 if self._world_broken else 2.0)
         try:
             side.finalize()

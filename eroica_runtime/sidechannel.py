@@ -357,6 +357,20 @@ class SideChannel:
         return time.perf_counter() - t0
 
     # ---- shutdown ------------------------------------------------------------------------------------
+    def wait_all_at_end(self, every_s: float = 0.05) -> None:
+        """Return once every rank has called this: a nonblocking barrier, polled with no deadline.
+
+        Why no deadline: a rank still working after its program's last step (rank 0 saving the final
+        model for minutes) must not be cut short, as MPI_Finalize, which waits for every rank too,
+        would not. Why not MPI_Finalize itself: a rank inside it cannot take part in the hang
+        watchdog's looks, so peers that wait for it in a collective forever (a rank that ran fewer
+        steps) were read as "dead or frozen" and never ended; meanwhile its watchdog answers that this
+        rank's program has returned (eroica_runtime.hang), and rank 0's ends the job when the others
+        can never get past their collective."""
+        req = self.world.Ibarrier()
+        while not req.Test():
+            time.sleep(every_s)
+
     def drain(self, timeout_s: float = 2.0) -> None:
         """Complete or cancel pending requests before MPI finalizes (Open MPI segfaults otherwise)."""
         deadline = time.monotonic() + timeout_s

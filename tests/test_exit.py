@@ -35,6 +35,15 @@ CASES = {
     "dead-rank": ({"STEPS": "200", "KILL_RANK": "3", "KILL_AT": "30"}, [], 128 + signal.SIGKILL),
     # a rank finishes, then never leaves interpreter teardown: its wrapper ends it with exit code 0
     "stuck-in-teardown": ({"STEPS": "30", "STUCK_EXIT_RANK": "1", "EROICA_EXIT_GRACE_S": "3"}, [], 0),
+    # rank 0 saves the final model past the hang threshold while the others end: a pause, and the job
+    # ends well (the watchdog looked while the others sat in MPI_Finalize: "dead or frozen", and its
+    # thread called MPI after rank 0's Finalize, which aborted rank 0 in 3 runs of 4)
+    "final-save": ({"STEPS": "40", "FINAL_SAVE_S": "10"}, ["--hang-timeout", "3"], 0),
+    # rank 2 runs half the steps (uneven inputs): the others wait for it in DDP's all-reduce forever;
+    # eroica names it and ends the job, as its exit would under torchrun (it kept it alive: a hang)
+    # (a script that calls destroy_process_group() closes its connections there: the others' collectives
+    # fail at once, with or without eroica)
+    "uneven-inputs": ({"STEPS": "60", "SHORT_RANK": "2", "NO_DESTROY": "1"}, ["--hang-timeout", "3"], 3),
 }
 
 
@@ -49,11 +58,19 @@ def test_job_end_is_bounded_whatever_eroica_is_doing(tmp_path: Path, case: str, 
     assert proc.returncode == expected_rc, explain(proc)
     if expected_rc != 0:
         assert "Root Cause" in proc.stderr, explain(proc)
+        if case == "uneven-inputs":
+            assert "culprit: rank 2 on " in proc.stderr and "at the end of the program" in proc.stderr, explain(proc)
+            assert "Uneven inputs" in proc.stderr and "eroica: rank 2's program returned" in proc.stderr, explain(proc)
         return
     # training really finished on every rank, and rank 0's job-end report was written
-    assert sorted(p.name for p in out.iterdir()) == [f"rank{r}.json" for r in range(4)], explain(proc)
+    assert sorted(p.name for p in out.glob("rank*.json")) == [f"rank{r}.json" for r in range(4)], explain(proc)
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert not report["job"].get("partial"), report["job"]
+    if case == "final-save":
+        said = [ln for ln in proc.stderr.splitlines() if "but no hang:" in ln]
+        assert said and all("rank 0 on " in ln and "3 ranks wait at the end of the program" in ln for ln in said), \
+            explain(proc)
+        assert "HANG" not in proc.stderr and not list((tmp_path / "report").glob("hang-*.json")), explain(proc)
     if case == "stuck-in-teardown":
         assert "rank 1: the program finished (exit code 0) but was still tearing down" in proc.stderr, explain(proc)
 

@@ -76,6 +76,32 @@ def test_ranks_that_all_move_are_busy_and_a_silent_rank_is_still_a_hang() -> Non
     assert doc["finding"]["rank"] == 3 and doc["busy"] == []
 
 
+def test_a_rank_whose_program_returned_while_the_others_wait_is_named_and_the_job_ended() -> None:
+    """Rank 2 ran fewer steps (uneven inputs): its program returned, the others wait in the gradient
+    all-reduce (still). Its report says it finished; before, it did not answer (it sat in
+    MPI_Finalize) and read "dead or frozen", and nothing ended the job."""
+    reports = {r: {**_report(r, "/job/train.py", 80, 41), "moving": STILL} for r in (0, 1, 3)}
+    reports[2] = {**_report(2, "/x/eroica_runtime/runtime.py", 600, 40), "moving": STILL, "finished": True}
+    doc = analyse(reports, 4)
+    f = doc["finding"]
+    assert (f["rank"], f["function"], f["victims"]) == (2, "the end of the program", [0, 1, 3]), f
+    assert doc["end_job"] is True and "Uneven inputs" in f["action"] and "of the next step" in f["action"]
+    # the others busy after the last step (rank 0 saving the final model): a pause, the job goes on
+    reports[0]["moving"] = {**STILL, "stack_moved": True, "storage_bytes": 300 * 2**20}
+    doc = analyse(reports, 4)
+    assert doc["finding"] is None and "end_job" not in doc and [b["rank"] for b in doc["busy"]] == [0]
+    line = format_pause(doc, 62.0, 124.0)
+    assert "rank 0 on h0 is busy at /job/train.py:80" in line and "1 rank waits at the end of the program" in line
+    # every rank finished but one that does not answer: that one is the hang's (dead or frozen)
+    finished = {r: {**rep, "finished": True} for r, rep in reports.items() if r != 3}
+    doc = analyse(finished, 4)
+    assert doc["finding"]["rank"] == 3 and "end_job" not in doc and "ending" not in doc
+    # every rank finished: the job is ending, nothing to say
+    finished[3] = {**reports[3], "finished": True}
+    doc = analyse(finished, 4)
+    assert doc["finding"] is None and doc["busy"] == [] and doc["ending"] is True
+
+
 @pytest.mark.multirank
 @pytest.mark.parametrize("pause", ["checkpoint", "eval"])
 def test_a_long_checkpoint_or_evaluation_is_said_as_such_and_is_no_hang(tmp_path, pause: str) -> None:

@@ -18,8 +18,13 @@ MOVED_BYTES = 1 << 20   # storage traffic while a rank watched itself that makes
 HANG_TRIGGER = "hang"
 
 
+FINISHED = "the end of the program"   # where a rank whose program returned is (eroica_runtime.hang.finish)
+
+
 def where(report: dict[str, Any], user_roots: tuple[str, ...] = ()) -> str:
     """A rank's position: the innermost frame of its main thread outside Python's and torch's own code."""
+    if report.get("finished") is True:
+        return FINISHED
     main = next((s for s in report.get("stacks", []) if s.get("main")), None)
     if not main or not main["frames"]:
         return "unknown"
@@ -53,19 +58,26 @@ def analyse(reports: dict[int, dict[str, Any]], world_size: int) -> dict[str, An
     Unless a rank moved while it watched itself (``moved``): then the job is busy outside its
     optimizer steps (a checkpoint, an evaluation), not hung, and nobody is blamed: ``busy`` lists
     the ranks that moved, where and why, and ``positions`` where the others wait. A rank that did not
-    answer is still a hang's culprit (dead or frozen), busy peers or not."""
+    answer is still a hang's culprit (dead or frozen), busy peers or not. A rank whose program
+    returned (``finished``) is neither busy nor a culprit by its position; when every other rank
+    that answered is still, they wait for it in a collective it will never join: ``_returned``."""
     groups: dict[tuple[str, Any], list[int]] = {}
     for rank, rep in sorted(reports.items()):
         fr = rep.get("flight_recorder") or {}
-        groups.setdefault((where(rep), fr.get("seq")), []).append(rank)
+        # ranks whose program returned are all at its end, whichever collective each ran last
+        groups.setdefault((where(rep), None if rep.get("finished") is True else fr.get("seq")), []).append(rank)
     missing = sorted(set(range(world_size)) - set(reports))
     ordered = sorted(groups.items(), key=lambda kv: -len(kv[1]))
-    why = {rank: moved(rep) for rank, rep in reports.items()}
+    finished = sorted(rank for rank, rep in reports.items() if rep.get("finished") is True)
+    why = {rank: [] if rank in finished else moved(rep) for rank, rep in reports.items()}
     busy = [{"rank": rank, "host": rep.get("host"), "where": where(rep), "why": why[rank],
              "storage_bytes": rep["moving"].get("storage_bytes"), "seconds": rep["moving"].get("seconds")}
             for rank, rep in sorted(reports.items()) if why[rank]]
     finding: dict[str, Any] | None = None
-    if not busy and len(ordered) > 1 and len(ordered[0][1]) > len(ordered[1][1]):
+    waiting = [rank for rank in sorted(reports) if rank not in finished]
+    if not busy and finished and waiting:
+        finding = _returned(reports, finished, waiting)
+    elif not busy and len(ordered) > 1 and len(ordered[0][1]) > len(ordered[1][1]):
         majority_where, majority_seq = ordered[0][0]
         outliers = sorted(r for key, ranks in ordered[1:] for r in ranks)
         culprit = outliers[0]
@@ -92,7 +104,39 @@ def analyse(reports: dict[int, dict[str, Any]], world_size: int) -> dict[str, An
                              f"frozen (SIGSTOP, D state); check their hosts"}
     return {"schema": HANG_SCHEMA, "world_size": world_size, "missing": missing,
             "positions": [{"where": w, "collective_seq": s, "ranks": r} for (w, s), r in ordered],
-            "finding": finding, "busy": busy if finding is None else []}
+            "finding": finding, "busy": busy if finding is None else [],
+            **({"end_job": True} if finding is not None and finding["function"] == FINISHED else {}),
+            # every rank's program returned: the job is ending (its last reports are being written)
+            **({"ending": True} if len(finished) == world_size else {})}
+
+
+def _returned(reports: dict[int, dict[str, Any]], finished: list[int], waiting: list[int]) -> dict[str, Any]:
+    """The finding for ranks whose program returned while the others are still in theirs, not
+    moving: those wait in a collective the returned ranks will never join. Ending the job is the only
+    way on (the document's ``end_job``): under torchrun the returned rank's exit closes its
+    connections and the others' collectives fail at once; under eroica its process lives on until
+    every rank is done. Found by a DDP job whose rank 2 ran out of batches 50 steps before its peers
+    (uneven inputs): torchrun's job failed in 7 s, eroica's hung until its launcher was killed."""
+    culprit = finished[0]
+    rep = reports[culprit]
+    places: dict[str, list[int]] = {}
+    for rank in waiting:
+        places.setdefault(where(reports[rank]), []).append(rank)
+    majority = max(places.items(), key=lambda kv: len(kv[1]))[0]
+    last = [reports[r].get("step") for r in waiting]
+    named = f"rank {culprit}" if len(finished) == 1 else f"ranks {', '.join(map(str, finished))}"
+    return {
+        "category": "hang", "rank": culprit, "host": rep.get("host"), "function": FINISHED,
+        "phase": "hang", "impact_ms_per_step": None, "victims": waiting,
+        "evidence": {"stalled_s": rep.get("stalled_s"), "last_step": rep.get("step"), "finished": finished,
+                     "waiting_last_steps": last, "majority_position": majority, "stack": []},
+        "action": (f"{named}'s program returned after step {rep.get('step')} while the other ranks wait in a "
+                   f"collective{_after(rep.get('step'), last)} that it will never join: it ran fewer steps or "
+                   "collectives than they. Uneven inputs (a rank "
+                   "with fewer batches): give every rank as many (DistributedSampler with drop_last, "
+                   "the same number of steps) or train inside DDP's join() context manager; a branch that "
+                   "skips a collective on some ranks does this too. eroica ended the job."),
+    }
 
 
 def hang_diagnosis(doc: dict[str, Any], step: int) -> Diagnosis:
@@ -110,3 +154,11 @@ def hang_diagnosis(doc: dict[str, Any], step: int) -> Diagnosis:
                             title=f"hang: rank {f.get('rank')} at {f.get('function')}", captures=(step,)),)
     return Diagnosis(step=step, trigger=HANG_TRIGGER, world_size=world, ranks_analysed=world - len(missing),
                      findings=findings, missing=missing)
+
+
+def _after(step: Any, last: list[Any]) -> str:
+    """" of the next step" when the waiting ranks stopped where the returned rank did, else where."""
+    steps = sorted({s for s in last if isinstance(s, int)})
+    if steps == [step]:
+        return " of the next step"
+    return f" after step {', '.join(map(str, steps))}" if steps else ""

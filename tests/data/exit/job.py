@@ -5,7 +5,10 @@ gloo process group are torn down by the interpreter, as in most real scripts. Kn
 STEPS; SLOW_RANK/SLOW_LAST (extra matmuls on the last N steps: a trigger fires as the job ends);
 FREEZE_RANK (a helper process SIGSTOPs this rank 250 ms once a second, through its exit);
 KILL_RANK/KILL_AT (SIGKILL at that step); STUCK_EXIT_RANK (finishes, then blocks in interpreter
-teardown, like a library thread deadlocking Python's exit).
+teardown, like a library thread deadlocking Python's exit); SHORT_RANK (runs half the steps: its
+data ran out first, uneven inputs); FINAL_SAVE_S (rank 0 saves the final model for this long after
+the last step while the others end); NO_DESTROY (the script never calls destroy_process_group(), as
+many do not: the program's gloo connections close only when its process ends).
 """
 import json
 import os
@@ -25,6 +28,8 @@ FREEZE_RANK = int(os.environ.get("FREEZE_RANK", "-1"))
 KILL_RANK = int(os.environ.get("KILL_RANK", "-1"))
 KILL_AT = int(os.environ.get("KILL_AT", "-1"))
 STUCK_EXIT_RANK = int(os.environ.get("STUCK_EXIT_RANK", "-1"))
+SHORT_RANK = int(os.environ.get("SHORT_RANK", "-1"))
+FINAL_SAVE_S = float(os.environ.get("FINAL_SAVE_S", "0"))
 FAULTS = Path(__file__).resolve().parents[3] / "scripts" / "faultlib" / "faults.py"
 
 
@@ -47,7 +52,7 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x, y = torch.randn(16, 256), torch.randn(16, 256)
     extra = torch.randn(256, 256)
-    for step in range(STEPS):
+    for step in range(STEPS // 2 if rank == SHORT_RANK else STEPS):
         if rank == KILL_RANK and step == KILL_AT:
             os.kill(os.getpid(), signal.SIGKILL)
         inp = x
@@ -58,8 +63,18 @@ def main() -> None:
         torch.nn.functional.mse_loss(model(inp), y).backward()
         opt.step()
     out = Path(os.environ["OUT_DIR"])
+    if rank == 0 and FINAL_SAVE_S:
+        end = time.monotonic() + FINAL_SAVE_S
+        while time.monotonic() < end:
+            torch.save(model.state_dict(), out / "final.pt")
+            fd = os.open(out / "final.pt", os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
     (out / f"rank{rank}.json").write_text(json.dumps({"steps": STEPS}))
-    dist.destroy_process_group()
+    if not os.environ.get("NO_DESTROY"):
+        dist.destroy_process_group()
 
 
 if int(os.environ.get("RANK", "-1")) == STUCK_EXIT_RANK:
