@@ -195,7 +195,7 @@ class Detector:
     def _acknowledge_lost(self) -> None:
         """A capture the throughput rule opened: the share of time lost it saw (the highest of the
         latest shares judged) becomes the rule's reference, and a rank stopped in the rule's window
-        votes no more for stops (``_lost_acknowledged``); the rule's window starts afresh."""
+        votes no more for stops (``observe_all``); the rule's window starts afresh."""
         if self.lost_recent:
             seen = max(self.lost_recent)
             if self.lost_ack is None:
@@ -388,15 +388,16 @@ class Detector:
         if self.best_lost is None or lost < self.best_lost:
             self.best_lost = lost
         reference = self.best_lost
-        if self.lost_ack is not None and self._lost_acknowledged(lost):
+        if self.lost_ack is not None and self._lost_ack_stands(lost):
             reference = max(reference, self.lost_ack)
         self.lost_over = self.lost_over + 1 if lost - reference >= cfg.lost_pct / 100.0 else 0
         return self.lost_over >= max(1, cfg.lost_window // 8)
 
-    def _lost_acknowledged(self, lost: float) -> bool:
-        """Whether the share a throughput capture saw is still the throughput rule's reference: it
-        is until a whole window's steps in a row were nearer the best window before that capture
-        than to it (the stalls went away); then it is forgotten.
+    def _lost_ack_stands(self, lost: float) -> bool:
+        """Judge one more step's share against the one a throughput capture saw, and say whether
+        that share is still the rule's reference: it is until a whole window's steps in a row were
+        nearer the best window before that capture than to it (the stalls went away); then it is
+        forgotten.
 
         Why: the share lost to a job's own periodic pauses swings with how many of them the window
         holds. A 4-rank job that evaluated for 0.5 s every 25 steps (28 ms steps, window 48) lost
