@@ -232,8 +232,9 @@ class Watchdog(threading.Thread):
         print(format_hang(doc, stalled + WATCH_S) + f"\n  written to {path}", file=sys.stderr, flush=True)
         if doc.get("end_job"):
             finding = doc.get("finding") or {}
-            msg = (f"eroica: rank {finding.get('rank')}'s program returned while ranks "
-                   f"{', '.join(str(r) for r in finding.get('victims') or [])} wait for it in a collective: "
+            victims = [str(r) for r in finding.get("victims") or []]
+            waits = f"rank {victims[0]} waits" if len(victims) == 1 else f"ranks {', '.join(victims)} wait"
+            msg = (f"eroica: rank {finding.get('rank')}'s program returned while {waits} for it in a collective: "
                    "the job cannot go on, ending it")
             print(msg, file=sys.stderr, flush=True)
             errorfile.write_message(msg)

@@ -39,6 +39,9 @@ CASES = {
     # ends well (the watchdog looked while the others sat in MPI_Finalize: "dead or frozen", and its
     # thread called MPI after rank 0's Finalize, which aborted rank 0 in 3 runs of 4)
     "final-save": ({"STEPS": "40", "FINAL_SAVE_S": "10"}, ["--hang-timeout", "3"], 0),
+    # rank 0 waits for a subprocess (an upload) past the threshold: still, but in no collective, so
+    # the others wait for it and not it for them (taken for uneven inputs, the job was ended: rc 3)
+    "final-upload": ({"STEPS": "40", "FINAL_UPLOAD_S": "10"}, ["--hang-timeout", "3"], 0),
     # rank 2 runs half the steps (uneven inputs): the others wait for it in DDP's all-reduce forever;
     # eroica names it and ends the job, as its exit would under torchrun (it kept it alive: a hang)
     # (a script that calls destroy_process_group() closes its connections there: the others' collectives
@@ -66,7 +69,7 @@ def test_job_end_is_bounded_whatever_eroica_is_doing(tmp_path: Path, case: str, 
     assert sorted(p.name for p in out.glob("rank*.json")) == [f"rank{r}.json" for r in range(4)], explain(proc)
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert not report["job"].get("partial"), report["job"]
-    if case == "final-save":
+    if case in ("final-save", "final-upload"):
         said = [ln for ln in proc.stderr.splitlines() if "but no hang:" in ln]
         assert said and all("rank 0 on " in ln and "3 ranks wait at the end of the program" in ln for ln in said), \
             explain(proc)

@@ -80,12 +80,21 @@ def test_a_rank_whose_program_returned_while_the_others_wait_is_named_and_the_jo
     """Rank 2 ran fewer steps (uneven inputs): its program returned, the others wait in the gradient
     all-reduce (still). Its report says it finished; before, it did not answer (it sat in
     MPI_Finalize) and read "dead or frozen", and nothing ended the job."""
+    in_backward = {"file": "/x/site-packages/torch/autograd/graph.py", "line": 979, "function": "_engine_run_backward",
+                   "code": ""}
     reports = {r: {**_report(r, "/job/train.py", 80, 41), "moving": STILL} for r in (0, 1, 3)}
+    for r in (0, 1, 3):
+        reports[r]["stacks"][0]["frames"].append(in_backward)
     reports[2] = {**_report(2, "/x/eroica_runtime/runtime.py", 600, 40), "moving": STILL, "finished": True}
     doc = analyse(reports, 4)
     f = doc["finding"]
     assert (f["rank"], f["function"], f["victims"]) == (2, "the end of the program", [0, 1, 3]), f
     assert doc["end_job"] is True and "Uneven inputs" in f["action"] and "of the next step" in f["action"]
+    # still, but outside torch (rank 0 waits for a subprocess uploading the final model): a pause
+    outside = {**reports, 0: {**_report(0, "/job/upload.py", 12, 41), "moving": STILL}}
+    doc = analyse(outside, 4)
+    assert doc["finding"] is None and "end_job" not in doc and [b["rank"] for b in doc["busy"]] == [0], doc
+    assert "rank 0 on h0 is busy at /job/upload.py:12 in f (not in a collective)" in format_pause(doc, 62.0, 124.0)
     # the others busy after the last step (rank 0 saving the final model): a pause, the job goes on
     reports[0]["moving"] = {**STILL, "stack_moved": True, "storage_bytes": 300 * 2**20}
     doc = analyse(reports, 4)

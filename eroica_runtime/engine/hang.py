@@ -60,7 +60,9 @@ def analyse(reports: dict[int, dict[str, Any]], world_size: int) -> dict[str, An
     the ranks that moved, where and why, and ``positions`` where the others wait. A rank that did not
     answer is still a hang's culprit (dead or frozen), busy peers or not. A rank whose program
     returned (``finished``) is neither busy nor a culprit by its position; when every other rank
-    that answered is still, they wait for it in a collective it will never join: ``_returned``."""
+    that answered is still and inside torch, they wait for it in a collective it will never join
+    (``_returned``); one still outside torch (a sleep, a subprocess uploading the final model) is
+    busy "not in a collective", a pause."""
     groups: dict[tuple[str, Any], list[int]] = {}
     for rank, rep in sorted(reports.items()):
         fr = rep.get("flight_recorder") or {}
@@ -75,7 +77,13 @@ def analyse(reports: dict[int, dict[str, Any]], world_size: int) -> dict[str, An
             for rank, rep in sorted(reports.items()) if why[rank]]
     finding: dict[str, Any] | None = None
     waiting = [rank for rank in sorted(reports) if rank not in finished]
-    if not busy and finished and waiting:
+    outside = [rank for rank in waiting if not _in_torch(reports[rank])]
+    if not busy and finished and outside:
+        # still, but not inside torch: sleeping, waiting for a subprocess (an upload of the final
+        # model), not for a collective the returned ranks will never join; a pause, never the job's end
+        busy = [{"rank": rank, "host": reports[rank].get("host"), "where": where(reports[rank]),
+                 "why": ["not in a collective"], "storage_bytes": None, "seconds": None} for rank in outside]
+    elif not busy and finished and waiting:
         finding = _returned(reports, finished, waiting)
     elif not busy and len(ordered) > 1 and len(ordered[0][1]) > len(ordered[1][1]):
         majority_where, majority_seq = ordered[0][0]
@@ -108,6 +116,15 @@ def analyse(reports: dict[int, dict[str, Any]], world_size: int) -> dict[str, An
             **({"end_job": True} if finding is not None and finding["function"] == FINISHED else {}),
             # every rank's program returned: the job is ending (its last reports are being written)
             **({"ending": True} if len(finished) == world_size else {})}
+
+
+def _in_torch(report: dict[str, Any]) -> bool:
+    """Whether a rank's main thread is inside torch (its innermost Python frame: a collective, the
+    autograd engine running DDP's gradient all-reduce, a device synchronize), as a rank that waits for
+    a collective is."""
+    main = next((s for s in report.get("stacks", []) if s.get("main")), None)
+    frames = main.get("frames") if isinstance(main, dict) else None
+    return bool(frames) and "/torch/" in str(frames[-1].get("file", ""))
 
 
 def _returned(reports: dict[int, dict[str, Any]], finished: list[int], waiting: list[int]) -> dict[str, Any]:

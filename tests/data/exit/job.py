@@ -8,7 +8,8 @@ KILL_RANK/KILL_AT (SIGKILL at that step); STUCK_EXIT_RANK (finishes, then blocks
 teardown, like a library thread deadlocking Python's exit); SHORT_RANK (runs half the steps: its
 data ran out first, uneven inputs); FINAL_SAVE_S (rank 0 saves the final model for this long after
 the last step while the others end); NO_DESTROY (the script never calls destroy_process_group(), as
-many do not: the program's gloo connections close only when its process ends).
+many do not: the program's gloo connections close only when its process ends); FINAL_UPLOAD_S
+(rank 0 waits this long for a subprocess after the last step, as an upload of the final model).
 """
 import json
 import os
@@ -30,6 +31,7 @@ KILL_AT = int(os.environ.get("KILL_AT", "-1"))
 STUCK_EXIT_RANK = int(os.environ.get("STUCK_EXIT_RANK", "-1"))
 SHORT_RANK = int(os.environ.get("SHORT_RANK", "-1"))
 FINAL_SAVE_S = float(os.environ.get("FINAL_SAVE_S", "0"))
+FINAL_UPLOAD_S = float(os.environ.get("FINAL_UPLOAD_S", "0"))
 FAULTS = Path(__file__).resolve().parents[3] / "scripts" / "faultlib" / "faults.py"
 
 
@@ -72,6 +74,8 @@ def main() -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+    if rank == 0 and FINAL_UPLOAD_S:
+        subprocess.run(["sleep", str(FINAL_UPLOAD_S)], check=True)
     (out / f"rank{rank}.json").write_text(json.dumps({"steps": STEPS}))
     if not os.environ.get("NO_DESTROY"):
         dist.destroy_process_group()
