@@ -21,14 +21,19 @@ HANG_TRIGGER = "hang"
 FINISHED = "the end of the program"   # where a rank whose program returned is (eroica_runtime.hang.finish)
 
 
+def main_frames(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """A rank's main thread's frames, outermost first ([] when its report has none)."""
+    main = next((s for s in report.get("stacks", []) if s.get("main")), None)
+    return list(main.get("frames") or []) if isinstance(main, dict) else []
+
+
 def where(report: dict[str, Any], user_roots: tuple[str, ...] = ()) -> str:
     """A rank's position: the innermost frame of its main thread outside Python's and torch's own code."""
     if report.get("finished") is True:
         return FINISHED
-    main = next((s for s in report.get("stacks", []) if s.get("main")), None)
-    if not main or not main["frames"]:
+    frames = main_frames(report)
+    if not frames:
         return "unknown"
-    frames = main["frames"]
     library = ("/torch/", "/site-packages/", "/lib/python3", "eroica_runtime/")
     for f in reversed(frames):
         if not any(part in f["file"] for part in library):
@@ -90,7 +95,6 @@ def analyse(reports: dict[int, dict[str, Any]], world_size: int) -> dict[str, An
         outliers = sorted(r for key, ranks in ordered[1:] for r in ranks)
         culprit = outliers[0]
         rep = reports[culprit]
-        main = next((s for s in rep.get("stacks", []) if s.get("main")), {"frames": []})
         finding = {
             "category": "hang", "rank": culprit, "host": rep.get("host"), "function": where(rep),
             "phase": "hang", "impact_ms_per_step": None, "victims": sorted(ordered[0][1]),
@@ -99,7 +103,7 @@ def analyse(reports: dict[int, dict[str, Any]], world_size: int) -> dict[str, An
                          "majority_collective_seq": majority_seq,
                          "outlier_collective_seq": (rep.get("flight_recorder") or {}).get("seq"),
                          "stack": [f"{f['file']}:{f['line']} {f['function']}: {f['code']}"
-                                   for f in main["frames"][-12:]]},
+                                   for f in main_frames(rep)[-12:]]},
             "action": (f"rank {culprit} never reached the collective the other {len(ordered[0][1])} ranks wait "
                        f"in; look at its stack (a stuck data read, a deadlock, a rank-dependent branch that "
                        f"skips a collective)"),
@@ -122,8 +126,7 @@ def _in_torch(report: dict[str, Any]) -> bool:
     """Whether a rank's main thread is inside torch (its innermost Python frame: a collective, the
     autograd engine running DDP's gradient all-reduce, a device synchronize), as a rank that waits for
     a collective is."""
-    main = next((s for s in report.get("stacks", []) if s.get("main")), None)
-    frames = main.get("frames") if isinstance(main, dict) else None
+    frames = main_frames(report)
     return bool(frames) and "/torch/" in str(frames[-1].get("file", ""))
 
 
