@@ -140,7 +140,7 @@ class Watchdog(threading.Thread):
         self.stall_step: int | None = None   # the step the current stall followed, once it was looked at
         self.looks = 0                       # how often this stall was looked at (the next look: 2^looks x)
         self.reported_hang = False           # rank 0: this stall was reported as a hang
-        self.finished_step: int | None = None  # the program returned after this step (finish)
+        self.finished = False                # this rank's program returned (finish)
         self.job_ended = False               # every rank's program returned: a look says nothing
         self._stop_event = threading.Event()  # not _stop: Thread._stop() is used at fork
 
@@ -157,9 +157,9 @@ class Watchdog(threading.Thread):
     def stop(self) -> None:
         self._stop_event.set()
 
-    def finish(self, step: int) -> None:
-        """This rank's program returned after ``step``: its looks say so from now on."""
-        self.finished_step = step
+    def finish(self) -> None:
+        """This rank's program returned: its looks say so from now on."""
+        self.finished = True
 
     def end(self, timeout_s: float) -> None:
         """Every rank's program returned: stop, and wait (bounded) for a look in progress to end, so
@@ -195,7 +195,7 @@ class Watchdog(threading.Thread):
         moving = watch(WATCH_S)
         mine = {"rank": side.rank, "host": socket.gethostname(), "pid": os.getpid(), "step": self.last_step,
                 "stalled_s": round(stalled + WATCH_S, 2), "stacks": stacks(), "flight_recorder": flight_recorder(),
-                "moving": moving, "finished": self.finished_step is not None}
+                "moving": moving, "finished": self.finished}
         try:
             mine["telemetry"] = telemetry.sample().get("host")
         except Exception:

@@ -547,8 +547,9 @@ class Runtime:
         worker: a rank still working (a checkpoint after the last step) must not be cut short. Its hang
         watchdog answers meanwhile, saying this rank finished: a peer still busy is a pause, a peer
         stuck in a collective waits for a rank that will never join one, and rank 0 ends the job
-        (``eroica_runtime.hang``). Only then is the watchdog stopped and MPI finalized. A rank that finished but hangs in interpreter teardown is
-        ended by its wrapper (eroica_launch.rank, EROICA_EXIT_GRACE_S), which releases the others.
+        (``eroica_runtime.hang``). Only then is the watchdog stopped and MPI finalized. A rank that
+        finished but hangs in interpreter teardown is ended by its wrapper (eroica_launch.rank,
+        EROICA_EXIT_GRACE_S), which releases the others.
         Only a failing or interrupted rank leaves without finalizing: under MPICH's hydra a rank that
         exits without MPI_Finalize makes it kill every other rank at once, which is what a failure or
         a ^C should do (as torchrun stops the job) and never what a healthy rank may do to its peers.
@@ -572,7 +573,7 @@ class Runtime:
             if failing:
                 self.watchdog.stop()
             else:
-                self.watchdog.finish(self.clock.step)   # it answers "finished" until every rank is
+                self.watchdog.finish()   # it answers "finished" until every rank is
         if failing and self.rank == 0 and self.enabled:
             self._flush("this rank was interrupted (^C)" if errorfile.interrupted() else "this rank failed",
                         show=True)

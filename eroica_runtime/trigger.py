@@ -211,7 +211,8 @@ class Detector:
         summary's build are not judged, so a window that kept the steps before them spans more of the
         job than ``lost_window`` steps, and holds more of a periodic job's pauses than any window
         before it: 3 of a 0.5 s evaluation every 25 steps, 43% lost against the 28% the throughput
-        capture saw, and a capture again at the next cooldown. Done while a share is acknowledged
+        capture saw (rank 0's recorded steps of that job, replayed with the unjudged steps left out),
+        and a capture again at the next cooldown. Done while a share is acknowledged
         only: otherwise a capture that opened on the first of a series of stalls would make the rule
         wait a whole new window before the next stalls can count (``reset``)."""
         self.lost_window.clear()

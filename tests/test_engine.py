@@ -738,9 +738,9 @@ def test_peerless_ranks_all_slower_alike_name_no_culprit() -> None:
 
 
 def test_a_title_names_the_op_and_says_no_placeholder_for_one() -> None:
-    from eroica_runtime.engine.model import where
+    from eroica_runtime.engine.model import in_function
 
-    assert where("aten::matmul") == " in aten::matmul"
-    assert where("(host_gap)") == " between profiled ops"       # was "io in (host_gap)"
-    assert where("(gc)") == "" and where(None) == ""              # was "gc in (gc)"
-    assert where("(CPU quota)") == " in (CPU quota)"              # a named cause stays
+    assert in_function("aten::matmul") == " in aten::matmul"
+    assert in_function("(host_gap)") == " between profiled ops"       # was "io in (host_gap)"
+    assert in_function("(gc)") == "" and in_function(None) == ""              # was "gc in (gc)"
+    assert in_function("(CPU quota)") == " in (CPU quota)"              # a named cause stays

@@ -12,7 +12,7 @@ SCRIPT = """
 import atexit, sys
 from eroica_runtime import errorfile
 errorfile.install()
-atexit.register(lambda: print("failed=" + str(errorfile.failed()), flush=True))
+atexit.register(lambda: print(f"failed={{errorfile.failed()}} early={{errorfile.leaving_early()}}", flush=True))
 {body}
 """
 
@@ -22,14 +22,16 @@ atexit.register(lambda: print("failed=" + str(errorfile.failed()), flush=True))
     ("sys.exit(3)", True, False),
     ("sys.exit(0)", False, False),
     ("pass", False, False),
+    ("raise KeyboardInterrupt", False, True),   # ^C: no failure, but the rank leaves early all the same
 ])
 def test_failure_is_remembered_and_recorded(tmp_path, body: str, failed: bool, has_file: bool) -> None:
     err = tmp_path / "error.json"
     out = subprocess.run([sys.executable, "-c", SCRIPT.format(body=body)], capture_output=True, text=True,
                          timeout=60, env={"TORCHELASTIC_ERROR_FILE": str(err), "PATH": "/usr/bin"})
-    assert f"failed={failed}" in out.stdout, out.stderr
+    assert f"failed={failed} " in out.stdout, out.stderr
+    assert f"early={failed or 'KeyboardInterrupt' in body}" in out.stdout, out.stdout
     assert err.exists() == has_file
-    if has_file:
+    if has_file and "KeyboardInterrupt" not in body:
         doc = json.loads(err.read_text())
         assert doc["message"]["message"] == "ValueError: boom"
         assert "Traceback" in doc["message"]["extraInfo"]["py_callstack"]

@@ -63,7 +63,7 @@ from eroica_runtime.engine.commonmode import comm_before_window, common_mode, ha
 from eroica_runtime.engine.history import HISTORY_FUNCTION, history_culprits
 from eroica_runtime.engine.impact import culprit_what_if
 from eroica_runtime.engine.lonework import describe, lone_steps
-from eroica_runtime.engine.model import CATEGORIES, Diagnosis, Finding, ranks_waiting, where
+from eroica_runtime.engine.model import CATEGORIES, Diagnosis, Finding, in_function, ranks_waiting
 from eroica_runtime.engine.ownbaseline import lone_culprits
 from eroica_runtime.engine.peers import Peers, form_peers, parse_topology
 from eroica_runtime.engine.quota import (
@@ -155,12 +155,12 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float,
         ev.update(work_ev)
         action = work_action(work_ev, work, action, hint)
     versus = "" if c.baseline_step is None else f" vs its baseline capture at step {c.baseline_step}"
-    title = (f"rank {rank} on {host}: {c.category}{where(c.function)} "
+    title = (f"rank {rank} on {host}: {c.category}{in_function(c.function)} "
              f"(+{c.excess_ms:.1f} ms/step own work{versus}, {ranks_waiting(len(c.victims))})")
     if c.alone is not None:   # worked alone in a window step, and before the window too (engine/lonework.py)
         ev["lone_work"] = c.alone
         words, first = describe(c.alone, c.category)
-        title = f"rank {rank} on {host}: {c.category}{where(c.function)} — {words}, {ranks_waiting(len(c.victims))})"
+        title = f"rank {rank} on {host}: {c.category}{in_function(c.function)} — {words}, {ranks_waiting(len(c.victims))})"
         action = first + action
     if quota:
         title = (f"rank {rank} on {host}: host — held throttled by its CPU quota{quota_limit(quota)} for "

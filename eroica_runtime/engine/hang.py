@@ -159,6 +159,14 @@ def _returned(reports: dict[int, dict[str, Any]], finished: list[int], waiting: 
     }
 
 
+def _after(step: Any, last: list[Any]) -> str:
+    """" of the next step" when the waiting ranks stopped where the returned rank did, else where."""
+    steps = sorted({s for s in last if isinstance(s, int)})
+    if steps == [step]:
+        return " of the next step"
+    return f" after step {', '.join(map(str, steps))}" if steps else ""
+
+
 def hang_diagnosis(doc: dict[str, Any], step: int) -> Diagnosis:
     """A diagnosed hang (``analyse``'s document) as a Diagnosis, to join the job's findings like any other."""
     f = doc.get("finding")
@@ -175,10 +183,3 @@ def hang_diagnosis(doc: dict[str, Any], step: int) -> Diagnosis:
     return Diagnosis(step=step, trigger=HANG_TRIGGER, world_size=world, ranks_analysed=world - len(missing),
                      findings=findings, missing=missing)
 
-
-def _after(step: Any, last: list[Any]) -> str:
-    """" of the next step" when the waiting ranks stopped where the returned rank did, else where."""
-    steps = sorted({s for s in last if isinstance(s, int)})
-    if steps == [step]:
-        return " of the next step"
-    return f" after step {', '.join(map(str, steps))}" if steps else ""

@@ -25,7 +25,7 @@ import numpy as np
 from eroica_runtime.engine.attribution import CONTENTION_SHARE, grown_functions
 from eroica_runtime.engine.baseline import Thresholds, center, column_reference, significant
 from eroica_runtime.engine.categories import ACTIONS, work_action, work_evidence
-from eroica_runtime.engine.model import Finding, ranks_waiting, where
+from eroica_runtime.engine.model import Finding, in_function, ranks_waiting
 from eroica_runtime.engine.peers import Peers
 from eroica_runtime.engine.quota import (
     QUOTA_FUNCTION,
@@ -237,7 +237,7 @@ def _finding(table: Table, rows: np.ndarray, row: int, excess: float, step_ref: 
             ev.update(work_ev)
             action = work_action(work_ev, work, action)
         action = f"This rank was {what}, in the window and the steps before it. " + action
-        title = (f"rank {rank} on {host}: {category}{where(function)} (+{excess:.1f} ms/step busy in the window "
+        title = (f"rank {rank} on {host}: {category}{in_function(function)} (+{excess:.1f} ms/step busy in the window "
                  f"and the {HISTORY_RECENT} steps before it, {ranks_waiting(len(victims))})")
     return Finding(category=category, rank=rank, host=host, function=function, phase=phase,
                    impact_ms_per_step=cost, what_if_step_ms=max(step_ref - excess, 0.0), victims=victims,

@@ -70,7 +70,7 @@ def count_ranks(n: int) -> str:
     return f"{n} rank{'' if n == 1 else 's'}"
 
 
-def where(function: str | None) -> str:
+def in_function(function: str | None) -> str:
     """A title's " in <function>" after the category: nothing where the function only repeats the
     phase the time went to (a GC finding "in (gc)"), "between profiled ops" for host time no op
     covers ("(host_gap)"), else the op. Why: "io in (host_gap)" and "gc in (gc)" were jargon in the
