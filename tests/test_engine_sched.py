@@ -12,6 +12,12 @@ Fixtures under data/engine/, all real captures recorded on this 2-core machine:
 - ``checkpoint-burst-rank0.msgpack``: tests/data/runtime/train.py with PAUSE=checkpoint PAUSE_EVERY=25
   PAUSE_S=0.5 (rank 0 saves checkpoints for 0.5 s after every 25 steps while the others wait), the drift
   capture at step 479, whose window held no save: rank 0 named from the steps before it.
+- ``fsdp-forward-rank1.msgpack``: a 4-rank FSDP2 job on gloo (4 blocks of two 512x512 linears, each
+  ``fully_shard``-ed, AdamW) whose rank 1 ran 100 extra 32x512 @ 512x512 matmuls before its forward
+  from step 150, the drift capture at step 185 (2026-12-05, f119ee1): communication is ~70% of the
+  140 ms step, rank 1's training thread on a CPU 49.5 ms a step against 24.6-26.9 (51.3 against
+  25.3-28.9 in the 8 steps before the window), it waited 16-30 ms less than its peers; "slower, no
+  culprit found" before ``attribution.cpu_backed``.
 - ``frozen-in-window-rank1.msgpack``: the same fault (run 45, 3c0426e), the throughput capture at
   step 75, whose window held a stop (252 ms in step 89, inside DDP's copy_bucket_to_grad).
 - ``bursty-contention-rank1.msgpack``: fault bench "contend-int" (2 hogs on rank 1's core, 8 steps
@@ -859,3 +865,33 @@ def test_a_checkpoint_pause_in_the_steps_before_the_window_names_nobody() -> Non
     assert max(recent_cpu) > 1000 * sorted(recent_cpu)[len(recent_cpu) // 2]   # the checkpoint is there
     table = build_table(sums)
     assert table.sch("hist_cpu")[0] < 5.0, table.sch("hist_cpu")   # and left out
+
+
+def test_a_straggler_in_a_communication_bound_job_is_named_from_its_extra_cpu_work() -> None:
+    """FSDP on gloo: communication is most of the step, so rank 1's extra forward work (+21 ms of a
+    140 ms step) is under the quarter of the step a group of 4 asks. Its training thread burned
+    about that much more CPU in the window and in the steps before it, and its peers waited for it:
+    that is work, not preemption, and it is named."""
+    meta, sums = _capture("fsdp-forward-rank1.msgpack")
+    d = _diagnose(meta, sums)
+    (f,) = d.findings
+    assert (f.rank, f.category, f.function, f.phase) == (1, "compute", "aten::matmul", "forward"), f.title
+    assert sorted(f.victims) == [0, 2, 3]
+    assert 15.0 <= f.impact_ms_per_step <= 40.0, f.title   # the job's step went from 111 to 140 ms
+    note = next(n for n in d.notes if "not the 25% a group of 4 asks" in n)
+    assert note.startswith("rank 1 named from") and "steps before it" in note
+    # without the step clock's CPU times the same window names nobody: the bar is a quarter of the step
+    old = _diagnose(meta, [_without_scheduler_data(s) for s in sums])
+    assert old.findings == (), [x.title for x in old.findings]
+
+
+def test_extra_cpu_in_the_window_only_does_not_lower_the_bar() -> None:
+    """The same capture with rank 1's CPU before the window set to its peers': the extra CPU shows in
+    the profiled steps only (the profiler's own effect on one process looks like that), and a
+    fifth of the step is not enough for a group of 4."""
+    meta, sums = _capture("fsdp-forward-rank1.msgpack")
+    sums = copy.deepcopy(sums)
+    assert sums[1]["rank"] == 1 and sums[1]["history"]["first"] == sums[0]["history"]["first"]
+    sums[1]["history"]["cpu"] = list(sums[0]["history"]["cpu"])
+    d = _diagnose(meta, sums)
+    assert d.findings == (), [x.title for x in d.findings]

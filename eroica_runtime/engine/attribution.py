@@ -44,6 +44,8 @@ CONTENTION_SHARE = 0.15
 WINDOW_CPU_SHARE = 0.5
 WINDOW_BEFORE_SHARE = 0.25
 WAIT_SHARE = 0.5         # a rank whose wait shrank by this share of its own-work excess is corroborated
+# cpu_backed: the rank's extra CPU a step is at least this share of its excess in the window and before it
+CPU_BACKED_SHARE = 0.5
 PART_WAIT_SHARE = 0.25   # ... and by this share of one part's excess (one_part_stragglers)
 
 
@@ -152,6 +154,7 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
     window_only: list[tuple[int, float, dict[str, float]]] = []   # window_only_cpu
     taken_out: list[LoneWork] = []   # lone work the group's other ranks were judged without
     one_offs: list[LoneWork] = []    # lone work under the noise that the steps before the window do not show
+    cpu_named: list[tuple[int, float, int, dict[str, float]]] = []   # (row, share of the step, group size, cpu_backed)
     for gi, rows in enumerate(peers.groups):
         if len(rows) < 2:
             continue
@@ -188,7 +191,14 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
             d_wait = float(wait[k]) - _wait_ref(wait, c_comm.ref, k)
             z = excess / c_own.sigma if c_own.sigma > 0 else float("inf")
             sref, nz, _ = levels[k]
-            if d_wait < excess and significant(excess, z, sref, th, len(rows), d_wait <= -WAIT_SHARE * excess):
+            corroborated = d_wait <= -WAIT_SHARE * excess
+            passes = significant(excess, z, sref, th, len(rows), corroborated)
+            if not passes and corroborated:
+                backed = cpu_backed(table, rows, int(rows[k]), excess, sref, z, th)
+                if backed is not None:
+                    passes = True
+                    cpu_named.append((int(rows[k]), excess / sref, len(rows), backed))
+            if d_wait < excess and passes:
                 if excess >= nz:
                     found[k] = (excess, c_own.sigma, None, d_wait, WAIT_SHARE)
                 elif int(rows[k]) in alone:    # under the noise its own lone step made: named if it recurs
@@ -237,8 +247,13 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
                                phase_ref={p: float(ph_ref[i]) for i, p in enumerate(part_names)},
                                device=table.has_device(rows), sched=sched, alone=recurring.get(k)))
     if notes is not None:
+        named = {c.row for c in out}
         notes += ([taken_out_note(table, taken_out)] if taken_out else []) + \
-            ([one_off_note(table, one_offs)] if one_offs else [])
+            ([one_off_note(table, one_offs)] if one_offs else []) + \
+            [f"rank {int(table.rank[r])} named from {share:.0%} of the step, not the {th.small_rel_step:.0%} a group "
+             f"of {n} asks: its training thread was on a CPU {bk['cpu_ms'] - bk['peers_cpu_ms']:.1f} ms a step "
+             f"longer than its peers' in the window and {bk['cpu_before_ms'] - bk['peers_cpu_before_ms']:.1f} ms "
+             "in the steps before it, and its peers waited for it" for r, share, n, bk in cpu_named if r in named]
     if luck and notes is not None:
         notes.append(
             f"{len(luck)} rank(s) slow in this window only because they waited for a CPU (run queue) more "
@@ -254,6 +269,40 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
                         f"{sp['cpu_before_ms']:.1f} before the window (peers {sp['peers_cpu_ms']:.1f})"
                         for r, ex, sp in window_only[:5]))
     return out
+
+
+def cpu_backed(table: Table, rows: np.ndarray, row: int, excess: float, step_ref: float, z: float,
+               th: Thresholds) -> dict[str, float] | None:
+    """The CPU evidence that lets a member of a small group be named from ``th.rel_step`` of the step
+    instead of ``th.small_rel_step``, or None.
+
+    Why: a small group asks a quarter of the step because its MAD is noise and a rank on shared cores
+    can lose a fifth of a window to preemption. That bar is a share of the step, and in a job whose
+    step is mostly communication the straggler's whole excess is a small share of it. A 4-rank FSDP2
+    job on gloo (2026-12-05, tests/data/engine/fsdp-forward-rank1.msgpack): rank 1 did 100 extra
+    matmuls a step before its forward, its training thread was on a CPU 49.5 ms a step against its
+    peers' 24.6-26.9 (51.3 against 25.3-28.9 in the 8 steps before the window), it waited 23 ms less
+    than they did, the job's step went from 111 to 140 ms, and its +21 ms (z 34) was 15% of the step:
+    "no culprit found". Preemption (run queue) and slow memory are not CPU time; the profiler's own
+    effect on one process shows in the window only (``window_only_cpu``). So a rank whose extra own
+    work is matched by extra CPU time of its training thread in the window and in the steps before
+    it (each at least ``CPU_BACKED_SHARE`` of the excess), whose wait shrank by about its excess (the
+    caller's ``corroborated``), is held to a large group's share of the step and a small group's z.
+    Host timeline only: a GPU's work is not host CPU."""
+    if table.has_device(rows) or len(rows) >= th.small_group:
+        return None
+    if excess < max(th.abs_ms, th.rel_step * step_ref) or z < th.small_z:
+        return None
+    cpu, before = table.sch("cpu"), table.sch("hist_cpu")
+    peers = rows[rows != row]
+    if not (np.isfinite(cpu[row]) and np.isfinite(before[row]) and np.isfinite(cpu[peers]).any()
+            and np.isfinite(before[peers]).any()):
+        return None
+    peer_cpu, peer_before = float(np.nanmedian(cpu[peers])), float(np.nanmedian(before[peers]))
+    if min(float(cpu[row]) - peer_cpu, float(before[row]) - peer_before) < CPU_BACKED_SHARE * excess:
+        return None
+    return {"cpu_ms": float(cpu[row]), "cpu_before_ms": float(before[row]), "peers_cpu_ms": peer_cpu,
+            "peers_cpu_before_ms": peer_before}
 
 
 def window_only_cpu(table: Table, rows: np.ndarray, row: int, excess: float,
