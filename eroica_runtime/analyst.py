@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from eroica_runtime import engine, report, reportdir, retention
-from eroica_runtime.engine import timelost
+from eroica_runtime.engine import longsteps, timelost
 from eroica_runtime.engine.hang import HANG_TRIGGER, hang_diagnosis
 from eroica_runtime.engine.model import count_ranks
 from eroica_runtime.gather import Gathered
@@ -238,20 +238,22 @@ class Analyst:
 def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int) -> dict[str, Any]:
     """Job-level step-time statistics from every rank's end-of-job numbers. Ranks are compared by their
     pace (``pace_ms``) when every rank sent one (``pace_ms``: the list, in rank order), else by median."""
-    ranks = [per_rank[r] for r in sorted(per_rank)]
+    ranks = [{k: v for k, v in per_rank[r].items() if k != "long_steps"} for r in sorted(per_rank)]
     medians = [r["median_ms"] for r in ranks if r.get("median_ms") is not None]
+    median = statistics.median(medians) if medians else None
     paces = [pace_ms(r) for r in ranks]
     by_pace: list[float] | None = [p for p in paces if p is not None] if ranks and None not in paces else None
     order = sorted(range(len(ranks)), key=lambda i: -((by_pace[i] if by_pace else ranks[i].get("median_ms")) or 0))
     return {
         "ranks_reporting": len(ranks), "world_size": world_size,
         "steps": max((r["steps"] for r in ranks), default=0),
-        "median_step_ms": statistics.median(medians) if medians else None,
+        "median_step_ms": median,
         "p99_step_ms": max((r["p99_ms"] for r in ranks if r.get("p99_ms") is not None), default=None),
         "per_rank": ranks,
         "pace_ms": [round(p, 3) for p in by_pace] if by_pace else None,
         "slowest": [{"rank": ranks[i]["rank"], "host": ranks[i]["host"], "median_ms": ranks[i]["median_ms"],
                      **({"pace_ms": round(by_pace[i], 3)} if by_pace else {})} for i in order[:3]],
+        "long_steps": [s.to_json() for s in longsteps.long_steps(per_rank, median)],
     }
 
 
@@ -313,6 +315,10 @@ def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]]) -> s
     own = own_time_text(stats.get("per_rank", []))
     if own:
         lines.append(own)
+    long = [s for s in stats.get("long_steps") or [] if isinstance(s, dict)]
+    if long:
+        lines.append("  longest steps:" if len(long) > 1 else "  longest step:")
+        lines += [f"    {longsteps.format_long_step(longsteps.LongStep.from_json(s))}" for s in long]
     if missing:
         lines.append(f"  {missing} rank(s) did not report at job end")
     return "\n".join(lines)

@@ -41,6 +41,7 @@ import msgpack
 
 from eroica_runtime import errorfile, reportdir, telemetry
 from eroica_runtime.engine.hang import analyse
+from eroica_runtime.engine.longsteps import LONG_MIN_MS, LONG_RATIO, is_user_frame
 from eroica_runtime.report import format_hang, format_pause
 from eroica_runtime.sidechannel import SideChannel
 
@@ -75,6 +76,26 @@ def main_stack_key() -> tuple[tuple[str, int], ...]:
         key.append((frame.f_code.co_filename, frame.f_lineno))
         frame = frame.f_back
     return tuple(key)
+
+
+def main_frames_text(inner: int = 8, user: int = 2, depth: int = 256) -> list[str]:
+    """Where the main thread is, as 'file:line function' frames, innermost last: the ``inner``
+    innermost frames and, above them, the ``user`` innermost frames of the user's own code
+    (engine.longsteps.is_user_frame): where a rank was while one of its steps ran long. A recompile
+    sits 60 frames deep in dynamo and inductor under the line of the script that called the model."""
+    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+    kept: list[str] = []
+    users = 0
+    while frame is not None and depth > 0 and (len(kept) < inner or users < user):
+        text = f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}"
+        if len(kept) < inner:
+            kept.append(text)
+            users += is_user_frame(text)
+        elif is_user_frame(text):
+            kept.append(text)
+            users += 1
+        frame, depth = frame.f_back, depth - 1
+    return kept[::-1]
 
 
 def storage_bytes() -> int | None:
@@ -143,16 +164,36 @@ class Watchdog(threading.Thread):
         self.finished = False                # this rank's program returned (finish)
         self.job_ended = False               # every rank's program returned: a look says nothing
         self._stop_event = threading.Event()  # not _stop: Thread._stop() is used at fork
+        self._sample: tuple[int, list[str]] | None = None   # (step, main_frames_text) of a step that ran long
 
     def progress(self, step: int) -> None:
         """Called at every step boundary (cheap: two attribute writes)."""
         self.last_progress = time.monotonic()
         self.last_step = step
 
-    def threshold(self) -> float:
+    def median_s(self) -> float:
         ms = self.step_times()[-50:]
-        median = sorted(ms)[len(ms) // 2] / 1e3 if ms else 0.0
-        return max(self.factor * median, self.floor_s)
+        return sorted(ms)[len(ms) // 2] / 1e3 if ms else 0.0
+
+    def threshold(self) -> float:
+        return max(self.factor * self.median_s(), self.floor_s)
+
+    def sampled(self, step: int) -> list[str] | None:
+        """Where this rank's main thread was while step ``step`` ran long, if this thread looked."""
+        got = self._sample
+        return got[1] if got is not None and got[0] == step else None
+
+    def _sample_long_step(self, stalled: float) -> None:
+        """Once per step that runs past the bar of a long step (engine.longsteps), sample where the main
+        thread is: the step clock keeps it with the step if it ends among the longest (a one-off stall
+        leaves no capture behind to say where it was)."""
+        step = self.last_step + 1
+        try:
+            if (self._sample is None or self._sample[0] != step) and \
+                    stalled >= max(LONG_RATIO * self.median_s(), LONG_MIN_MS / 1e3):
+                self._sample = (step, main_frames_text())
+        except Exception:   # a frame that vanished under it: no place for this step, never a dead watchdog
+            self._sample = None
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -177,6 +218,7 @@ class Watchdog(threading.Thread):
             if self.stall_step != self.last_step:   # a new stall (or none): looked at from the start
                 self.stall_step, self.looks, self.reported_hang = None, 0, False
             stalled = time.monotonic() - self.last_progress
+            self._sample_long_step(stalled)
             due = self.threshold() * 2 ** self.looks
             if stalled < due:
                 continue

@@ -8,6 +8,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from eroica_runtime.engine import longsteps
 from eroica_runtime.report import (
     calls_text,
     format_time_lost,
@@ -235,6 +236,11 @@ def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
         refused = refused_summary(job.get("captures_refused")).strip()
         if refused:
             parts.append(f'<p class="cat">{_e(refused[0].upper() + refused[1:])}</p>')
+        long = [s for s in job.get("long_steps") or [] if isinstance(s, dict)]
+        if long:
+            parts.append("<h3>Longest steps</h3><ul>" + "".join(
+                f"<li>{_e(longsteps.format_long_step(longsteps.LongStep.from_json(s)))}</li>" for s in long[:10])
+                + "</ul>")
         per_rank = [r for r in job.get("per_rank") or [] if isinstance(r, dict)]
         if per_rank:
             cols = ["rank", "host", "steps", "median_ms", "p99_ms", "eroica_ms"]

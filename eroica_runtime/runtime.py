@@ -35,6 +35,7 @@ from eroica_runtime import __version__, errorfile, reportdir, telemetry
 from eroica_runtime import summary as summary_mod
 from eroica_runtime.capture import Capture
 from eroica_runtime.config import Config
+from eroica_runtime.engine import longsteps
 from eroica_runtime.gather import gather_capture, gather_job_end
 from eroica_runtime.pgkeeper import REFRESH_EVERY, GroupKeeper
 from eroica_runtime.sidechannel import DeadlineMissed, SideChannel, leave_mpi
@@ -86,7 +87,7 @@ class Runtime:
         self._own_gc_ms = 0.0
         self.throttle = telemetry.ThrottleClock()
         self.clock = StepClock(self._on_boundary, gc_ms=lambda: self.gc.snapshot()[1] - self._own_gc_ms,
-                               throttled_ms=self.throttle.read)
+                               throttled_ms=self.throttle.read, long_from=cfg.warmup_steps + 1)
         self.trigger = Trigger(cfg)
         self.capture = Capture()
         self.pg_keeper = GroupKeeper()
@@ -171,6 +172,7 @@ class Runtime:
                 deadline_s=self.cfg.deadline_s, warn=self._warn,
                 on_diagnosis=self.analyst.add_hang if self.analyst is not None else None)
             self.watchdog.start()
+            self.clock.where = self.watchdog.sampled
         else:
             self._warn("MPI gives no MPI_THREAD_MULTIPLE: the hang watchdog is off")
         self.enabled = True
@@ -616,8 +618,10 @@ class Runtime:
 
         # drift_held: the drift captures found healthy whose level this rank's drift rule took as its
         # least reference (report.json: why a level was not captured again; the same list on every rank)
-        mine = {"rank": self.rank, "host": socket.gethostname(), **_step_stats(self.clock.all_ms, self.cfg),
-                "eroica_ms": round(self._own_s * 1e3, 3), "drift_held": list(self.trigger.held)}
+        stats = _step_stats(self.clock.all_ms, self.cfg)
+        mine = {"rank": self.rank, "host": socket.gethostname(), **stats,
+                "eroica_ms": round(self._own_s * 1e3, 3), "drift_held": list(self.trigger.held),
+                "long_steps": longsteps.to_send(self.clock.long_steps(), stats["median_ms"])}
         got = gather_job_end(side, msgpack.packb(mine, use_bin_type=True), self.cfg.deadline_s)
         if got is None or self.analyst is None:
             return None

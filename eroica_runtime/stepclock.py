@@ -19,6 +19,7 @@ rank from the steps before a capture window when the window missed its slow step
 
 from __future__ import annotations
 
+import heapq
 import os
 import time
 import weakref
@@ -29,6 +30,7 @@ from typing import Any
 
 HISTORY = 4096
 THREAD_HISTORY = 256
+LONGEST = 4   # the longest steps kept whole for the job end (engine/longsteps.py)
 
 
 class ThreadTimes:
@@ -108,7 +110,7 @@ def _time_dataloader(clock: StepClock) -> Callable[[], None] | None:
 class StepClock:
     def __init__(self, on_boundary: Callable[[int, float], None], history: int = HISTORY,
                  gc_ms: Callable[[], float] | None = None,
-                 throttled_ms: Callable[[], float | None] | None = None) -> None:
+                 throttled_ms: Callable[[], float | None] | None = None, long_from: int = 1) -> None:
         self.on_boundary = on_boundary
         self.gc_ms = gc_ms                # cumulative GC pause ms (telemetry.GcMonitor), if watched
         self._gc_last = 0.0
@@ -129,6 +131,12 @@ class StepClock:
         self.data_ms = 0.0                # time in DataLoader next() (waiting for a batch), cumulative
         self._data_last = 0.0
         self._untime_data: Callable[[], None] | None = None
+        # the LONGEST longest steps from step long_from on, with what the training thread did in them: a
+        # min-heap of (ms, step, record); where(step) is its main thread's stack sampled while that
+        # step ran long (hang.Watchdog.sampled), if anything sampled it
+        self.longest: list[tuple[float, int, dict[str, Any]]] = []
+        self.long_from = long_from        # warm-up steps (a first compile, a cold cache) are not stalls
+        self.where: Callable[[int], list[str] | None] | None = None
         self._times: ThreadTimes | None = None
         self._t_last: tuple[float, float] | None = None
         self._last = time.perf_counter()
@@ -196,9 +204,12 @@ class StepClock:
             self.durations.append((step, ms))
             self.all_ms.append(ms)
             if self._t_last is not None:
-                self.thread.append((step, sample[0] - self._t_last[0], sample[1] - self._t_last[1],
-                                    continued - self._continued_last, data - self._data_last, gc - self._gc_last,
-                                    thr - self._thr_last))
+                rec = (step, sample[0] - self._t_last[0], sample[1] - self._t_last[1],
+                       continued - self._continued_last, data - self._data_last, gc - self._gc_last,
+                       thr - self._thr_last)
+                self.thread.append(rec)
+                if step >= self.long_from and (len(self.longest) < LONGEST or ms > self.longest[0][0]):
+                    self._keep_long(ms, rec)
         self._t_last, self._continued_last, self._data_last, self._gc_last = sample, continued, data, gc
         self._thr_last = thr
         self.step += 1
@@ -211,6 +222,28 @@ class StepClock:
             # A plain boundary (~15 µs) is left in it rather than paying a second sample every step
             self._t_last = times.sample()
         self._last = end
+
+    def _keep_long(self, ms: float, rec: tuple[int, float, float, int, float, float, float]) -> None:
+        """Keep one of the longest steps so far (a few µs, only for a step longer than the kept ones)."""
+        step = rec[0]
+        doc: dict[str, Any] = {"step": step, "ms": round(ms, 3), "cpu": round(rec[1], 3), "runq": round(rec[2], 3),
+                               "stops": rec[3], "data": round(rec[4], 3), "gc": round(rec[5], 3),
+                               "thr": round(rec[6], 3)}
+        try:
+            where = self.where(step) if self.where is not None else None
+        except Exception:
+            where = None
+        if where:
+            doc["where"] = where
+        item = (ms, step, doc)
+        if len(self.longest) < LONGEST:
+            heapq.heappush(self.longest, item)
+        else:
+            heapq.heapreplace(self.longest, item)
+
+    def long_steps(self) -> list[dict[str, Any]]:
+        """The kept longest steps, longest first (a copy: another thread may read it at job end)."""
+        return [doc for _, _, doc in sorted(self.longest[:], key=lambda x: -x[0])]
 
     # ---- CUDA: device-side step times, read lazily -----------------------------------------------
     def _record_cuda(self, step: int) -> None:

@@ -254,6 +254,22 @@ def test_mark_step_drives_the_clock_without_an_optimizer(tmp_path) -> None:
     assert json.loads((tmp_path / "report.json").read_text())["steps"] == 40
 
 
+def test_a_one_off_stall_names_the_rank_the_others_waited_for_and_where_it_was(tmp_path) -> None:
+    """Rank 1 works alone for 2 s once (as a recompile or a lone save does): no detector captures a
+    stall that is over, but the job summary says which step, which rank, and the line it was at."""
+    proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, TRAIN,
+                      env={"STEPS": "120", "STALL_RANK": "1", "STALL_AT": "70", "STALL_S": "2"}, timeout=240)
+    assert proc.returncode == 0, explain(proc)
+    lines = proc.stderr.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.endswith("  longest step:"))
+    line = lines[head + 1]
+    assert " took " in line and ": rank 1 on " in line and "they waited for it" in line, explain(proc)
+    assert "train.py:" in line and "stall_once" in line, line
+    job = json.loads((tmp_path / "report.json").read_text())["job"]
+    (s,) = job["long_steps"]
+    assert s["rank"] == 1 and s["ms"] >= 1500 and s["busy_ms"] >= 0.5 * s["ms"] and s["others_ms"] < 0.25 * s["busy_ms"]
+
+
 def test_forked_dataloader_workers_stay_inert(tmp_path) -> None:
     """fork()ed workers inherit the runtime object; they must never vote, profile or touch MPI."""
     proc = eroica_run("--nproc-per-node", "2", "--report-dir", tmp_path, "--capture-at-steps", "20", TRAIN,

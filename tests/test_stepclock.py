@@ -96,3 +96,22 @@ def test_a_quota_clock_that_gives_up_leaves_the_steps_unheld() -> None:
     for _ in range(6):
         clock.mark()
     assert [round(r[6], 3) for r in clock.thread] == [5.0, 7.0, 0.0, 0.0, 0.0]
+
+
+def test_the_longest_steps_after_warm_up_are_kept_with_what_the_thread_did_and_where() -> None:
+    """A one-off stall leaves no capture behind: the clock keeps the few longest steps whole, with the
+    training thread's CPU in them and where it was (the watchdog's sample for that step)."""
+    clock = StepClock(lambda step, ms: None, long_from=3)
+    clock.where = lambda step: ["train.py:10 main", "train.py:20 stall"] if step == 6 else None
+    busy = {1: 0.12, 6: 0.08, 9: 0.03}   # step 1 is warm-up (a first compile): not kept
+    for step in range(12):
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < busy.get(step, 0.002):
+            pass   # on a CPU, as a recompile or a rank's lone work is
+        clock.mark()
+    kept = clock.long_steps()
+    assert [d["step"] for d in kept][:2] == [6, 9] and len(kept) == 4
+    assert all(d["step"] >= 3 for d in kept)
+    six = kept[0]
+    assert six["ms"] >= 70 and six["cpu"] >= 0.5 * six["ms"], six
+    assert six["where"] == ["train.py:10 main", "train.py:20 stall"] and "where" not in kept[1]

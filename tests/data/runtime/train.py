@@ -31,6 +31,9 @@ PAUSE_AT = int(os.environ.get("PAUSE_AT", "-1"))             # ... after this st
 PAUSE_EVERY = int(os.environ.get("PAUSE_EVERY", "0"))        # ... or after every this many steps
 PAUSE_S = float(os.environ.get("PAUSE_S", "0"))               # ... for this long (no optimizer step meanwhile)
 PAUSE_DIR = os.environ.get("PAUSE_DIR", "/tmp")              # where the checkpoint is written
+STALL_RANK = int(os.environ.get("STALL_RANK", "-1"))         # this rank works alone (matmuls) ...
+STALL_AT = int(os.environ.get("STALL_AT", "-1"))             # ... once, before this step's forward ...
+STALL_S = float(os.environ.get("STALL_S", "0"))               # ... for this long
 WORKERS = int(os.environ.get("WORKERS", "0"))
 LOOP = os.environ.get("LOOP", "plain")
 DIM = int(os.environ.get("DIM", "256"))
@@ -70,6 +73,14 @@ class Model(torch.nn.Module):
             for _ in range(int(os.environ.get("FAULT_MATMULS", "60"))):
                 x = x + 1e-6 * (x @ self.extra)
         return self.layers(x)
+
+
+def stall_once() -> None:
+    """One-off work on one rank while the others wait in the next all-reduce (a recompile, a lone save)."""
+    a = torch.randn(DIM, DIM)
+    end = time.monotonic() + STALL_S
+    while time.monotonic() < end:
+        a = torch.tanh(a @ a)
 
 
 def pause(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
@@ -120,6 +131,8 @@ def main() -> None:
             junk.clear()
         if dist.get_rank() == KILL_RANK and state["step"] == KILL_AT:
             os.kill(os.getpid(), signal.SIGKILL)
+        if dist.get_rank() == STALL_RANK and state["step"] == STALL_AT:
+            stall_once()
         if STEP_SLEEP or SLEEP_MORE:
             time.sleep(STEP_SLEEP + (SLEEP_MORE if 0 <= SLEEP_MORE_FROM <= state["step"] else 0.0))
         if LOOP == "closure":

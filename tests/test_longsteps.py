@@ -1,0 +1,100 @@
+"""The job's longest steps: which rank the others waited for in a one-off stall, doing what, where.
+
+Records are as the step clock keeps them (``StepClock.long_steps``) and ranks send them at job end
+(``longsteps.to_send``); their numbers are those of a real run: a 4-rank DDP job with a
+``torch.compile``-d model whose rank 2 recompiled at step 200 (its batch shape changed), 848 ms
+against a 14.3 ms median, rank 2 on a CPU 0.35 s of it, its peers 0.01 s (2026-12-05).
+"""
+
+from __future__ import annotations
+
+from eroica_runtime.analyst import format_job_stats, job_stats
+from eroica_runtime.engine import longsteps
+from eroica_runtime.report_html import render_html
+
+RECOMPILE_WHERE = [
+    "/tmp/job/train.py:139 main",
+    "/tmp/torchinductor_root/tmpa1/ix/cixw.py:70 <module>",
+    "/venv/lib/python3.11/site-packages/torch/_inductor/async_compile.py:818 wait",
+    "/venv/lib/python3.11/site-packages/torch/_inductor/codecache.py:3852 load_fn",
+    "/usr/lib/python3.11/concurrent/futures/_base.py:451 result",
+    "/usr/lib/python3.11/threading.py:327 wait",
+]
+
+
+def _rec(step: int, ms: float, cpu: float, data: float = 0.0, gc: float = 0.0, stops: int = 0,
+         where: list[str] | None = None) -> dict:
+    doc = {"step": step, "ms": ms, "cpu": cpu, "runq": 0.5, "stops": stops, "data": data, "gc": gc, "thr": 0.0}
+    return {**doc, "where": where} if where else doc
+
+
+def _job(records: dict[int, list[dict]], median: float = 14.3) -> dict[int, dict]:
+    return {r: {"rank": r, "host": f"node{r // 2}", "steps": 400, "median_ms": median, "p99_ms": 40.0,
+                "total_ms": 400 * median, "eroica_ms": 100.0, "long_steps": recs} for r, recs in records.items()}
+
+
+def test_a_rank_that_recompiled_alone_is_the_one_the_others_waited_for() -> None:
+    per_rank = _job({r: [_rec(200, 848.0 - r, 350.0 if r == 2 else 5.0, where=RECOMPILE_WHERE if r == 2 else None),
+                         _rec(31, 40.0, 30.0)] for r in range(4)})
+    (s,) = longsteps.long_steps(per_rank, 14.3)   # step 31 is under the bar (10x the median, 200 ms)
+    assert (s.step, s.rank, s.host, s.what, s.ranks_seen) == (200, 2, "node1", "cpu", 4)
+    line = longsteps.format_long_step(s)
+    assert line.startswith("step 200 took 848 ms (59x the median 14.3 ms): rank 2 on node1 on a CPU 0.35 s"), line
+    # the torch frame that waits and the user's line, not threading.wait or inductor's generated module
+    assert "in torch/_inductor/codecache.py:3852 load_fn, from /tmp/job/train.py:139 main" in line, line
+    assert "recompilation" in line and "TORCH_LOGS=recompiles" in line, line
+
+
+def test_what_the_busy_rank_was_waiting_for_or_collecting_is_said() -> None:
+    data = _job({0: [_rec(90, 900.0, 3.0)], 1: [_rec(90, 900.0, 20.0, data=700.0)], 2: [_rec(90, 900.0, 4.0)]})
+    (s,) = longsteps.long_steps(data, 20.0)
+    assert (s.rank, s.what) == (1, "data") and "waiting for its next batch 0.72 s" in longsteps.format_long_step(s)
+    gc = _job({0: [_rec(90, 900.0, 3.0)], 1: [_rec(90, 900.0, 640.0, gc=600.0)], 2: [_rec(90, 900.0, 4.0)]})
+    (s,) = longsteps.long_steps(gc, 20.0)
+    assert (s.rank, s.what) == (1, "gc") and "garbage-collection" in longsteps.format_long_step(s)
+
+
+def test_a_stall_every_rank_worked_through_or_none_did_names_no_rank() -> None:
+    everyone = _job({r: [_rec(50, 2000.0, 1800.0 + r)] for r in range(4)})
+    (s,) = longsteps.long_steps(everyone, 20.0)
+    assert s.rank is None and "every rank was busy" in s.why
+    asleep = _job({r: [_rec(50, 2000.0, 5.0)] for r in range(4)})   # a shared filesystem hung for everyone
+    (s,) = longsteps.long_steps(asleep, 20.0)
+    assert s.rank is None and "no rank was busy" in s.why
+    stopped = _job({0: [_rec(50, 2000.0, 5.0)], 1: [_rec(50, 2000.0, 5.0, stops=1)]})
+    (s,) = longsteps.long_steps(stopped, 20.0)
+    assert s.rank is None and "rank 1 stopped and continued" in s.why
+
+
+def test_only_the_longest_few_stalls_are_reported_longest_first() -> None:
+    recs = [_rec(step, 300.0 + step, 250.0 + step) for step in (100, 200, 300, 400)]
+    per_rank = _job({0: recs, 1: [_rec(r["step"], r["ms"], 1.0) for r in recs]})
+    got = longsteps.long_steps(per_rank, 20.0)
+    assert [s.step for s in got] == [400, 300, 200] and all(s.rank == 0 for s in got)
+    assert longsteps.long_steps(per_rank, None) == [] and longsteps.long_steps({}, 20.0) == []
+
+
+def test_a_rank_sends_only_stalls_and_its_stack_only_where_it_was_the_busy_one() -> None:
+    kept = [_rec(200, 848.0, 5.0, where=["a.py:1 f"]), _rec(300, 600.0, 400.0, where=["b.py:2 g"]),
+            _rec(31, 40.0, 30.0, where=["c.py:3 h"])]
+    sent = longsteps.to_send(kept, 14.3)
+    assert [d["step"] for d in sent] == [200, 300]
+    assert "where" not in sent[0] and sent[1]["where"] == ["b.py:2 g"]   # a victim's stack is a collective wait
+    assert longsteps.to_send(kept, None) == [] and longsteps.to_send([], 14.3) == []
+
+
+def test_the_job_summary_prints_the_longest_step_and_report_json_keeps_it() -> None:
+    per_rank = _job({r: [_rec(200, 848.0, 350.0 if r == 2 else 5.0, where=RECOMPILE_WHERE if r == 2 else None)]
+                     for r in range(4)})
+    stats = job_stats(per_rank, 4)
+    assert all("long_steps" not in r for r in stats["per_rank"])   # each rank's records are read, not kept
+    assert stats["long_steps"][0]["rank"] == 2 and stats["long_steps"][0]["where"] == RECOMPILE_WHERE
+    text = format_job_stats(stats, [])
+    assert "  longest step:\n    step 200 took 848 ms" in text and "rank 2 on node1" in text, text
+    page = render_html({"schema": "eroica.report/1", "world_size": 4, "steps": 400, "job": stats, "captures": [],
+                        "findings": []}, [], None)
+    assert "<h3>Longest steps</h3>" in page and "step 200 took 848 ms" in page
+    # report.json read back by another reader: junk in it is no crash
+    back = longsteps.LongStep.from_json({"step": "x", "ms": None, "rank": True, "where": [1, "a.py:1 f"]})
+    assert back.rank is None and back.where == ("a.py:1 f",)
+    assert "longest" not in format_job_stats(job_stats(_job({0: [], 1: []}), 2), [])
