@@ -293,16 +293,25 @@ def cpu_backed(table: Table, rows: np.ndarray, row: int, excess: float, step_ref
         return None
     if excess < max(th.abs_ms, th.rel_step * step_ref) or z < th.small_z:
         return None
+    got = cpu_against_peers(table, rows, row)
+    if got is None:
+        return None
+    cpu, before, peer_cpu, peer_before = got
+    if min(cpu - peer_cpu, before - peer_before) < CPU_BACKED_SHARE * excess:
+        return None
+    return {"cpu_ms": cpu, "cpu_before_ms": before, "peers_cpu_ms": peer_cpu, "peers_cpu_before_ms": peer_before}
+
+
+def cpu_against_peers(table: Table, rows: np.ndarray, row: int) -> tuple[float, float, float, float] | None:
+    """(the rank's training-thread CPU ms a step in the window, in the steps before it, its peers' median
+    of each), or None without the step clock's numbers for the rank and some peer."""
     cpu, before = table.sch("cpu"), table.sch("hist_cpu")
     peers = rows[rows != row]
     if not (np.isfinite(cpu[row]) and np.isfinite(before[row]) and np.isfinite(cpu[peers]).any()
             and np.isfinite(before[peers]).any()):
         return None
-    peer_cpu, peer_before = float(np.nanmedian(cpu[peers])), float(np.nanmedian(before[peers]))
-    if min(float(cpu[row]) - peer_cpu, float(before[row]) - peer_before) < CPU_BACKED_SHARE * excess:
-        return None
-    return {"cpu_ms": float(cpu[row]), "cpu_before_ms": float(before[row]), "peers_cpu_ms": peer_cpu,
-            "peers_cpu_before_ms": peer_before}
+    return (float(cpu[row]), float(before[row]), float(np.nanmedian(cpu[peers])),
+            float(np.nanmedian(before[peers])))
 
 
 def window_only_cpu(table: Table, rows: np.ndarray, row: int, excess: float,
@@ -326,18 +335,16 @@ def window_only_cpu(table: Table, rows: np.ndarray, row: int, excess: float,
     with a device timeline (a GPU's work is not host CPU). A rank that worked alone in a window step
     (lonework.py) is judged the same way: its checkpoint or evaluation is other calls, not the same
     work (the window above had rank 1's slowest step read as work alone)."""
-    cpu, before = table.sch("cpu"), table.sch("hist_cpu")
-    peers = rows[rows != row]
-    if not (np.isfinite(cpu[row]) and np.isfinite(before[row]) and np.isfinite(cpu[peers]).any()
-            and np.isfinite(before[peers]).any()):
+    got = cpu_against_peers(table, rows, row)
+    if got is None:
         return None
-    peer_cpu, peer_before = float(np.nanmedian(cpu[peers])), float(np.nanmedian(before[peers]))
-    d_cpu, d_before = float(cpu[row]) - peer_cpu, float(before[row]) - peer_before
+    cpu, before, peer_cpu, peer_before = got
+    d_cpu, d_before = cpu - peer_cpu, before - peer_before
     if d_cpu < WINDOW_CPU_SHARE * excess or d_before > WINDOW_BEFORE_SHARE * d_cpu:
         return None
     if not same_work(table, rows, row, excess, th):
         return None
-    return {"cpu_ms": float(cpu[row]), "cpu_before_ms": float(before[row]), "peers_cpu_ms": peer_cpu}
+    return {"cpu_ms": cpu, "cpu_before_ms": before, "peers_cpu_ms": peer_cpu}
 
 
 def same_work(table: Table, rows: np.ndarray, row: int, excess: float, th: Thresholds) -> bool:
