@@ -98,3 +98,17 @@ def test_the_job_summary_prints_the_longest_step_and_report_json_keeps_it() -> N
     back = longsteps.LongStep.from_json({"step": "x", "ms": None, "rank": True, "where": [1, "a.py:1 f"]})
     assert back.rank is None and back.where == ("a.py:1 f",)
     assert "longest" not in format_job_stats(job_stats(_job({0: [], 1: []}), 2), [])
+
+
+def test_a_stall_whose_busy_rank_kept_no_record_of_it_says_the_records_are_incomplete() -> None:
+    """Rank 0 saved a checkpoint in 9 steps alike and kept 8 of them: for the ninth only its peers'
+    records remain, all asleep, and the line must not read as if nobody was busy for sure."""
+    saves = [100 * k for k in range(1, 10)]
+    per_rank = _job({0: [_rec(st, 1020.0, 610.0) for st in saves[1:]],
+                     **{r: [_rec(st, 1020.0 + (st == 100), 5.0) for st in saves] for r in (1, 2, 3)}})
+    got = longsteps.long_steps(per_rank, 10.0)
+    assert got[0].step == 100 and got[0].rank is None, got[0]
+    assert "only 3 of the 4 ranks that reported kept this step" in got[0].why
+    assert [(s.step, s.rank) for s in got[1:]] == [(200, 0), (300, 0)]
+    one = longsteps.long_steps(_job({0: [_rec(7, 900.0, 800.0)]}), 10.0)
+    assert one[0].rank is None and "the job's one rank was busy 0.80 s" in one[0].why

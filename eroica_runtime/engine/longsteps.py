@@ -24,6 +24,7 @@ from typing import Any
 LONG_RATIO = 10.0    # a step this many times the job's median step ...
 LONG_MIN_MS = 200.0  # ... and at least this long is a stall worth a line
 MAX_SHOWN = 3        # the longest this many stalls are reported
+MAX_SENT = 8         # a rank sends at most this many (stepclock.LONGEST keeps as many)
 # the rank held the others: busy (CPU, run queue, batch wait) at least this share of the step, while no
 # other rank was busy more than ALONE_SHARE of its busy time. Not most of the step: a rank recompiling
 # its torch.compile-d forward (2026-12-05) was busy 412 ms of a 948 ms step, the rest waiting for
@@ -93,15 +94,16 @@ def _what(rec: Mapping[str, Any]) -> str:
 
 def to_send(records: list[dict[str, Any]], median_ms: float | None) -> list[dict[str, Any]]:
     """What a rank sends of its kept longest steps (``StepClock.long_steps``, longest first) at job end:
-    only steps past the bar against its own median, at most MAX_SHOWN, and the stack only with a step
-    it was busy through (the rank the others waited for); a healthy job sends nothing, and at 100k
-    ranks the victims of a stall send ~100 bytes each."""
+    only steps past the bar against its own median, at most MAX_SENT (of 5 checkpoints alike, which 3
+    a rank would send differs between ranks: the saving rank's and its peers' must meet), and the
+    stack only with a step it was busy through (the rank the others waited for); a healthy job sends
+    nothing, and the victims of a stall send ~100 bytes a step each."""
     if not median_ms or median_ms <= 0:
         return []
     bar = max(LONG_RATIO * median_ms, LONG_MIN_MS)
     out = []
     for rec in records:
-        if _num(rec.get("ms")) < bar or len(out) >= MAX_SHOWN:
+        if _num(rec.get("ms")) < bar or len(out) >= MAX_SENT:
             continue
         busy = _busy(rec) >= BUSY_SHARE * _num(rec.get("ms"))
         out.append({k: v for k, v in rec.items() if k != "where" or busy})
@@ -125,6 +127,14 @@ def long_steps(per_rank: Mapping[int, Mapping[str, Any]], median_ms: float | Non
     return [_judge(step, recs, per_rank, median_ms) for step, recs in ranked[:MAX_SHOWN]]
 
 
+def _incomplete(recs: Mapping[int, Mapping[str, Any]], per_rank: Mapping[int, Mapping[str, Any]]) -> str:
+    """' (only N of M ranks kept this step: ...)' when ranks that reported at job end hold no record of it."""
+    if len(recs) >= len(per_rank):
+        return ""
+    return (f" (only {len(recs)} of the {len(per_rank)} ranks that reported kept this step among their "
+            f"{MAX_SENT} longest)")
+
+
 def _judge(step: int, recs: Mapping[int, Mapping[str, Any]], per_rank: Mapping[int, Mapping[str, Any]],
            median_ms: float) -> LongStep:
     ms = max(_num(x.get("ms")) for x in recs.values())
@@ -143,11 +153,12 @@ def _judge(step: int, recs: Mapping[int, Mapping[str, Any]], per_rank: Mapping[i
         why = "every rank was busy through it (an evaluation, a job-wide pause)"
     elif stopped:
         why = f"rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))} stopped and continued in it (SIGSTOP)"
-    elif len(recs) == 1:
-        why = "only one rank's records hold it"
+    elif len(per_rank) == 1:
+        why = f"the job's one rank was busy {busy[top] / 1e3:.2f} s of it"
     else:
-        why = "no rank was busy on a CPU or waiting for a batch for most of it (storage, a sleep, a subprocess, the network)"
-    return LongStep(**base, busy_ms=busy[top], others_ms=others, why=why)
+        why = "no rank was busy on a CPU or waiting for a batch for a quarter of it (storage, a sleep, a subprocess, " \
+              "the network)"
+    return LongStep(**base, busy_ms=busy[top], others_ms=others, why=why + _incomplete(recs, per_rank))
 
 
 def short_frame(frame: str) -> str:
