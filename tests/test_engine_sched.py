@@ -18,6 +18,10 @@ Fixtures under data/engine/, all real captures recorded on this 2-core machine:
   140 ms step, rank 1's training thread on a CPU 49.5 ms a step against 24.6-26.9 (51.3 against
   25.3-28.9 in the 8 steps before the window), it waited 16-30 ms less than its peers; "slower, no
   culprit found" before ``attribution.cpu_backed``.
+- ``epoch-workers-burst-rank2.msgpack``: a healthy 4-rank DDP job whose DataLoader (2 workers,
+  persistent_workers=False) starts its workers anew every 40-step epoch (2026-12-05, 05e914c), the
+  spike capture at step 86 after the boundary at 80: rank 2 busy 8.5 ms/step more than its peers in
+  the 8 steps before the window (its workers starting), 0.0 more on average over the 32 before it.
 - ``frozen-in-window-rank1.msgpack``: the same fault (run 45, 3c0426e), the throughput capture at
   step 75, whose window held a stop (252 ms in step 89, inside DDP's copy_bucket_to_grad).
 - ``bursty-contention-rank1.msgpack``: fault bench "contend-int" (2 hogs on rank 1's core, 8 steps
@@ -895,3 +899,15 @@ def test_extra_cpu_in_the_window_only_does_not_lower_the_bar() -> None:
     sums[1]["history"]["cpu"] = list(sums[0]["history"]["cpu"])
     d = _diagnose(meta, sums)
     assert d.findings == (), [x.title for x in d.findings]
+
+
+def test_a_burst_that_costs_nothing_on_average_is_a_note_not_a_finding() -> None:
+    """Workers starting at an epoch boundary made rank 2 busier than its peers for the 8 steps before
+    the window, and no busier over the 32 before it: it was named "compute ... +0.0 ms/step (step ->
+    5.3 ms if fixed)", the job's one finding. Once is not a fault of the job's."""
+    meta, sums = _capture("epoch-workers-burst-rank2.msgpack")
+    assert meta["trigger"] == "spike"
+    d = _diagnose(meta, sums)
+    assert d.findings == (), [f.title for f in d.findings]
+    note = next(n for n in d.notes if "once, not a fault of the job's" in n)
+    assert note.startswith("rank 2 was busy 8.5 ms/step more than its peers in the 8 steps before the window"), note

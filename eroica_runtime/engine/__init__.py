@@ -308,7 +308,7 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
     named = {c.row for c in culprits}
     findings.extend(stall_finding(table, row, ev, step_med) for row, ev in stopped.items() if row not in named)
     if not findings:
-        earlier = history_culprits(table, peers, th, trigger, named)
+        earlier = history_culprits(table, peers, th, trigger, named, notes)
         findings.extend(earlier)
         # a burst's slow-step excess (its cost is averaged over the steps before the window): what the
         # common-mode check below weighs against the step's growth
