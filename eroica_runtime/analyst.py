@@ -317,8 +317,10 @@ def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]]) -> s
         lines.append(own)
     long = [s for s in stats.get("long_steps") or [] if isinstance(s, dict)]
     if long:
-        lines.append("  longest steps:" if len(long) > 1 else "  longest step:")
-        lines += [f"    {longsteps.format_long_step(longsteps.LongStep.from_json(s))}" for s in long]
+        among = longsteps.LongStep.from_json(long[0]).among
+        lines.append(("  longest steps:" if len(long) > 1 else "  longest step:") if among <= len(long) else
+                     f"  longest steps ({len(long)} of {among} over {longsteps.LONG_RATIO:.0f}x the median):")
+        lines += [f"    {line}" for line in longsteps.format_long_steps([longsteps.LongStep.from_json(s) for s in long])]
     if missing:
         lines.append(f"  {missing} rank(s) did not report at job end")
     return "\n".join(lines)

@@ -239,7 +239,8 @@ def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
         long = [s for s in job.get("long_steps") or [] if isinstance(s, dict)]
         if long:
             parts.append("<h3>Longest steps</h3><ul>" + "".join(
-                f"<li>{_e(longsteps.format_long_step(longsteps.LongStep.from_json(s)))}</li>" for s in long[:10])
+                f"<li>{_e(line)}</li>" for line in longsteps.format_long_steps(
+                    [longsteps.LongStep.from_json(s) for s in long[:10]]))
                 + "</ul>")
         per_rank = [r for r in job.get("per_rank") or [] if isinstance(r, dict)]
         if per_rank:

@@ -39,7 +39,8 @@ def test_a_rank_that_recompiled_alone_is_the_one_the_others_waited_for() -> None
     (s,) = longsteps.long_steps(per_rank, 14.3)   # step 31 is under the bar (10x the median, 200 ms)
     assert (s.step, s.rank, s.host, s.what, s.ranks_seen) == (200, 2, "node1", "cpu", 4)
     line = longsteps.format_long_step(s)
-    assert line.startswith("step 200 took 848 ms (59x the median 14.3 ms): rank 2 on node1 on a CPU 0.35 s"), line
+    assert line.startswith("step 200 took 848 ms (59x the median 14.3 ms): rank 2 on node1 on a CPU 350 ms of it, "
+                           "the others 6 ms at most: they waited for it"), line
     # the torch frame that waits and the user's line, not threading.wait or inductor's generated module
     assert "in torch/_inductor/codecache.py:3852 load_fn, from /tmp/job/train.py:139 main" in line, line
     assert "recompilation" in line and "TORCH_LOGS=recompiles" in line, line
@@ -48,7 +49,7 @@ def test_a_rank_that_recompiled_alone_is_the_one_the_others_waited_for() -> None
 def test_what_the_busy_rank_was_waiting_for_or_collecting_is_said() -> None:
     data = _job({0: [_rec(90, 900.0, 3.0)], 1: [_rec(90, 900.0, 20.0, data=700.0)], 2: [_rec(90, 900.0, 4.0)]})
     (s,) = longsteps.long_steps(data, 20.0)
-    assert (s.rank, s.what) == (1, "data") and "waiting for its next batch 0.72 s" in longsteps.format_long_step(s)
+    assert (s.rank, s.what) == (1, "data") and "waiting for its next batch 720 ms" in longsteps.format_long_step(s)
     gc = _job({0: [_rec(90, 900.0, 3.0)], 1: [_rec(90, 900.0, 640.0, gc=600.0)], 2: [_rec(90, 900.0, 4.0)]})
     (s,) = longsteps.long_steps(gc, 20.0)
     assert (s.rank, s.what) == (1, "gc") and "garbage-collection" in longsteps.format_long_step(s)
@@ -112,3 +113,17 @@ def test_a_stall_whose_busy_rank_kept_no_record_of_it_says_the_records_are_incom
     assert [(s.step, s.rank) for s in got[1:]] == [(200, 0), (300, 0)]
     one = longsteps.long_steps(_job({0: [_rec(7, 900.0, 800.0)]}), 10.0)
     assert one[0].rank is None and "the job's one rank was busy 0.80 s" in one[0].why
+
+
+def test_stalls_with_the_same_verdict_read_as_one_line() -> None:
+    """Workers started anew at every epoch: the same job-wide wait at steps 40, 160, 240, one line."""
+    per_rank = _job({r: [_rec(st, 164.0 + st / 16, 5.0, data=150.0) for st in (40, 160, 240)] for r in range(4)})
+    got = longsteps.long_steps(per_rank, 14.2)
+    (line,) = longsteps.format_long_steps(got)
+    assert line.startswith("steps 240, 160, 40 took 166-179 ms each (12-13x the median 14.2 ms): every rank waited "
+                           "for its next batch"), line
+    assert "persistent_workers=True" in line
+    saves = _job({0: [_rec(st, 1020.0, 600.0, where=["/venv/lib/python3.11/site-packages/torch/serialization.py:1312 _save",
+                                                     ]) for st in (50, 100)], 1: [_rec(st, 1020.0, 5.0) for st in (50, 100)]})
+    (line,) = longsteps.format_long_steps(longsteps.long_steps(saves, 10.0))
+    assert line.startswith("steps 50, 100 took 1.02 s each (102x the median 10.0 ms): rank 0 on node0 on a CPU 600 ms"), line

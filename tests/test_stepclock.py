@@ -115,3 +115,22 @@ def test_the_longest_steps_after_warm_up_are_kept_with_what_the_thread_did_and_w
     six = kept[0]
     assert six["ms"] >= 70 and six["cpu"] >= 0.5 * six["ms"], six
     assert six["where"] == ["train.py:10 main", "train.py:20 stall"] and "where" not in kept[1]
+
+
+def test_starting_a_dataloaders_workers_counts_as_waiting_for_data() -> None:
+    """Without persistent_workers every epoch's iter() starts the workers anew: the training thread
+    waits for its input pipeline then, as much as in next()."""
+    clock = StepClock(lambda step, ms: None)
+    clock.install()
+    try:
+        loader = torch.utils.data.DataLoader(_SlowData(), batch_size=4, num_workers=2)
+        before = clock.data_ms
+        t0 = time.perf_counter()
+        it = iter(loader)
+        took = (time.perf_counter() - t0) * 1e3
+        assert clock.data_ms - before >= 0.9 * took > 0
+        next(it)
+        del it
+    finally:
+        clock.uninstall()
+    assert torch.utils.data.DataLoader.__iter__.__qualname__ == "DataLoader.__iter__"

@@ -18,11 +18,11 @@ others were not is the one they waited for. Pure: no MPI, no torch.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 LONG_RATIO = 10.0    # a step this many times the job's median step ...
-LONG_MIN_MS = 200.0  # ... and at least this long is a stall worth a line
+LONG_MIN_MS = 100.0  # ... and at least this long is a stall worth a line
 MAX_SHOWN = 3        # the longest this many stalls are reported
 MAX_SENT = 8         # a rank sends at most this many (stepclock.LONGEST keeps as many)
 # the rank held the others: busy (CPU, run queue, batch wait) at least this share of the step, while no
@@ -52,6 +52,7 @@ class LongStep:
     where: tuple[str, ...] = ()       # the named rank's main-thread stack while the step ran long, innermost last
     why: str = ""                     # when no rank is named
     stopped: tuple[int, ...] = field(default_factory=tuple)   # ranks stopped and continued (SIGSTOP) in it
+    among: int = 1                    # steps of the job past the bar, this one included (ranks' records)
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> LongStep:
@@ -64,13 +65,14 @@ class LongStep:
                    busy_ms=_num(doc.get("busy_ms")), others_ms=_num(doc.get("others_ms")),
                    where=tuple(str(f) for f in doc.get("where") or () if isinstance(f, str)),
                    why=str(doc.get("why") or ""), stopped=tuple(r for r in doc.get("stopped") or ()
-                                                                  if isinstance(r, int)))
+                                                                  if isinstance(r, int)),
+                   among=max(1, int(_num(doc.get("among")))))
 
     def to_json(self) -> dict[str, Any]:
         return {"step": self.step, "ms": round(self.ms, 3), "median_ms": round(self.median_ms, 3),
                 "ranks_seen": self.ranks_seen, "rank": self.rank, "host": self.host, "what": self.what,
                 "busy_ms": round(self.busy_ms, 3), "others_ms": round(self.others_ms, 3), "where": list(self.where),
-                "why": self.why, "stopped": list(self.stopped)}
+                "why": self.why, "stopped": list(self.stopped), "among": self.among}
 
 
 def _num(x: Any) -> float:
@@ -124,7 +126,7 @@ def long_steps(per_rank: Mapping[int, Mapping[str, Any]], median_ms: float | Non
             if isinstance(rec, Mapping) and isinstance(rec.get("step"), int) and _num(rec.get("ms")) >= bar:
                 by_step.setdefault(int(rec["step"]), {})[r] = rec
     ranked = sorted(by_step.items(), key=lambda kv: -max(_num(x.get("ms")) for x in kv[1].values()))
-    return [_judge(step, recs, per_rank, median_ms) for step, recs in ranked[:MAX_SHOWN]]
+    return [replace(_judge(step, recs, per_rank, median_ms), among=len(ranked)) for step, recs in ranked[:MAX_SHOWN]]
 
 
 def _incomplete(recs: Mapping[int, Mapping[str, Any]], per_rank: Mapping[int, Mapping[str, Any]]) -> str:
@@ -149,7 +151,10 @@ def _judge(step: int, recs: Mapping[int, Mapping[str, Any]], per_rank: Mapping[i
         return LongStep(**base, rank=top, host=host if isinstance(host, str) else None, what=_what(recs[top]),
                         busy_ms=busy[top], others_ms=others,
                         where=tuple(str(f) for f in where) if isinstance(where, list) else ())
-    if len(recs) > 1 and others >= BUSY_SHARE * ms:
+    if len(recs) > 1 and others >= BUSY_SHARE * ms and all(_what(x) == "data" for x in recs.values()):
+        why = ("every rank waited for its next batch through it: DataLoader workers starting anew at an "
+               "epoch's start (persistent_workers=True keeps them), or a store every rank reads from stalled")
+    elif len(recs) > 1 and others >= BUSY_SHARE * ms:
         why = "every rank was busy through it (an evaluation, a job-wide pause)"
     elif stopped:
         why = f"rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))} stopped and continued in it (SIGSTOP)"
@@ -158,7 +163,9 @@ def _judge(step: int, recs: Mapping[int, Mapping[str, Any]], per_rank: Mapping[i
     else:
         why = "no rank was busy on a CPU or waiting for a batch for a quarter of it (storage, a sleep, a subprocess, " \
               "the network)"
-    return LongStep(**base, busy_ms=busy[top], others_ms=others, why=why + _incomplete(recs, per_rank))
+    # every rank present alike: the ranks that kept no record of the step would not change that
+    alike = why.startswith("every rank")
+    return LongStep(**base, busy_ms=busy[top], others_ms=others, why=why + ("" if alike else _incomplete(recs, per_rank)))
 
 
 def short_frame(frame: str) -> str:
@@ -209,16 +216,50 @@ def doing(frames: tuple[str, ...]) -> str:
     return next((what for marks, what in DOING if any(m in f for m in marks for f in frames)), "")
 
 
-def format_long_step(s: LongStep) -> str:
-    """One line of the job summary."""
-    head = (f"step {s.step} took {s.ms / 1e3:.2f} s ({s.ms / s.median_ms:.0f}x the median {s.median_ms:.1f} ms)"
-            if s.ms >= 1e3 else f"step {s.step} took {s.ms:.0f} ms ({s.ms / s.median_ms:.0f}x the median "
-                                 f"{s.median_ms:.1f} ms)")
+def _took(ms: list[float]) -> str:
+    lo, hi = min(ms), max(ms)
+    if hi >= 1e3:
+        return f"{lo / 1e3:.2f} s" if f"{lo / 1e3:.2f}" == f"{hi / 1e3:.2f}" else f"{lo / 1e3:.2f}-{hi / 1e3:.2f} s"
+    return f"{lo:.0f} ms" if f"{lo:.0f}" == f"{hi:.0f}" else f"{lo:.0f}-{hi:.0f} ms"
+
+
+def _times(ms: list[float], median_ms: float) -> str:
+    lo, hi = f"{min(ms) / median_ms:.0f}", f"{max(ms) / median_ms:.0f}"
+    return f"{lo}x" if lo == hi else f"{lo}-{hi}x"
+
+
+def format_long_steps(steps: list[LongStep]) -> list[str]:
+    """The job summary's lines: one per stall, and one for stalls with the same verdict (the same rank
+    doing the same thing, or every rank alike: a checkpoint every 50 steps, workers started at every
+    epoch), longest first."""
+    groups: dict[tuple[Any, ...], list[LongStep]] = {}
+    for s in steps:
+        key = (s.rank, s.what, doing(s.where)) if s.rank is not None else (None, s.why)
+        groups.setdefault(key, []).append(s)
+    return [format_long_step(g[0]) if len(g) == 1 else _format_group(g) for g in groups.values()]
+
+
+def _format_group(g: list[LongStep]) -> str:
+    ms = [s.ms for s in g]
+    head = (f"steps {', '.join(str(s.step) for s in g)} took {_took(ms)} each ({_times(ms, g[0].median_ms)} the "
+            f"median {g[0].median_ms:.1f} ms)")
+    s = g[0]
     if s.rank is None:
         return f"{head}: {s.why}"
+    return f"{head}: {_named(s, [x.busy_ms for x in g], max(x.others_ms for x in g))}"
+
+
+def _named(s: LongStep, busy: list[float], others: float) -> str:
     on = f" on {s.host}" if s.host else ""
-    where = where_text(s.where)
-    what = doing(s.where)
-    return (f"{head}: rank {s.rank}{on} {WHAT.get(s.what or 'cpu', 'busy')} {s.busy_ms / 1e3:.2f} s of it, "
-            f"the others {s.others_ms / 1e3:.2f} s at most: they waited for it" + (f"; {where}" if where else "")
+    where, what = where_text(s.where), doing(s.where)
+    return (f"rank {s.rank}{on} {WHAT.get(s.what or 'cpu', 'busy')} {_took(busy)} of it, the others "
+            f"{_took([others])} at most: they waited for it" + (f"; {where}" if where else "")
             + (f"; {what}" if what else ""))
+
+
+def format_long_step(s: LongStep) -> str:
+    """One stall's line."""
+    head = f"step {s.step} took {_took([s.ms])} ({_times([s.ms], s.median_ms)} the median {s.median_ms:.1f} ms)"
+    if s.rank is None:
+        return f"{head}: {s.why}"
+    return f"{head}: {_named(s, [s.busy_ms], s.others_ms)}"
