@@ -30,25 +30,48 @@ _owner_pid = 0      # the rank's own process: a fork()ed child's exit is not the
 MARKER_VAR = "EROICA_EXIT_MARKER"
 
 
+def _settle() -> None:
+    """Learn how the program ended from what Python printed, when the hook below never ran.
+
+    Python records the uncaught exception (``sys.last_type``) before it calls ``sys.excepthook``, and
+    the hook chain can be cut short: a second SIGINT (eroica-run and mpiexec both pass ^C on) raised a
+    KeyboardInterrupt inside torch.distributed's excepthook, which runs before eroica's, so rank 2 of
+    a CI job (2026-12-05) took its ^C for a normal end, waited at the job end for peers that waited for
+    it, and the job ended only when eroica-run killed it 30 s later."""
+    global _failed, _interrupted, _exit_code
+    if _failed or _interrupted:
+        return
+    last = getattr(sys, "last_type", None)
+    if isinstance(last, type) and issubclass(last, BaseException) and not issubclass(last, SystemExit):
+        if issubclass(last, KeyboardInterrupt):
+            _interrupted, _exit_code = True, 130
+        else:
+            _failed, _exit_code = True, 1
+
+
 def failed() -> bool:
     """True once an uncaught exception reached the top level, or sys.exit() got a failure status."""
+    _settle()
     return _failed
 
 
 def interrupted() -> bool:
     """True once a KeyboardInterrupt (^C, or SIGINT from eroica-run, mpiexec or srun) reached the top
     level: the program is being stopped, not finishing (not a failure either: exit code 130)."""
+    _settle()
     return _interrupted
 
 
 def leaving_early() -> bool:
     """The program is ending before its end: failed, or stopped by ^C. Its peers may be blocked in a
     collective that waits for it, so its exit must wait for none of them."""
+    _settle()
     return _failed or _interrupted
 
 
 def exit_code() -> int:
     """The exit code the program chose: sys.exit's status, 1 after an uncaught exception, 130 after ^C."""
+    _settle()
     return _exit_code
 
 
@@ -69,7 +92,7 @@ def write_exit_marker() -> None:
     from eroica_runtime import reportdir
 
     try:
-        reportdir.atomic_write(path, json.dumps({"exitcode": _exit_code, "pid": os.getpid(), "time": time.time()}))
+        reportdir.atomic_write(path, json.dumps({"exitcode": exit_code(), "pid": os.getpid(), "time": time.time()}))
     except OSError:
         pass
 

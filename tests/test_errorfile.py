@@ -37,6 +37,27 @@ def test_failure_is_remembered_and_recorded(tmp_path, body: str, failed: bool, h
         assert "Traceback" in doc["message"]["extraInfo"]["py_callstack"]
 
 
+# torch.distributed's excepthook is installed after eroica's and runs first; a second SIGINT (eroica-run
+# and mpiexec both pass ^C on) can raise inside it, and eroica's hook never runs
+CUT_SHORT = """
+def torch_like(*args):
+    raise KeyboardInterrupt   # the second ^C, at the hook's first line
+sys.excepthook = torch_like
+raise {exc}
+"""
+
+
+@pytest.mark.parametrize("exc,failed,code", [("KeyboardInterrupt", False, 130), ("ValueError('boom')", True, 1)])
+def test_an_excepthook_cut_short_still_tells_how_the_program_ended(tmp_path, exc: str, failed: bool,
+                                                                    code: int) -> None:
+    marker = tmp_path / "exiting.json"
+    out = subprocess.run([sys.executable, "-c", SCRIPT.format(body=CUT_SHORT.format(exc=exc))], capture_output=True,
+                         text=True, timeout=60, env={"EROICA_EXIT_MARKER": str(marker), "PATH": "/usr/bin"})
+    assert "Error in sys.excepthook" in out.stderr, out.stderr
+    assert f"failed={failed} early=True" in out.stdout, (out.stdout, out.stderr)
+    assert json.loads(marker.read_text())["exitcode"] == code
+
+
 @pytest.mark.parametrize("body,code", [
     ("pass", 0),
     ("sys.exit(0)", 0),
