@@ -11,8 +11,9 @@ reading the job's log wants to know which rank held the others, doing what, and 
 Each rank keeps its few longest steps with what its training thread did in them (step clock: CPU,
 run-queue wait, batch wait, GC pauses, stops) and, when the hang watchdog runs, where its main
 thread was while the step ran long (a stack sampled once per long step). At job end rank 0 reads
-them side by side: in a step every rank waited out, the rank that was busy for most of it while the
-others were not is the one they waited for. Pure: no MPI, no torch.
+them side by side: in a step every rank waited out, the rank that was busy through a good part of it
+(BUSY_SHARE) while the others were asleep in a collective is the one they waited for; when every rank
+was busy, or none, the line says so. Pure: no MPI, no torch.
 """
 
 from __future__ import annotations
@@ -151,10 +152,12 @@ def _judge(step: int, recs: Mapping[int, Mapping[str, Any]], per_rank: Mapping[i
         return LongStep(**base, rank=top, host=host if isinstance(host, str) else None, what=_what(recs[top]),
                         busy_ms=busy[top], others_ms=others,
                         where=tuple(str(f) for f in where) if isinstance(where, list) else ())
-    if len(recs) > 1 and others >= BUSY_SHARE * ms and all(_what(x) == "data" for x in recs.values()):
+    # every rank present busy alike: the ranks that kept no record of the step would not change that
+    alike = len(recs) > 1 and others >= BUSY_SHARE * ms
+    if alike and all(_what(x) == "data" for x in recs.values()):
         why = ("every rank waited for its next batch through it: DataLoader workers starting anew at an "
                "epoch's start (persistent_workers=True keeps them), or a store every rank reads from stalled")
-    elif len(recs) > 1 and others >= BUSY_SHARE * ms:
+    elif alike:
         why = "every rank was busy through it (an evaluation, a job-wide pause)"
     elif stopped:
         why = f"rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))} stopped and continued in it (SIGSTOP)"
@@ -163,8 +166,6 @@ def _judge(step: int, recs: Mapping[int, Mapping[str, Any]], per_rank: Mapping[i
     else:
         why = "no rank was busy on a CPU or waiting for a batch for a quarter of it (storage, a sleep, a subprocess, " \
               "the network)"
-    # every rank present alike: the ranks that kept no record of the step would not change that
-    alike = why.startswith("every rank")
     return LongStep(**base, busy_ms=busy[top], others_ms=others, why=why + ("" if alike else _incomplete(recs, per_rank)))
 
 
