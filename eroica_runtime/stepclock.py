@@ -97,20 +97,16 @@ def _time_dataloader(clock: StepClock) -> Callable[[], None] | None:
         return None
     perf = time.perf_counter
 
-    def __next__(self: Any) -> Any:
-        t0 = perf()
-        try:
-            return original(self)
-        finally:
-            clock.data_ms += (perf() - t0) * 1e3
+    def timed(method: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        def wrapper(self: Any) -> Any:
+            t0 = perf()
+            try:
+                return method(self)
+            finally:
+                clock.data_ms += (perf() - t0) * 1e3
+        return wrapper
 
-    def __iter__(self: Any) -> Any:
-        t0 = perf()
-        try:
-            return original_iter(self)
-        finally:
-            clock.data_ms += (perf() - t0) * 1e3
-
+    __next__, __iter__ = timed(original), timed(original_iter)
     __next__.__eroica_timed__ = True  # type: ignore[attr-defined]
     _BaseDataLoaderIter.__next__ = __next__  # type: ignore[method-assign]
     DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
