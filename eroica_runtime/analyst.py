@@ -11,7 +11,7 @@ import queue
 import statistics
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -235,9 +235,12 @@ class Analyst:
         self._queue.put(None)
 
 
-def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int) -> dict[str, Any]:
+def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int,
+              seen: Mapping[int, longsteps.StepSeen] | None = None) -> dict[str, Any]:
     """Job-level step-time statistics from every rank's end-of-job numbers. Ranks are compared by their
-    pace (``pace_ms``) when every rank sent one (``pace_ms``: the list, in rank order), else by median."""
+    pace (``pace_ms``) when every rank sent one (``pace_ms``: the list, in rank order), else by median.
+    ``seen``: the ranks' longest steps as their node leaders reduced them (jobend.py); None: read from
+    each rank's own ``long_steps`` records."""
     ranks = [{k: v for k, v in per_rank[r].items() if k != "long_steps"} for r in sorted(per_rank)]
     medians = [r["median_ms"] for r in ranks if r.get("median_ms") is not None]
     median = statistics.median(medians) if medians else None
@@ -253,7 +256,9 @@ def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int) -> dict[str,
         "pace_ms": [round(p, 3) for p in by_pace] if by_pace else None,
         "slowest": [{"rank": ranks[i]["rank"], "host": ranks[i]["host"], "median_ms": ranks[i]["median_ms"],
                      **({"pace_ms": round(by_pace[i], 3)} if by_pace else {})} for i in order[:3]],
-        "long_steps": [s.to_json() for s in longsteps.long_steps(per_rank, median)],
+        "long_steps": [s.to_json() for s in longsteps.long_steps(
+            longsteps.reduce_records({r: d.get("long_steps") for r, d in per_rank.items()}, keep=None)
+            if seen is None else seen, per_rank, median)],
     }
 
 

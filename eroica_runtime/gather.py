@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from eroica_runtime import reportdir
+from eroica_runtime import jobend, reportdir
 from eroica_runtime import summary as summary_mod
 from eroica_runtime.engine import blocks, leader
 from eroica_runtime.sidechannel import SideChannel
@@ -63,6 +63,8 @@ def gather_capture(side: SideChannel, blob: bytes, *, step: int, trigger: str, d
     return Gathered(step, trigger, path, data, missing)
 
 
-def gather_job_end(side: SideChannel, blob: bytes, deadline_s: float) -> tuple[dict[int, bytes], list[int]] | None:
-    """Each rank's end-of-job step statistics to rank 0 (bounded)."""
-    return side.gather_bytes(blob, deadline_s, tag_base=TAG_JOBEND)
+def gather_job_end(side: SideChannel, blob: bytes, deadline_s: float) -> jobend.JobEnd | None:
+    """Each rank's end-of-job step statistics to rank 0 (bounded), their longest steps reduced by the
+    node leaders on the way (jobend.py). Returns what rank 0 got on rank 0, None elsewhere."""
+    got = side.gather_reduced(blob, deadline_s, jobend.node_payload, tag_base=TAG_JOBEND)
+    return None if got is None else jobend.read(got[0])

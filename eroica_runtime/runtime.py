@@ -625,16 +625,9 @@ class Runtime:
         got = gather_job_end(side, msgpack.packb(mine, use_bin_type=True), self.cfg.deadline_s)
         if got is None or self.analyst is None:
             return None
-        blobs, _missing = got
-        per_rank = {}
-        for r, raw in blobs.items():
-            try:
-                doc = msgpack.unpackb(raw, raw=False)
-                if isinstance(doc, dict) and isinstance(doc.get("steps"), int):
-                    per_rank[r] = doc
-            except Exception:
-                self._warn(f"job end: unreadable statistics from rank {r}")
-        return job_stats(per_rank, side.size)
+        if got.unreadable:
+            self._warn(f"job end: unreadable statistics from rank(s) {', '.join(map(str, got.unreadable[:8]))}")
+        return job_stats(got.per_rank, side.size, got.seen)
 
     def _time_lost(self) -> dict[str, Any]:
         """``{"time_lost": ...}``: what the job lost from its first finding on, measured on rank 0's

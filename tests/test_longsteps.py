@@ -8,6 +8,11 @@ against a 14.3 ms median, rank 2 on a CPU 0.35 s of it, its peers 0.01 s (2026-1
 
 from __future__ import annotations
 
+import random
+
+import msgpack
+
+from eroica_runtime import jobend
 from eroica_runtime.analyst import format_job_stats, job_stats
 from eroica_runtime.engine import longsteps
 from eroica_runtime.report_html import render_html
@@ -33,10 +38,21 @@ def _job(records: dict[int, list[dict]], median: float = 14.3) -> dict[int, dict
                 "total_ms": 400 * median, "eroica_ms": 100.0, "long_steps": recs} for r, recs in records.items()}
 
 
+def _long(per_rank: dict[int, dict], median: float | None, node: int = 2) -> list[longsteps.LongStep]:
+    """The path the records take at job end: each rank's map packed, its node leader's reduction
+    (nodes of ``node`` ranks), rank 0's merge."""
+    nodes: dict[int, dict[int, bytes]] = {}
+    for r, doc in per_rank.items():
+        nodes.setdefault(r // node, {})[r] = msgpack.packb(doc, use_bin_type=True)
+    got = jobend.read({min(blobs): jobend.node_payload(blobs, []) for blobs in nodes.values()})
+    assert not got.unreadable and sorted(got.per_rank) == sorted(per_rank)
+    return longsteps.long_steps(got.seen, got.per_rank, median)
+
+
 def test_a_rank_that_recompiled_alone_is_the_one_the_others_waited_for() -> None:
     per_rank = _job({r: [_rec(200, 848.0 - r, 350.0 if r == 2 else 5.0, where=RECOMPILE_WHERE if r == 2 else None),
                          _rec(31, 40.0, 30.0)] for r in range(4)})
-    (s,) = longsteps.long_steps(per_rank, 14.3)   # step 31 is under the bar (10x the median, 200 ms)
+    (s,) = _long(per_rank, 14.3)   # step 31 is under the bar (10x the median, 200 ms)
     assert (s.step, s.rank, s.host, s.what, s.ranks_seen) == (200, 2, "node1", "cpu", 4)
     line = longsteps.format_long_step(s)
     assert line.startswith("step 200 took 848 ms (59x the median 14.3 ms): rank 2 on node1 on a CPU 350 ms of it, "
@@ -48,31 +64,31 @@ def test_a_rank_that_recompiled_alone_is_the_one_the_others_waited_for() -> None
 
 def test_what_the_busy_rank_was_waiting_for_or_collecting_is_said() -> None:
     data = _job({0: [_rec(90, 900.0, 3.0)], 1: [_rec(90, 900.0, 20.0, data=700.0)], 2: [_rec(90, 900.0, 4.0)]})
-    (s,) = longsteps.long_steps(data, 20.0)
+    (s,) = _long(data, 20.0)
     assert (s.rank, s.what) == (1, "data") and "waiting for its next batch 720 ms" in longsteps.format_long_step(s)
     gc = _job({0: [_rec(90, 900.0, 3.0)], 1: [_rec(90, 900.0, 640.0, gc=600.0)], 2: [_rec(90, 900.0, 4.0)]})
-    (s,) = longsteps.long_steps(gc, 20.0)
+    (s,) = _long(gc, 20.0)
     assert (s.rank, s.what) == (1, "gc") and "garbage-collection" in longsteps.format_long_step(s)
 
 
 def test_a_stall_every_rank_worked_through_or_none_did_names_no_rank() -> None:
     everyone = _job({r: [_rec(50, 2000.0, 1800.0 + r)] for r in range(4)})
-    (s,) = longsteps.long_steps(everyone, 20.0)
+    (s,) = _long(everyone, 20.0)
     assert s.rank is None and "every rank was busy" in s.why
     asleep = _job({r: [_rec(50, 2000.0, 5.0)] for r in range(4)})   # a shared filesystem hung for everyone
-    (s,) = longsteps.long_steps(asleep, 20.0)
+    (s,) = _long(asleep, 20.0)
     assert s.rank is None and "no rank was busy" in s.why
     stopped = _job({0: [_rec(50, 2000.0, 5.0)], 1: [_rec(50, 2000.0, 5.0, stops=1)]})
-    (s,) = longsteps.long_steps(stopped, 20.0)
+    (s,) = _long(stopped, 20.0)
     assert s.rank is None and "rank 1 stopped and continued" in s.why
 
 
 def test_only_the_longest_few_stalls_are_reported_longest_first() -> None:
     recs = [_rec(step, 300.0 + step, 250.0 + step) for step in (100, 200, 300, 400)]
     per_rank = _job({0: recs, 1: [_rec(r["step"], r["ms"], 1.0) for r in recs]})
-    got = longsteps.long_steps(per_rank, 20.0)
+    got = _long(per_rank, 20.0)
     assert [s.step for s in got] == [400, 300, 200] and all(s.rank == 0 for s in got)
-    assert longsteps.long_steps(per_rank, None) == [] and longsteps.long_steps({}, 20.0) == []
+    assert _long(per_rank, None) == [] and _long({}, 20.0) == []
 
 
 def test_a_rank_sends_only_stalls_and_its_stack_only_where_it_was_the_busy_one() -> None:
@@ -107,23 +123,96 @@ def test_a_stall_whose_busy_rank_kept_no_record_of_it_says_the_records_are_incom
     saves = [100 * k for k in range(1, 10)]
     per_rank = _job({0: [_rec(st, 1020.0, 610.0) for st in saves[1:]],
                      **{r: [_rec(st, 1020.0 + (st == 100), 5.0) for st in saves] for r in (1, 2, 3)}})
-    got = longsteps.long_steps(per_rank, 10.0)
+    got = _long(per_rank, 10.0)
     assert got[0].step == 100 and got[0].rank is None, got[0]
     assert "only 3 of the 4 ranks that reported kept this step" in got[0].why
     assert [(s.step, s.rank) for s in got[1:]] == [(200, 0), (300, 0)]
-    one = longsteps.long_steps(_job({0: [_rec(7, 900.0, 800.0)]}), 10.0)
+    one = _long(_job({0: [_rec(7, 900.0, 800.0)]}), 10.0)
     assert one[0].rank is None and "the job's one rank was busy 0.80 s" in one[0].why
 
 
 def test_stalls_with_the_same_verdict_read_as_one_line() -> None:
     """Workers started anew at every epoch: the same job-wide wait at steps 40, 160, 240, one line."""
     per_rank = _job({r: [_rec(st, 164.0 + st / 16, 5.0, data=150.0) for st in (40, 160, 240)] for r in range(4)})
-    got = longsteps.long_steps(per_rank, 14.2)
+    got = _long(per_rank, 14.2)
     (line,) = longsteps.format_long_steps(got)
     assert line.startswith("steps 240, 160, 40 took 166-179 ms each (12-13x the median 14.2 ms): every rank waited "
                            "for its next batch"), line
     assert "persistent_workers=True" in line
     saves = _job({0: [_rec(st, 1020.0, 600.0, where=["/venv/lib/python3.11/site-packages/torch/serialization.py:1312 _save",
                                                      ]) for st in (50, 100)], 1: [_rec(st, 1020.0, 5.0) for st in (50, 100)]})
-    (line,) = longsteps.format_long_steps(longsteps.long_steps(saves, 10.0))
+    (line,) = longsteps.format_long_steps(_long(saves, 10.0))
     assert line.startswith("steps 50, 100 took 1.02 s each (102x the median 10.0 ms): rank 0 on node0 on a CPU 600 ms"), line
+
+
+def _verdicts(per_rank: dict[int, dict], median: float) -> list[tuple]:
+    """The rule read straight off every rank's records side by side, as the engine states it: the
+    3 longest steps past the bar; in each, the busiest rank is named when busy a quarter of its
+    step or more while no other was busy a quarter as long (and its stack comes with it)."""
+    by_step: dict[int, dict[int, dict]] = {}
+    for r, doc in per_rank.items():
+        for rec in doc["long_steps"]:
+            by_step.setdefault(rec["step"], {})[r] = rec
+    busy = {st: {r: x["cpu"] + x["runq"] + x["data"] for r, x in recs.items()} for st, recs in by_step.items()}
+    out = []
+    for st in sorted(by_step, key=lambda st: -max(x["ms"] for x in by_step[st].values()))[:3]:
+        if max(x["ms"] for x in by_step[st].values()) < max(10 * median, 100.0):
+            continue
+        top = min(busy[st], key=lambda r: (-busy[st][r], r))
+        others = max((b for r, b in busy[st].items() if r != top), default=0.0)
+        alone = busy[st][top] >= 0.25 * by_step[st][top]["ms"] and others <= 0.25 * busy[st][top] and len(busy[st]) > 1
+        out.append((st, len(by_step[st]), top if alone else None, others,
+                    tuple(by_step[st][top].get("where") or ()) if alone else ()))
+    return out
+
+
+def test_node_leaders_reduce_the_records_to_the_verdicts_every_ranks_records_give() -> None:
+    """Whatever the node size, rank 0 judges every long step as from every rank's records side by
+    side (random jobs: lone busy ranks, every rank busy, batch waits, stops, ranks that kept no record
+    of a step). Up to MAX_SENT stalls in the job: past that, a node keeps its longest few as a rank
+    does, and the steps its ranks waited out longest are the job's."""
+    rng = random.Random(7)
+    for _ in range(300):
+        world = rng.randint(1, 12)
+        steps = rng.sample(range(50, 2000, 10), rng.randint(1, longsteps.MAX_SENT))
+        lone = {st: rng.randrange(world) for st in steps}
+        per_rank = _job({r: [_rec(st, 900.0 + rng.random() * 300, rng.choice((5.0, 300.0, 800.0)) if lone[st] == r
+                                  else rng.choice((2.0, 5.0, 60.0, 190.0, 400.0)), data=rng.choice((0.0, 0.0, 700.0)),
+                                  stops=int(rng.random() < 0.05), where=[f"/job/train.py:{st} main", f"rank {r}"])
+                             for st in steps if rng.random() < 0.9] for r in range(world)})
+        want = _verdicts(per_rank, 20.0)
+        for node in (1, 2, 3, world):
+            got = _long(per_rank, 20.0, node=node)
+            assert [(s.step, s.ranks_seen, s.rank, s.others_ms, s.where) for s in got] == want, (world, node)
+
+
+def test_a_stall_every_rank_worked_through_sends_no_stacks_past_the_node_leaders() -> None:
+    """An evaluation all 64 ranks work through, in 8 steps: each rank's records carry its stack (it was
+    busy), but no rank can be the one the others waited for, so its leader forwards none of them; the
+    verdict is the same."""
+    where = [f"/venv/lib/python3.11/site-packages/torch/nn/modules/module.py:{i} _call_impl" for i in range(8)] \
+        + ["/job/train.py:98 evaluate", "/job/train.py:140 main"]
+    per_rank = _job({r: [_rec(100 * k, 2000.0, 1800.0 + r, where=where) for k in range(1, 9)] for r in range(64)})
+    raw = {r: msgpack.packb(doc, use_bin_type=True) for r, doc in per_rank.items()}
+    payloads = {n: jobend.node_payload({r: raw[r] for r in range(n, n + 8)}, []) for n in range(0, 64, 8)}
+    assert sum(map(len, payloads.values())) < 0.3 * sum(map(len, raw.values()))
+    assert not any(b"module.py" in p for p in payloads.values())
+    got = _long(per_rank, 20.0, node=8)
+    assert len(got) == 3 and all(s.rank is None and "every rank was busy" in s.why for s in got)
+
+
+def test_a_thousand_ranks_stopped_in_a_step_are_counted_not_listed() -> None:
+    per_rank = _job({r: [_rec(50, 2000.0, 5.0, stops=1)] for r in range(1000)})
+    (s,) = _long(per_rank, 20.0, node=8)
+    assert s.why.startswith("1000 ranks (0, 1, 2,") and len(s.stopped) == longsteps.MAX_STOPPED, s.why
+
+
+def test_statistics_that_are_no_statistics_are_named_and_the_rest_still_read() -> None:
+    good = msgpack.packb(_job({0: [_rec(200, 848.0, 350.0)], 1: [_rec(200, 848.0, 5.0)]})[0], use_bin_type=True)
+    node = jobend.node_payload({0: good, 1: b"\xc1junk", 2: msgpack.packb([1, 2])}, [3])
+    got = jobend.read({0: node, 4: b"not msgpack", 8: msgpack.packb({"schema": "other", "ranks": {}})})
+    assert sorted(got.per_rank) == [0] and got.unreadable == [1, 2, 4, 8]
+    forged = msgpack.packb({"schema": jobend.SCHEMA, "ranks": {}, "seen": [{"step": "x"}, 3, {"step": 5, "ranks": 1,
+                            "top": 0, "rec": {"ms": "slow", "where": [1, "a.py:1 f"]}}]})
+    (seen,) = jobend.read({0: forged}).seen.values()
+    assert seen.step == 5 and seen.top_rec["ms"] == 0.0 and seen.top_rec["where"] == ["a.py:1 f"]

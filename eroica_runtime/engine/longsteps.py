@@ -113,60 +113,158 @@ def to_send(records: list[dict[str, Any]], median_ms: float | None) -> list[dict
     return out
 
 
-def long_steps(per_rank: Mapping[int, Mapping[str, Any]], median_ms: float | None) -> list[LongStep]:
+MAX_STOPPED = 16   # ranks stopped in a step listed by number (the rest counted): a suspended job stops all
+
+
+@dataclass(frozen=True)
+class StepSeen:
+    """What the ranks' records of one long step add up to, for a node (its leader reduces them) or the
+    job: all ``_judge`` needs, without every rank's record. Why: an evaluation every rank works
+    through puts a stack in each of its 8 records (~9 kB a rank): 940 MB into rank 0 at 100,000
+    ranks, where one record a step per node holds the same verdict. ``merge`` is associative, so
+    leaders and rank 0 reduce alike; the busiest rank's stack is dropped as soon as another rank was
+    busy more than ALONE_SHARE of its time (it can then never be the one rank the others waited for,
+    however many records join later)."""
+
+    step: int
+    ms: float                    # the longest record of the step
+    ranks: int                   # ranks with a record of it
+    top: int                     # the busiest of them
+    top_rec: Mapping[str, Any]   # its record
+    second: float = 0.0          # the most any other rank was busy in it
+    data_all: bool = True        # every record mostly a wait for the next batch
+    stopped: tuple[int, ...] = ()   # ranks stopped and continued in it (the first MAX_STOPPED)
+    stopped_n: int = 0
+
+    @classmethod
+    def of(cls, rank: int, rec: Mapping[str, Any]) -> StepSeen:
+        """One rank's record of a step."""
+        stopped = _num(rec.get("stops")) > 0
+        return cls(step=int(rec["step"]), ms=_num(rec.get("ms")), ranks=1, top=rank, top_rec=rec,
+                   data_all=_what(rec) == "data", stopped=(rank,) if stopped else (), stopped_n=int(stopped))
+
+    def merge(self, other: StepSeen) -> StepSeen:
+        """The two sets of records together (the same step)."""
+        hi, lo = (self, other) if (_busy(self.top_rec), -self.top) >= (_busy(other.top_rec), -other.top) else (other, self)
+        second = max(hi.second, lo.second, _busy(lo.top_rec))
+        rec = hi.top_rec
+        if "where" in rec and second > ALONE_SHARE * _busy(rec):
+            rec = {k: v for k, v in rec.items() if k != "where"}
+        return StepSeen(step=self.step, ms=max(self.ms, other.ms), ranks=self.ranks + other.ranks, top=hi.top,
+                        top_rec=rec, second=second, data_all=self.data_all and other.data_all,
+                        stopped=tuple(sorted(self.stopped + other.stopped)[:MAX_STOPPED]),
+                        stopped_n=self.stopped_n + other.stopped_n)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"step": self.step, "ms": self.ms, "ranks": self.ranks, "top": self.top, "rec": dict(self.top_rec),
+                "second": self.second, "data_all": self.data_all, "stopped": list(self.stopped),
+                "stopped_n": self.stopped_n}
+
+    @classmethod
+    def from_wire(cls, doc: Any) -> StepSeen | None:
+        """Back from ``to_wire`` (a node leader's payload); None for anything else."""
+        if not isinstance(doc, Mapping):
+            return None
+        rec, step, ranks, top = doc.get("rec"), doc.get("step"), doc.get("ranks"), doc.get("top")
+        if not (_int(step) and _int(ranks) and _int(top) and ranks > 0 and isinstance(rec, Mapping)):
+            return None
+        where = rec.get("where")
+        rec = {k: _num(rec.get(k)) for k in ("ms", "cpu", "runq", "data", "gc", "stops")} | (
+            {"where": [str(f) for f in where if isinstance(f, str)]} if isinstance(where, list) else {})
+        stopped = doc.get("stopped")
+        return cls(step=step, ms=_num(doc.get("ms")), ranks=ranks, top=top, top_rec={"step": step, **rec},
+                   second=_num(doc.get("second")), data_all=doc.get("data_all") is True,
+                   stopped=tuple(r for r in stopped if _int(r))[:MAX_STOPPED] if isinstance(stopped, list) else (),
+                   stopped_n=int(_num(doc.get("stopped_n"))))
+
+
+def _int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def reduce_records(records: Mapping[int, Any], keep: int | None = MAX_SENT) -> dict[int, StepSeen]:
+    """Ranks' job-end records (``{rank: to_send(...)}``) as one StepSeen a step, the ``keep`` longest
+    (None: all). A node leader keeps its node's MAX_SENT longest, as each rank keeps its own: the
+    steps every rank waited out are about as long on every rank."""
+    seen: dict[int, StepSeen] = {}
+    for rank, recs in records.items():
+        for rec in recs if isinstance(recs, list) else []:
+            if isinstance(rec, Mapping) and _int(rec.get("step")):
+                one = StepSeen.of(rank, rec)
+                seen[one.step] = seen[one.step].merge(one) if one.step in seen else one
+    return _longest(seen, keep)
+
+
+def merge_seen(parts: list[Mapping[int, StepSeen]], keep: int | None = None) -> dict[int, StepSeen]:
+    """Several reductions (node leaders') as one."""
+    seen: dict[int, StepSeen] = {}
+    for part in parts:
+        for step, one in part.items():
+            seen[step] = seen[step].merge(one) if step in seen else one
+    return _longest(seen, keep)
+
+
+def _longest(seen: dict[int, StepSeen], keep: int | None) -> dict[int, StepSeen]:
+    if keep is None or len(seen) <= keep:
+        return seen
+    # ties (the same stall on every rank, rounded alike): every node keeps the same, earliest steps
+    return {s.step: s for s in sorted(seen.values(), key=lambda s: (-s.ms, s.step))[:keep]}
+
+
+def long_steps(seen: Mapping[int, StepSeen], per_rank: Mapping[int, Mapping[str, Any]],
+               median_ms: float | None) -> list[LongStep]:
     """The job's longest steps (at least LONG_RATIO x ``median_ms`` and LONG_MIN_MS), longest first, at
-    most MAX_SHOWN, from every rank's job-end records: ``per_rank[r]["long_steps"]``, each a dict with
-    step, ms, cpu, runq, data, gc, stops and optionally where (a list of frames, innermost last)."""
+    most MAX_SHOWN, from every rank's job-end records reduced a step each (``reduce_records``,
+    ``merge_seen``); ``per_rank``: the ranks that reported at job end (their hosts)."""
     if not median_ms or median_ms <= 0:
         return []
     bar = max(LONG_RATIO * median_ms, LONG_MIN_MS)
-    by_step: dict[int, dict[int, Mapping[str, Any]]] = {}
-    for r, doc in per_rank.items():
-        recs = doc.get("long_steps") if isinstance(doc, Mapping) else None
-        for rec in recs if isinstance(recs, list) else []:
-            if isinstance(rec, Mapping) and isinstance(rec.get("step"), int) and _num(rec.get("ms")) >= bar:
-                by_step.setdefault(int(rec["step"]), {})[r] = rec
-    ranked = sorted(by_step.items(), key=lambda kv: -max(_num(x.get("ms")) for x in kv[1].values()))
-    return [replace(_judge(step, recs, per_rank, median_ms), among=len(ranked)) for step, recs in ranked[:MAX_SHOWN]]
+    ranked = sorted((s for s in seen.values() if s.ms >= bar), key=lambda s: -s.ms)
+    return [replace(_judge(s, per_rank, median_ms), among=len(ranked)) for s in ranked[:MAX_SHOWN]]
 
 
-def _incomplete(recs: Mapping[int, Mapping[str, Any]], per_rank: Mapping[int, Mapping[str, Any]]) -> str:
+def _incomplete(seen: StepSeen, reporting: int) -> str:
     """' (only N of M ranks kept this step: ...)' when ranks that reported at job end hold no record of it."""
-    if len(recs) >= len(per_rank):
+    if seen.ranks >= reporting:
         return ""
-    return (f" (only {len(recs)} of the {len(per_rank)} ranks that reported kept this step among their "
+    return (f" (only {seen.ranks} of the {reporting} ranks that reported kept this step among their "
             f"{MAX_SENT} longest)")
 
 
-def _judge(step: int, recs: Mapping[int, Mapping[str, Any]], per_rank: Mapping[int, Mapping[str, Any]],
-           median_ms: float) -> LongStep:
-    ms = max(_num(x.get("ms")) for x in recs.values())
-    stopped = tuple(sorted(r for r, x in recs.items() if _num(x.get("stops")) > 0))
-    base = {"step": step, "ms": ms, "median_ms": median_ms, "ranks_seen": len(recs), "stopped": stopped}
-    busy = {r: _busy(x) for r, x in recs.items()}
-    top = max(busy, key=lambda r: busy[r])
-    others = max((b for r, b in busy.items() if r != top), default=0.0)
-    if busy[top] >= BUSY_SHARE * _num(recs[top].get("ms")) and others <= ALONE_SHARE * busy[top] and len(recs) > 1:
-        where = recs[top].get("where")
+def _stopped_text(seen: StepSeen) -> str:
+    listed = ", ".join(map(str, seen.stopped))
+    if seen.stopped_n > len(seen.stopped):
+        return f"{seen.stopped_n} ranks ({listed}, ...) stopped and continued in it (SIGSTOP)"
+    return f"rank{'s' if len(seen.stopped) > 1 else ''} {listed} stopped and continued in it (SIGSTOP)"
+
+
+def _judge(seen: StepSeen, per_rank: Mapping[int, Mapping[str, Any]], median_ms: float) -> LongStep:
+    top, rec, others = seen.top, seen.top_rec, seen.second
+    base = {"step": seen.step, "ms": seen.ms, "median_ms": median_ms, "ranks_seen": seen.ranks,
+            "stopped": seen.stopped}
+    busy = _busy(rec)
+    if busy >= BUSY_SHARE * _num(rec.get("ms")) and others <= ALONE_SHARE * busy and seen.ranks > 1:
+        where = rec.get("where")
         host = per_rank.get(top, {}).get("host")
-        return LongStep(**base, rank=top, host=host if isinstance(host, str) else None, what=_what(recs[top]),
-                        busy_ms=busy[top], others_ms=others,
+        return LongStep(**base, rank=top, host=host if isinstance(host, str) else None, what=_what(rec),
+                        busy_ms=busy, others_ms=others,
                         where=tuple(str(f) for f in where) if isinstance(where, list) else ())
     # every rank present busy alike: the ranks that kept no record of the step would not change that
-    alike = len(recs) > 1 and others >= BUSY_SHARE * ms
-    if alike and all(_what(x) == "data" for x in recs.values()):
+    alike = seen.ranks > 1 and others >= BUSY_SHARE * seen.ms
+    if alike and seen.data_all:
         why = ("every rank waited for its next batch through it: DataLoader workers starting anew at an "
                "epoch's start (persistent_workers=True keeps them), or a store every rank reads from stalled")
     elif alike:
         why = "every rank was busy through it (an evaluation, a job-wide pause)"
-    elif stopped:
-        why = f"rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))} stopped and continued in it (SIGSTOP)"
+    elif seen.stopped_n:
+        why = _stopped_text(seen)
     elif len(per_rank) == 1:
-        why = f"the job's one rank was busy {busy[top] / 1e3:.2f} s of it"
+        why = f"the job's one rank was busy {busy / 1e3:.2f} s of it"
     else:
         why = "no rank was busy on a CPU or waiting for a batch for a quarter of it (storage, a sleep, a subprocess, " \
               "the network)"
-    return LongStep(**base, busy_ms=busy[top], others_ms=others, why=why + ("" if alike else _incomplete(recs, per_rank)))
+    return LongStep(**base, busy_ms=busy, others_ms=others,
+                    why=why + ("" if alike else _incomplete(seen, len(per_rank))))
 
 
 def short_frame(frame: str) -> str:
