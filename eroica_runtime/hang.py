@@ -49,6 +49,8 @@ TAG_HANG = 30200
 DEFAULT_FLOOR_S = 60.0
 WATCH_S = 2.0          # how long a stalled rank watches itself for movement before it reports
 WATCH_EVERY_S = 0.25   # how often it samples its main thread's stack meanwhile
+WAKE_S = 0.5           # how often the watchdog looks at the step in progress ...
+WAKE_MIN_S = 0.05      # ... or sooner, when it would cross the bar of a long step before then
 
 
 def stacks() -> list[dict[str, Any]]:
@@ -195,6 +197,20 @@ class Watchdog(threading.Thread):
         except Exception:   # a frame that vanished under it: no place for this step, never a dead watchdog
             self._sample = None
 
+    def _next_wake(self) -> float:
+        """Seconds to the next look: WAKE_S, or just after the step in progress would cross the bar of
+        a long step, if sooner. Why: at a wake every 0.5 s a stall of 300 ms past a 100 ms bar was
+        sampled by chance (two times in five), and its line said nothing of where the rank was; a
+        step under way is looked at once more at most (one sample a step), and a job whose steps
+        all end before the bar wakes about once a bar (at least 100 ms) instead of twice a second."""
+        try:
+            if self.last_step < self.warmup_steps or (self._sample is not None and self._sample[0] == self.last_step + 1):
+                return WAKE_S
+            bar = max(LONG_RATIO * self.median_s(), LONG_MIN_MS / 1e3)
+            return min(WAKE_S, max(WAKE_MIN_S, self.last_progress + bar - time.monotonic() + 0.005))
+        except Exception:   # step times read while another thread changed them: the usual wake
+            return WAKE_S
+
     def stop(self) -> None:
         self._stop_event.set()
 
@@ -212,21 +228,28 @@ class Watchdog(threading.Thread):
             self.join(timeout_s)
 
     def run(self) -> None:
-        while not self._stop_event.wait(0.5):
-            if self.last_step < self.warmup_steps:
-                continue
-            if self.stall_step != self.last_step:   # a new stall (or none): looked at from the start
-                self.stall_step, self.looks, self.reported_hang = None, 0, False
-            stalled = time.monotonic() - self.last_progress
-            self._sample_long_step(stalled)
-            due = self.threshold() * 2 ** self.looks
-            if stalled < due:
-                continue
-            self.stall_step, self.looks = self.last_step, self.looks + 1
-            try:
-                self._fire(stalled, due)
-            except Exception as exc:
-                self.warn(f"hang diagnosis failed: {type(exc).__name__}: {exc}")
+        wake = WAKE_S
+        while not self._stop_event.wait(wake):
+            self._look()
+            wake = self._next_wake()
+
+    def _look(self) -> None:
+        """One look at the step in progress: sample a long one's stack, and fire on a stall past the
+        hang threshold (each stall fires again at twice the wait before)."""
+        if self.last_step < self.warmup_steps:
+            return
+        if self.stall_step != self.last_step:   # a new stall (or none): looked at from the start
+            self.stall_step, self.looks, self.reported_hang = None, 0, False
+        stalled = time.monotonic() - self.last_progress
+        self._sample_long_step(stalled)
+        due = self.threshold() * 2 ** self.looks
+        if stalled < due:
+            return
+        self.stall_step, self.looks = self.last_step, self.looks + 1
+        try:
+            self._fire(stalled, due)
+        except Exception as exc:
+            self.warn(f"hang diagnosis failed: {type(exc).__name__}: {exc}")
 
     def _fire(self, stalled: float, due: float) -> None:
         """Look at this stall on every rank (each fires at the same multiple of the same threshold):

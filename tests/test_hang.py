@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 
 import pytest
@@ -109,6 +110,46 @@ def test_a_rank_whose_program_returned_while_the_others_wait_is_named_and_the_jo
     finished[3] = {**reports[3], "finished": True}
     doc = analyse(finished, 4)
     assert doc["finding"] is None and doc["busy"] == [] and doc["ending"] is True
+
+
+WATCHED_STALL = """
+import sys, time
+from eroica_runtime.hang import Watchdog
+
+def stall_here(s):
+    time.sleep(s)
+
+times = []
+dog = Watchdog(None, step_times=lambda: times, warmup_steps=5, report_dir=".", factor=1000.0, floor_s=600.0,
+               action="warn", deadline_s=1.0)
+dog.start()
+t = time.monotonic()
+for step in range(1, 41):          # 10 ms steps: the bar of a long step is its floor, 100 ms
+    time.sleep(0.01)
+    times.append((time.monotonic() - t) * 1e3)
+    t = time.monotonic()
+    dog.progress(step)
+stall_here(float(sys.argv[1]))     # step 41 runs long
+dog.progress(41)
+print(" | ".join(dog.sampled(41) or ["none"]))
+"""
+
+
+def test_a_stall_a_few_times_the_bar_has_its_stack_sampled_whenever_it_comes() -> None:
+    """The watchdog looks just after a step would cross the bar of a long step (100 ms here), not
+    only at its twice-a-second wakes: a 300 ms stall is sampled wherever it falls between them (at
+    the old wakes, two times in five); the sample is the stalled line's stack, and a step under
+    the bar is not sampled."""
+    def sampled(stall_s: float) -> str:
+        proc = subprocess.run([sys.executable, "-c", WATCHED_STALL, str(stall_s)], capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    for _ in range(3):
+        got = sampled(0.3)
+        assert got.endswith(" stall_here"), got   # innermost last
+    assert sampled(0.03) == "none"
 
 
 @pytest.mark.multirank
