@@ -98,6 +98,7 @@ class Runtime:
         self._pending: _Pending | None = None
         self._raw_failed = False   # EROICA_KEEP_RAW_EVENTS: a failed write was said once
         self._quiet_until = -1   # steps up to this one are eroica's own disturbance: detectors skip them
+        self.clock.disturbed = self._disturbed
         self._next_file_check = 0.0
         self._own_s = 0.0
         self._windows: list[tuple[int, int]] = []   # every capture's (first step, k): profiled steps
@@ -223,16 +224,21 @@ class Runtime:
         self._own_gc_ms += self.gc.snapshot()[1] - gc0
         self._own_s += time.perf_counter() - t0
 
+    def _disturbed(self, step: int) -> bool:
+        """Eroica's own work held step ``step`` up on some rank, so none of its times are the job's
+        alone: a capture's lead-in (the link probe) and window, a summary being built (every rank slices,
+        the slowest rank's last slices make the others wait) and, as after a window, vote_lag + 1 steps
+        after the gather (rank 0's analyst starts there). Every rank answers alike (agreed steps)."""
+        return self.capture.active or self._pending is not None or step <= self._quiet_until
+
     def _boundary(self, step: int, ms: float, t0: float) -> None:
         assert self.side is not None
         cfg = self.cfg
         pending = self._pending
         if step % REFRESH_EVERY == 0:
             self.pg_keeper.refresh()
-        # the detectors judge neither profiled steps nor the steps eroica's deferred work disturbs: a
-        # summary being built (every rank slices, the slowest rank's last slices make the others wait)
-        # and, as after a window, vote_lag + 1 steps after the gather (rank 0's analyst starts there)
-        in_window = self.capture.active or pending is not None or step <= self._quiet_until
+        # the detectors judge neither profiled steps nor the steps eroica's deferred work disturbs
+        in_window = self._disturbed(step)
         if self.rank == 0 and time.monotonic() >= self._next_file_check:
             self._next_file_check = time.monotonic() + TRIGGER_FILE_EVERY_S
             self._check_trigger_file()

@@ -150,6 +150,10 @@ class StepClock:
         self.longest: list[tuple[float, int, dict[str, Any]]] = []
         self.long_from = long_from        # warm-up steps (a first compile, a cold cache) are not stalls
         self.where: Callable[[int], list[str] | None] | None = None
+        # disturbed(step): eroica's own work held this step up (a capture's lead-in with its link probe,
+        # its window, a summary's slices, the gather): such a step is kept marked "eroica" (a rank may
+        # still have stalled in it on its own), as the detectors leave it unjudged (runtime._boundary)
+        self.disturbed: Callable[[int], bool] | None = None
         self._times: ThreadTimes | None = None
         self._t_last: tuple[float, float] | None = None
         self._last = time.perf_counter()
@@ -248,6 +252,11 @@ class StepClock:
             where = None
         if where:
             doc["where"] = where
+        try:
+            if self.disturbed is not None and self.disturbed(step):
+                doc["eroica"] = 1
+        except Exception:
+            pass
         item = (ms, step, doc)
         if len(self.longest) < LONGEST:
             heapq.heappush(self.longest, item)

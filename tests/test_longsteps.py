@@ -131,6 +131,22 @@ def test_a_stall_whose_busy_rank_kept_no_record_of_it_says_the_records_are_incom
     assert one[0].rank is None and "the job's one rank was busy 0.80 s" in one[0].why
 
 
+def test_a_step_eroicas_own_capture_held_up_is_no_stall_unless_a_rank_stalled_in_it_alone() -> None:
+    """A capture's lead-in on two nodes: the leaders ran the link probe (their own work, left out of
+    their step) while the others waited for them: 112 ms against an 11 ms median, "no rank was busy",
+    and eroica's doing (the step clock marks it). It is not reported; a rank that recompiled alone in
+    such a step still is."""
+    probe = _job({r: [{**_rec(12, 112.0, 3.0), "eroica": 1}] if r in (1, 3) else [] for r in range(4)}, median=10.9)
+    assert _long(probe, 10.9) == []
+    both = _job({r: [{**_rec(12, 112.0, 3.0), "eroica": 1}, _rec(70, 2010.0, 2000.0 if r == 3 else 7.0)]
+                 for r in range(4)}, median=10.9)
+    (s,) = _long(both, 10.9)
+    assert (s.step, s.rank, s.among) == (70, 3, 1)
+    lone = _job({r: [{**_rec(12, 900.0, 800.0 if r == 2 else 5.0), "eroica": 1}] for r in range(4)}, median=10.9)
+    (s,) = _long(lone, 10.9)
+    assert (s.step, s.rank) == (12, 2)
+
+
 def test_stalls_with_the_same_verdict_read_as_one_line() -> None:
     """Workers started anew at every epoch: the same job-wide wait at steps 40, 160, 240, one line."""
     per_rank = _job({r: [_rec(st, 164.0 + st / 16, 5.0, data=150.0) for st in (40, 160, 240)] for r in range(4)})

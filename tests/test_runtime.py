@@ -263,13 +263,16 @@ def test_a_one_off_stall_names_the_rank_the_others_waited_for_and_where_it_was(t
                       env={"STEPS": "120", "STALL_RANK": "3", "STALL_AT": "70", "STALL_S": "2",
                            "EROICA_NODE_SPLIT": "2"}, timeout=240)
     assert proc.returncode == 0, explain(proc)
+    # the 2 s stall is the longest step; on 2 shared cores another step may pass the bar too (100 ms
+    # and 10x the median), so the header may count more than one
     lines = proc.stderr.splitlines()
-    head = next(i for i, line in enumerate(lines) if line.endswith("  longest step:"))
+    head = next((i for i, line in enumerate(lines) if "  longest step" in line), None)
+    assert head is not None, explain(proc)
     line = lines[head + 1]
     assert " took " in line and ": rank 3 on " in line and "they waited for it" in line, explain(proc)
     assert "train.py:" in line and "stall_once" in line, line
     job = json.loads((tmp_path / "report.json").read_text())["job"]
-    (s,) = job["long_steps"]
+    s = job["long_steps"][0]
     assert s["ranks_seen"] == 4 and job["ranks_reporting"] == 4, s
     assert s["rank"] == 3 and s["ms"] >= 1500 and s["busy_ms"] >= 0.5 * s["ms"] and s["others_ms"] < 0.25 * s["busy_ms"]
 

@@ -103,6 +103,7 @@ def test_the_longest_steps_after_warm_up_are_kept_with_what_the_thread_did_and_w
     training thread's CPU in them and where it was (the watchdog's sample for that step)."""
     clock = StepClock(lambda step, ms: None, long_from=3)
     clock.where = lambda step: ["train.py:10 main", "train.py:20 stall"] if step == 6 else None
+    clock.disturbed = lambda step: step == 9   # a capture's lead-in: eroica's link probe held it up
     busy = {1: 0.12, 6: 0.08, 9: 0.03}   # step 1 is warm-up (a first compile): not kept
     for step in range(LONGEST + 8):   # more steps after warm-up than are kept
         t0 = time.perf_counter()
@@ -115,6 +116,7 @@ def test_the_longest_steps_after_warm_up_are_kept_with_what_the_thread_did_and_w
     six = kept[0]
     assert six["ms"] >= 70 and six["cpu"] >= 0.5 * six["ms"], six
     assert six["where"] == ["train.py:10 main", "train.py:20 stall"] and "where" not in kept[1]
+    assert kept[1].get("eroica") == 1 and "eroica" not in six
 
 
 def test_starting_a_dataloaders_workers_counts_as_waiting_for_data() -> None:

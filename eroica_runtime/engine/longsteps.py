@@ -135,13 +135,15 @@ class StepSeen:
     data_all: bool = True        # every record mostly a wait for the next batch
     stopped: tuple[int, ...] = ()   # ranks stopped and continued in it (the first MAX_STOPPED)
     stopped_n: int = 0
+    eroica: bool = False         # eroica's own work held it up (a capture: stepclock's "eroica" mark)
 
     @classmethod
     def of(cls, rank: int, rec: Mapping[str, Any]) -> StepSeen:
         """One rank's record of a step."""
         stopped = _num(rec.get("stops")) > 0
         return cls(step=int(rec["step"]), ms=_num(rec.get("ms")), ranks=1, top=rank, top_rec=rec,
-                   data_all=_what(rec) == "data", stopped=(rank,) if stopped else (), stopped_n=int(stopped))
+                   data_all=_what(rec) == "data", stopped=(rank,) if stopped else (), stopped_n=int(stopped),
+                   eroica=bool(rec.get("eroica")))
 
     def merge(self, other: StepSeen) -> StepSeen:
         """The two sets of records together (the same step)."""
@@ -153,12 +155,12 @@ class StepSeen:
         return StepSeen(step=self.step, ms=max(self.ms, other.ms), ranks=self.ranks + other.ranks, top=hi.top,
                         top_rec=rec, second=second, data_all=self.data_all and other.data_all,
                         stopped=tuple(sorted(self.stopped + other.stopped)[:MAX_STOPPED]),
-                        stopped_n=self.stopped_n + other.stopped_n)
+                        stopped_n=self.stopped_n + other.stopped_n, eroica=self.eroica or other.eroica)
 
     def to_wire(self) -> dict[str, Any]:
         return {"step": self.step, "ms": self.ms, "ranks": self.ranks, "top": self.top, "rec": dict(self.top_rec),
                 "second": self.second, "data_all": self.data_all, "stopped": list(self.stopped),
-                "stopped_n": self.stopped_n}
+                "stopped_n": self.stopped_n, "eroica": self.eroica}
 
     @classmethod
     def from_wire(cls, doc: Any) -> StepSeen | None:
@@ -175,7 +177,7 @@ class StepSeen:
         return cls(step=step, ms=_num(doc.get("ms")), ranks=ranks, top=top, top_rec={"step": step, **rec},
                    second=_num(doc.get("second")), data_all=doc.get("data_all") is True,
                    stopped=tuple(r for r in stopped if _int(r))[:MAX_STOPPED] if isinstance(stopped, list) else (),
-                   stopped_n=int(_num(doc.get("stopped_n"))))
+                   stopped_n=int(_num(doc.get("stopped_n"))), eroica=doc.get("eroica") is True)
 
 
 def _int(x: Any) -> bool:
@@ -215,12 +217,18 @@ def long_steps(seen: Mapping[int, StepSeen], per_rank: Mapping[int, Mapping[str,
                median_ms: float | None) -> list[LongStep]:
     """The job's longest steps (at least LONG_RATIO x ``median_ms`` and LONG_MIN_MS), longest first, at
     most MAX_SHOWN, from every rank's job-end records reduced a step each (``reduce_records``,
-    ``merge_seen``); ``per_rank``: the ranks that reported at job end (their hosts)."""
+    ``merge_seen``); ``per_rank``: the ranks that reported at job end (their hosts).
+
+    A step eroica's own capture held up is left out unless one rank stalled in it alone: its ranks
+    waited for a node leader's link probe or a peer's summary slices (a 112 ms lead-in step on 4
+    ranks sharing 2 cores, the others' steps 11 ms, read "no rank was busy ... (only 2 of the 4 ranks
+    kept this step)"), which is no stall of the job's."""
     if not median_ms or median_ms <= 0:
         return []
     bar = max(LONG_RATIO * median_ms, LONG_MIN_MS)
     ranked = sorted((s for s in seen.values() if s.ms >= bar), key=lambda s: -s.ms)
-    return [replace(_judge(s, per_rank, median_ms), among=len(ranked)) for s in ranked[:MAX_SHOWN]]
+    kept = [j for j, s in ((_judge(s, per_rank, median_ms), s) for s in ranked) if not s.eroica or j.rank is not None]
+    return [replace(j, among=len(kept)) for j in kept[:MAX_SHOWN]]
 
 
 def _incomplete(seen: StepSeen, reporting: int) -> str:
