@@ -22,6 +22,7 @@ from typing import Any
 import click
 
 from eroica_runtime import report, reportdir, summary
+from eroica_runtime.analyst import stored_job_stats_text
 from eroica_runtime.engine import Diagnosis, first_named
 from eroica_runtime.engine.hang import HANG_SCHEMA, HANG_TRIGGER, hang_diagnosis
 from eroica_runtime.engine.ingest import CaptureBytes
@@ -228,6 +229,9 @@ def _print_analysis(report_dir: Path, topology: str | None) -> None:
                    f"{', '.join(map(str, stored[:8]))}{', ...' if len(stored) > 8 else ''}", err=True)
     for s in alone:
         click.echo("\n".join(report.format_profile(s)))
+    stats = stored_job_stats_text(doc)   # the live job's summary block, as rank 0 printed it
+    if stats:
+        click.echo(stats)
     click.echo(report.format_job(doc, report_dir))
     for p in problems:
         click.echo(f"eroica: analyze: rejected {' '.join(p.split())}", err=True)
@@ -342,6 +346,8 @@ def show_cmd(report_dir: Path) -> None:
             raise ValueError(f"schema is {doc.get('schema') if isinstance(doc, dict) else type(doc).__name__!r}, "
                              f"expected {report.REPORT_SCHEMA!r}")
         text = report.format_job(doc, report_dir)
+        stats = stored_job_stats_text(doc)
+        text = f"{stats}\n{text}" if stats else text
     except InputError as exc:
         _fail(f"show: {exc}", 1)
         return

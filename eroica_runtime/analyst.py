@@ -331,6 +331,24 @@ def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]]) -> s
     return "\n".join(lines)
 
 
+def stored_job_stats_text(doc: dict[str, Any]) -> str:
+    """The job summary block rank 0 printed at job end, again from a report.json (``eroica show``,
+    ``eroica analyze``): its step times, captures, eroica's own cost and longest steps ("" when the
+    report holds no job-end statistics: a partial or flushed one, traces, or a foreign file). Why:
+    the person who reads the report after the job, not its log, must see the same lines."""
+    job = doc.get("job")
+    if not (isinstance(job, dict) and not job.get("partial") and not job.get("flushed_by")
+            and all(isinstance(job.get(k), int) and not isinstance(job.get(k), bool)
+                    for k in ("steps", "world_size", "ranks_reporting"))):
+        return ""
+    taken = job.get("captures_taken")
+    caps = [c for c in taken if isinstance(c, dict)] if isinstance(taken, list) else []
+    try:
+        return format_job_stats(job, caps)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError):   # a report edited by hand
+        return ""
+
+
 def own_time_text(per_rank: list[Any]) -> str:
     """What eroica itself took on each rank: its work at the step boundaries (votes, a window's close,
     the summary's slices, the gathers), which the step clock leaves out of the step times, against

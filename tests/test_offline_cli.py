@@ -146,3 +146,31 @@ def test_a_large_capture_is_mapped_and_diagnosed_as_when_read(tmp_path: Path, mo
     empty = tmp_path / "empty.msgpack"
     empty.write_bytes(b"")
     assert reportdir.read_capture(empty, map_from=0) == b""
+
+
+def test_show_and_analyze_print_the_job_summary_rank_0_printed(tmp_path: Path) -> None:
+    """A real 4-rank eroica-run dir (tests/data/runtime/one-off-stall: rank 3 worked alone 2 s at step
+    70, two emulated nodes): `eroica show` and `eroica analyze` print the job summary block the job's
+    log had (step times, captures, eroica's cost, the longest step and who held it), before the job
+    report; a report with no job-end statistics (partial) or hand-edited junk in them prints none
+    and still shows the job report."""
+    src = Path(__file__).parent / "data" / "runtime" / "one-off-stall"
+    out = tmp_path / "job"
+    shutil.copytree(src, out)
+    shown = CliRunner().invoke(show_cmd, [str(out)])
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    assert lines[0].startswith("eroica: job summary: 120 steps on 4 ranks"), shown.output
+    step = next(i for i, line in enumerate(lines) if line == "  longest step:")
+    assert lines[step + 1].startswith("    step 70 took 2.01 s") and "rank 3 on vm" in lines[step + 1], shown.output
+    assert lines[-1].startswith("eroica: job report: healthy")
+    analysed = CliRunner().invoke(analyze_cmd, [str(out)])
+    assert analysed.exit_code == 0, analysed.output
+    assert "\n".join(lines[:-1]) in analysed.output, analysed.output
+
+    doc = json.loads((out / "report.json").read_text())
+    for job in ({"partial": True}, {**doc["job"], "per_rank": "junk", "long_steps": [7], "captures_taken": 3}):
+        (out / "report.json").write_text(json.dumps({**doc, "job": job}))
+        res = CliRunner().invoke(show_cmd, [str(out)])
+        assert res.exit_code == 0 and "eroica: job report:" in res.output, res.output
+        assert ("job summary" in res.output) == ("steps" in job), res.output
