@@ -197,13 +197,13 @@ def reduce_records(records: Mapping[int, Any], keep: int | None = MAX_SENT) -> d
     return _longest(seen, keep)
 
 
-def merge_seen(parts: list[Mapping[int, StepSeen]], keep: int | None = None) -> dict[int, StepSeen]:
-    """Several reductions (node leaders') as one."""
+def merge_seen(parts: list[Mapping[int, StepSeen]]) -> dict[int, StepSeen]:
+    """Several reductions (node leaders') as one, every step kept (rank 0 counts them)."""
     seen: dict[int, StepSeen] = {}
     for part in parts:
         for step, one in part.items():
             seen[step] = seen[step].merge(one) if step in seen else one
-    return _longest(seen, keep)
+    return seen
 
 
 def _longest(seen: dict[int, StepSeen], keep: int | None) -> dict[int, StepSeen]:
