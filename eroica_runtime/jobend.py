@@ -4,9 +4,9 @@ Each rank sends one msgpack map: its step statistics and its longest steps
 (``engine.longsteps.to_send``). A node leader forwards its node's statistics as they came, less the
 longest steps, which it reduces to one record a step (``longsteps.reduce_records``); rank 0 merges
 the leaders' reductions (``longsteps.merge_seen``). Why not every rank's records: an evaluation
-every rank works through puts a stack in each of a rank's 8 records, ~9 kB a rank, 940 MB into
-rank 0 at 100,000 ranks (decoded: ~10 s there, measured at 10,000 ranks and scaled); reduced, the
-records cost ~1 kB a node. Pure: msgpack only; the side channel moves the bytes
+every rank works through puts a stack in each of a rank's 8 records, ~9.4 kB a rank: 947 MB into
+rank 0 at 100,000 ranks and 10.6-11.0 s of its time; reduced, 31 MB and 2.0-2.1 s, the records
+~1.5 kB a node (docs/benchmarks.md §12). Pure: msgpack only; the side channel moves the bytes
 (``gather.gather_job_end``), and nothing here is ever unpickled.
 """
 

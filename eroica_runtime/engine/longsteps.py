@@ -10,10 +10,11 @@ reading the job's log wants to know which rank held the others, doing what, and 
 
 Each rank keeps its few longest steps with what its training thread did in them (step clock: CPU,
 run-queue wait, batch wait, GC pauses, stops) and, when the hang watchdog runs, where its main
-thread was while the step ran long (a stack sampled once per long step). At job end rank 0 reads
-them side by side: in a step every rank waited out, the rank that was busy through a good part of it
-(BUSY_SHARE) while the others were asleep in a collective is the one they waited for; when every rank
-was busy, or none, the line says so. Pure: no MPI, no torch.
+thread was while the step ran long (a stack sampled once per long step). At job end the node
+leaders reduce them to one record a step (``StepSeen``) and rank 0 judges each step from those as
+from every rank's records side by side: in a step every rank waited out, the rank that was busy
+through a good part of it (BUSY_SHARE) while the others were asleep in a collective is the one they
+waited for; when every rank was busy, or none, the line says so. Pure: no MPI, no torch.
 """
 
 from __future__ import annotations
