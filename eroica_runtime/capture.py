@@ -3,10 +3,20 @@
 All ranks start the profiler at the same agreed step, mark each step boundary inside the window
 (``ProfilerStep#N`` annotations), and stop after K steps; the events go to the summary stage.
 The profiler's first start costs about a second of imports, so ``warm_up()`` pays it at install time.
+
+A process runs one torch.profiler session at a time: a second one started inside another takes the
+session over, and the first one's stop then finds none and returns no results, whose export crashes
+the process (a segfault in ``export_chrome_trace``: a job with its own torch.profiler schedule died
+under eroica-run at its first trace). The job's own profiler always comes first: ``JobProfilers``
+sees it prepare and stop, eroica starts no window while it is on, and a window open as it starts
+gives way to it (``Capture.give_way``), before the job's profiler takes the session.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 from eroica_runtime.summary.events import OWN_RANGE
@@ -67,8 +77,105 @@ class RawEvents:
         return iter(self._results.events())
 
 
-class Capture:
+class JobProfilers:
+    """The job's own profilers (torch.profiler, torch.autograd.profiler, emit_nvtx, emit_itt): which
+    are on in this process, and a call just before one starts.
+
+    torch keeps no list of them and calls nothing when one starts, so the methods every one of them
+    goes through are wrapped: ``torch.autograd.profiler.profile._prepare_trace`` / ``_start_trace``
+    (torch.profiler.profile's warm-up and start, and the plain context manager's enter) and the two
+    emitters' ``__enter__``; each one's ``__exit__`` says it stopped. eroica's own profiler goes
+    through the same methods inside ``own()`` and is not counted. A profiler started before these
+    wrappers (none: sitecustomize installs them first) is still seen by ``on`` through torch's own
+    flag, while it records.
+    """
+
+    _PROFILERS = (("profile", ("_prepare_trace", "_start_trace")), ("emit_nvtx", ("__enter__",)),
+                  ("emit_itt", ("__enter__",)))
+
     def __init__(self) -> None:
+        self._open: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._own = threading.local()
+        self._undo: list[tuple[Any, str, Any]] = []
+        self.before_start: Callable[[], None] | None = None   # called before a job's profiler starts
+        self._ap: Any = None   # torch.autograd.profiler, once installed (``on`` runs at every step)
+        self.seen = False   # a job's profiler was on at some point
+
+    def install(self) -> None:
+        import torch.autograd.profiler as ap
+
+        self._ap = ap
+        for cls_name, starts in self._PROFILERS:
+            cls = getattr(ap, cls_name, None)
+            if cls is None:
+                continue
+            for name in starts:
+                if callable(getattr(cls, name, None)):
+                    self._wrap(cls, name, self._starting)
+            if callable(getattr(cls, "__exit__", None)):
+                self._wrap(cls, "__exit__", self._stopped)
+
+    def uninstall(self) -> None:
+        for cls, name, original in reversed(self._undo):
+            setattr(cls, name, original)
+        self._undo.clear()
+
+    def _wrap(self, cls: Any, name: str, around: Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any]) -> None:
+        original = cls.__dict__.get(name, getattr(cls, name))
+
+        def wrapper(prof: Any, *args: Any, **kwargs: Any) -> Any:
+            return around(original, prof, args, kwargs)
+
+        wrapper.__name__, wrapper.__doc__ = getattr(original, "__name__", name), getattr(original, "__doc__", None)
+        wrapper.__wrapped__ = original   # type: ignore[attr-defined]
+        setattr(cls, name, wrapper)
+        self._undo.append((cls, name, original))
+
+    def _starting(self, original: Any, prof: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not getattr(self._own, "on", False) and getattr(prof, "enabled", True) is not False:
+            self.seen = True
+            try:
+                self._open.add(prof)
+                if self.before_start is not None:
+                    self.before_start()
+            except Exception:   # eroica's trouble never stops the job's profiler
+                pass
+        return original(prof, *args, **kwargs)
+
+    def _stopped(self, original: Any, prof: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            return original(prof, *args, **kwargs)
+        finally:
+            self._open.discard(prof)
+
+    class _Own:
+        def __init__(self, local: threading.local) -> None:
+            self._local = local
+
+        def __enter__(self) -> None:
+            self._local.on = True
+
+        def __exit__(self, *_exc: Any) -> None:
+            self._local.on = False
+
+    def own(self) -> JobProfilers._Own:
+        """Context: eroica's own profiler calls, not the job's."""
+        return JobProfilers._Own(self._own)
+
+    @property
+    def on(self) -> bool:
+        """A job's profiler is warming up or recording in this process (eroica's own not counted:
+        ask only while eroica's is off)."""
+        if len(self._open):
+            return True
+        return self._ap is not None and getattr(self._ap, "_is_profiler_enabled", False) is True
+
+
+class Capture:
+    def __init__(self, jobs: JobProfilers | None = None) -> None:
+        self.jobs = jobs if jobs is not None else JobProfilers()
+        self._open = False       # a window is open on this rank (profiling, or given way to the job's)
+        self.gave_way = ""       # this window gave way to the job's own profiler: when (else "")
         self._prof: Any = None
         self._own: Any = None   # the open range over eroica's own work at this boundary (own_begin)
         self._lead_in = False   # host ops are not being recorded: the lead-in step (see start())
@@ -92,14 +199,28 @@ class Capture:
         from torch.profiler import profile
 
         _detach_cupti_after_stop()  # the warm-up's own CUPTI attach must not outlive it either
-        with profile(activities=self._activities(), record_shapes=False, with_stack=False):
+        with self.jobs.own(), profile(activities=self._activities(), record_shapes=False, with_stack=False):
             torch.zeros(1).add_(1)
 
     @property
     def active(self) -> bool:
+        """A window is open on this rank (its steps are the window's, profiled or given way)."""
+        return self._open
+
+    @property
+    def profiling(self) -> bool:
         return self._prof is not None
 
-    def start(self, step: int, trigger: str, k: int) -> None:
+    def give_way(self, why: str) -> None:
+        """The job's own profiler starts (or is on) in this window: stop eroica's, its events dropped,
+        before the job's takes the session. The window stays open (its steps and close are agreed
+        with every rank); its summary is not sent (runtime: the gather drops the capture)."""
+        if not self._open or self.gave_way:
+            return
+        self.gave_way = why
+        self.abandon(close=False)
+
+    def start(self, step: int, trigger: str, k: int) -> bool:
         """Start profiling one lead-in step before ``step``; steps step..step+k-1 are the window.
 
         The lead-in absorbs what differs between ranks at a window's edge (when each reached the
@@ -108,19 +229,27 @@ class Capture:
         ops are not recorded (collection is toggled off until the window's first boundary): the
         summary leaves them out anyway, and ``prof.stop()``, the one piece of a capture's close that
         must run in the closing step, costs time per recorded event (a quarter less with k = 3).
+        The window opens whatever happens; False when the job's own profiler is on in this process
+        (``JobProfilers``): then eroica's does not start and the window has given way from its start.
         """
         from torch.profiler import ProfilerAction, profile
 
         self.step, self.trigger, self.k = step, trigger, k
+        self._open, self.gave_way = True, ""
+        if self.jobs.on:
+            self.gave_way = f"the job's own profiler was on at step {step - 1}"
+            return False
         _detach_cupti_after_stop()
         # a schedule that always records: torch only emits ProfilerStep#N annotations when a
         # schedule is given (torch.profiler.schedule() itself would save and clear mid-window)
         prof = profile(activities=self._activities(), record_shapes=False, with_stack=False,
                        schedule=_always_record(ProfilerAction))
         prof.step_num = step - 1
-        prof.start()  # opens ProfilerStep#<step-1>: the lead-in
+        with self.jobs.own():
+            prof.start()  # opens ProfilerStep#<step-1>: the lead-in
         self._prof = prof
         self._lead_in = self._collect_host_ops(False)
+        return True
 
     def _collect_host_ops(self, on: bool) -> bool:
         """Toggle the recording of host ops (torch's RecordFunction callbacks; device activity stays
@@ -178,19 +307,24 @@ class Capture:
         object each): this runs on the training thread in the closing step; the summary builder reads
         them later, in slices, and leaves out what started before ``ProfilerStep#<step>`` (the lead-in).
         """
+        self._open = False
         if self._prof is None:
             return []
         self.own_end()
         self._end_lead_in()   # stop with the profiler's callbacks where it put them
         prof, self._prof = self._prof, None
-        prof.stop()
+        with self.jobs.own():
+            prof.stop()
         results = getattr(getattr(prof, "profiler", None), "kineto_results", None)
         if results is not None:
             return RawEvents(results)
         return prof.events()
 
-    def abandon(self) -> None:
-        """Stop without processing (eroica is switching off on this rank)."""
+    def abandon(self, close: bool = True) -> None:
+        """Stop without processing (eroica is switching off on this rank; ``close=False``: the window
+        stays open, given way to the job's profiler)."""
+        if close:
+            self._open = False
         if self._prof is not None:
             try:
                 self.own_end()
@@ -200,6 +334,7 @@ class Capture:
         prof, self._prof = self._prof, None
         if prof is not None:
             try:
-                prof.stop()
+                with self.jobs.own():
+                    prof.stop()
             except Exception:
                 pass

@@ -33,7 +33,7 @@ import numpy as np
 
 from eroica_runtime import __version__, errorfile, reportdir, telemetry
 from eroica_runtime import summary as summary_mod
-from eroica_runtime.capture import Capture
+from eroica_runtime.capture import Capture, JobProfilers
 from eroica_runtime.config import Config
 from eroica_runtime.engine import longsteps
 from eroica_runtime.gather import gather_capture, gather_job_end
@@ -63,6 +63,23 @@ def slice_budget_s(median_step_s: float) -> float:
     return max(SLICE_MIN_S, min(SLICE_SHARE * median_step_s, max(SLICE_FLAT_S, SLICE_LONG_SHARE * median_step_s)))
 
 
+# The vote: the trigger's flags (trigger.REASONS), then these, each reduced with MAX over the ranks.
+HEALTHY = 0      # rank 0's verdict: the first step of a detector capture its analysis found healthy
+BUILDING = 1     # "my summary is still being built"
+PROFILER_HI = 2  # the job's own profiler is on here: rank + 1 (MAX: the highest such rank)
+PROFILER_LO = 3  # ... world size - rank (MAX: the lowest such rank)
+GAVE_HI = 4      # this rank's open or pending window gave way to the job's profiler: rank + 1
+GAVE_LO = 5      # ... world size - rank
+VOTE_TAIL = 6
+
+
+def ranks_text(hi: int, lo: int, size: int) -> str:
+    """The ranks a pair of MAX-reduced (rank + 1, size - rank) votes speaks for: "rank 3", or the
+    lowest and highest of several ("ranks 0..3", some or all of those between)."""
+    first, last = size - lo, hi - 1
+    return f"rank {last}" if first == last else f"ranks {first}..{last}"
+
+
 @dataclass
 class _Pending:
     """A closed window whose summary is being built, a slice per step boundary, until the gather."""
@@ -72,6 +89,13 @@ class _Pending:
     close_step: int             # the step whose boundary closed the window
     build: summary_mod.Resumable[dict[str, Any]]
     probe: dict[str, Any] | None = None   # rank 0: the link probe run as the window opened
+    gave_way: str = ""          # the window gave way to the job's own profiler on this rank: nothing to send
+
+
+def _no_summary() -> summary_mod.resumable.Steps[dict[str, Any]]:
+    """The build of a window that gave way to the job's profiler: nothing (done at once)."""
+    return {}
+    yield  # a generator, like every build
 
 
 class Runtime:
@@ -89,7 +113,10 @@ class Runtime:
         self.clock = StepClock(self._on_boundary, gc_ms=lambda: self.gc.snapshot()[1] - self._own_gc_ms,
                                throttled_ms=self.throttle.read, long_from=cfg.warmup_steps + 1)
         self.trigger = Trigger(cfg)
-        self.capture = Capture()
+        self.job_profilers = JobProfilers()
+        self.capture = Capture(self.job_profilers)
+        # steps the job's own profiler was on somewhere (voted), the first of them and on which ranks
+        self._job_profiler: dict[str, Any] = {}
         self.pg_keeper = GroupKeeper()
         self.votes: deque[tuple[int, Any]] = deque()
         self.analyst: Any = None
@@ -147,6 +174,8 @@ class Runtime:
                        "training continues without eroica")
             return
         self.capture.warm_up()
+        self.job_profilers.before_start = self._job_profiler_starts
+        self.job_profilers.install()
         self.gc.install()
         self.clock.install()
         self._record_groups()
@@ -189,10 +218,17 @@ class Runtime:
         self._warn(f"off on this rank: {why}; training continues")
         self._pending = None
         self.capture.abandon()
+        self.job_profilers.uninstall()
         self.clock.uninstall()
         self.throttle.close()
         if self.watchdog is not None:
             self.watchdog.stop()
+
+    def _job_profiler_starts(self) -> None:
+        """The job's own profiler is about to start (JobProfilers, on the thread starting it): an
+        open window gives way to it first, as two cannot run at once (capture.py)."""
+        if self.enabled and self.capture.active:
+            self.capture.give_way(f"the job's own profiler started in step {self.clock.step}")
 
     def _forked_child(self) -> None:
         """A fork()ed DataLoader worker inherits this object: it must never vote, profile or use MPI."""
@@ -245,25 +281,38 @@ class Runtime:
         if self.analyst is not None and self.analyst.take_unexplained():
             self.trigger.detector.retry()   # rank 0: a slowdown its capture did not explain may be captured again
         last = self.clock.thread[-1] if self.clock.thread else None
-        flags = self.trigger.local_flags(step, ms, in_window, last[3] if last is not None and last[0] == step else 0)
-        # the trigger's flags, then rank 0's verdict (the first step of a detector capture its analysis
-        # found healthy; 0 from every other rank, the vote is a MAX), then "my summary is still being built"
-        vote = np.zeros(len(flags) + 2, dtype=np.int64)
-        vote[:-2] = flags
-        vote[-2] = (self.analyst.take_healthy() or 0) if self.analyst is not None else 0
-        vote[-1] = pending is not None and not pending.build.done
+        # a step the job's own profiler was on in is slower for it, on this rank: not judged
+        profiler_on = not self.capture.profiling and self.job_profilers.on
+        flags = self.trigger.local_flags(step, ms, in_window or profiler_on,
+                                         last[3] if last is not None and last[0] == step else 0)
+        n, size = len(flags), self.side.size
+        vote = np.zeros(n + VOTE_TAIL, dtype=np.int64)
+        vote[:n] = flags
+        vote[n + HEALTHY] = (self.analyst.take_healthy() or 0) if self.analyst is not None else 0
+        vote[n + BUILDING] = pending is not None and not pending.build.done
+        if profiler_on:
+            vote[n + PROFILER_HI], vote[n + PROFILER_LO] = self.rank + 1, size - self.rank
+        if (pending is not None and pending.gave_way) or (self.capture.active and self.capture.gave_way):
+            vote[n + GAVE_HI], vote[n + GAVE_LO] = self.rank + 1, size - self.rank
         self.votes.append((step, self.side.post_vote(vote)))
         voted = None
+        held = False
         if len(self.votes) > cfg.vote_lag:
             voted_step, handle = self.votes.popleft()
             voted = self.side.wait_vote(handle, cfg.deadline_s)
+            tail = voted[n:]
             # a vote cast after the close saying nobody is still building: every rank gets this same
-            # answer at this same boundary, so all of them gather here
-            if pending is not None and voted_step > pending.close_step and not voted[-1]:
-                self._gather_pending(step)
-            if voted[-2]:
-                self.trigger.found_healthy(int(voted[-2]))
-            voted = voted[:-2]
+            # answer at this same boundary, so all of them gather here (or all drop the capture: a
+            # rank's window gave way to the job's profiler)
+            if pending is not None and voted_step > pending.close_step and not tail[BUILDING]:
+                gave = ranks_text(int(tail[GAVE_HI]), int(tail[GAVE_LO]), size) if tail[GAVE_HI] else ""
+                self._gather_pending(step, gave=gave)
+            if tail[HEALTHY]:
+                self.trigger.found_healthy(int(tail[HEALTHY]))
+            held = bool(tail[PROFILER_HI])
+            if held:
+                self._note_job_profiler(voted_step, ranks_text(int(tail[PROFILER_HI]), int(tail[PROFILER_LO]), size))
+            voted = voted[:n]
         if self.capture.active:
             if voted is not None and voted[2]:
                 self.trigger.requested()   # a person's request waits for this window to end
@@ -278,7 +327,7 @@ class Runtime:
                     self._window["gc_start"] = self.gc.snapshot()
                 self.capture.mark()
             return
-        decision = self.trigger.decide(step, voted)
+        decision = self.trigger.decide(step, voted, held=held)
         said = self.trigger.take_said()
         if said and self.rank == 0:
             from eroica_runtime.analyst import refused_text, say
@@ -291,7 +340,7 @@ class Runtime:
             if self._pending is not None:
                 # a new window may not open with a summary still unsent (its building would be
                 # profiled): every rank has this decision at this boundary, so all finish and gather
-                self._gather_pending(step)
+                self._gather_pending(step, gave=None)
             # no barrier here: every rank has this decision at this same step boundary (the vote), and
             # the lead-in step absorbs how far apart in time they reach it. A world barrier cost every
             # rank 22-52 ms in this step on 4 ranks sharing 2 cores (docs/benchmarks.md §6), and a
@@ -304,7 +353,8 @@ class Runtime:
             probe = self.side.probe_links(cfg.deadline_s)
             self._window = {"tele_start": telemetry.sample(), "gc_start": self.gc.snapshot(),
                             "own_start": self._own_s, "probe": probe}
-            # the agreed step is the lead-in; the window proper starts one step later
+            # the agreed step is the lead-in; the window proper starts one step later. On a rank whose
+            # job's own profiler came on after its vote, the window opens given way (capture.py)
             self.capture.start(decision.start_step + 1, decision.trigger, decision.k)
             self._windows.append((decision.start_step + 1, decision.k))
 
@@ -334,16 +384,29 @@ class Runtime:
         if left > 0:
             pending.build.run(left)
 
-    def _gather_pending(self, step: int) -> None:
+    def _gather_pending(self, step: int, gave: str | None) -> None:
         """Encode the pending summary and gather it (collective: every rank calls this at the same
         boundary, that of ``step``). The build is normally done already; a capture about to start or
-        the job's end finishes it here."""
+        the job's end finishes it here.
+
+        ``gave``: the ranks whose window gave way to the job's own profiler, as the vote said ("": none;
+        None: no vote said, so the ranks agree on it here): then no rank sends its summary, and rank 0
+        says why the capture was not taken. Dropped whole, as a comparison of ranks that were not
+        all profiled would blame the difference."""
         assert self.side is not None
         pending, self._pending = self._pending, None
         if pending is None:
             return
         self._quiet_until = step + 1 + self.cfg.vote_lag
         self._deferred.append((pending.close_step + 1, self._quiet_until))
+        if gave is None:
+            everyone = self.side.agree(not pending.gave_way, self.cfg.deadline_s, "capture agreement")
+            gave = "" if everyone else ("rank 0" if pending.gave_way and self.rank == 0 else "some rank")
+        if gave:
+            self.trigger.gave_way(pending.trigger)
+            if self.analyst is not None:
+                self.analyst.add_gave_way(pending.first, pending.trigger, gave)
+            return
         pending.build.run(None)
         blob = summary_mod.encode(pending.build.result)  # type: ignore[arg-type]
         first, trigger, probe = pending.first, pending.trigger, pending.probe
@@ -366,7 +429,12 @@ class Runtime:
         # read the GC counters before stopping: turning events into Python objects collects a lot
         gc_count0, gc_ms0 = self._window["gc_start"]
         gc_count1, gc_ms1 = self.gc.snapshot()
+        gave_way = cap.gave_way
         events = cap.stop()
+        if gave_way:
+            self._pending = _Pending(first, trigger, step, summary_mod.Resumable(_no_summary()),  # type: ignore[arg-type]
+                                     self._window.get("probe"), gave_way=gave_way)
+            return
         if self.cfg.keep_raw_events:
             self._keep_raw(events, first)
         steps, history = self._step_records(first, step)
@@ -538,6 +606,7 @@ class Runtime:
 
             rep = self.analyst.write_job(steps=self.clock.step, job={**job_stats({0: stats}, self.side.size),
                                                                      **self._time_lost(), **self._refused(),
+                                                                     **self._job_profiler_stats(),
                                                                      "flushed_by": why},
                                          history=self.clock.all_ms[:])   # a copy: see StepClock.all_ms
             self._warn(f"{why}: report flushed to {self.report_dir}")
@@ -592,7 +661,7 @@ class Runtime:
                 if self._pending is not None:
                     # the job ended before the last summary was sent: every rank is at the same point
                     # (the same boundaries decided it), so all finish and gather it before the job's end
-                    self._gather_pending(self.clock.step)
+                    self._gather_pending(self.clock.step, gave=None)
                 stats = self._gather_job_end(side)
                 if stats is not None:
                     self._write_job_end(stats)   # before MPI_Finalize: a killed job keeps its report
@@ -655,6 +724,25 @@ class Runtime:
                                                              cfg.lost_window))
         return {} if lost is None else {"time_lost": lost.to_json()}
 
+    def _note_job_profiler(self, step: int, ranks: str) -> None:
+        """The vote says the job's own profiler was on in ``step`` (on ``ranks``): no capture starts
+        while it is (Trigger.decide), and rank 0 says so the first time."""
+        seen = self._job_profiler
+        if not seen:
+            seen.update(first_step=step, steps=0, ranks=ranks)
+            if self.rank == 0:
+                from eroica_runtime.analyst import say
+
+                say(f"eroica: step {step}: the job's own torch.profiler is on ({ranks}): eroica takes no capture "
+                    "while it is (a process runs one profiler at a time) and does not judge those steps")
+        seen["steps"] += 1
+        seen["last_step"] = step
+
+    def _job_profiler_stats(self) -> dict[str, Any]:
+        """``{"job_profiler": {first_step, last_step, steps, ranks}}`` once the job's own profiler was
+        seen on (voted), else {}: the job summary says why captures waited."""
+        return {"job_profiler": dict(self._job_profiler)} if self._job_profiler else {}
+
     def _refused(self) -> dict[str, Any]:
         """``{"captures_refused": ...}`` once the capture budget refused a capture (trigger.Refused), else {}."""
         r = self.trigger.refused
@@ -670,7 +758,7 @@ class Runtime:
 
         if not self.analyst.wait(max(30.0, self.cfg.deadline_s)):
             self._warn("job end: analysis still running after 30s; writing the report without it")
-        stats = {**stats, **self._time_lost(), **self._refused()}
+        stats = {**stats, **self._time_lost(), **self._refused(), **self._job_profiler_stats()}
         rep = self.analyst.write_job(steps=stats["steps"], job=stats, history=self.clock.all_ms[:])
         print(format_job_stats(stats, self.analyst.captures), file=sys.stderr)
         print(format_job(rep, self.report_dir), file=sys.stderr, flush=True)

@@ -517,7 +517,11 @@ class Trigger:
         self.last_capture_start: int | None = None
         self.busy_until = -1          # no voted capture starts before this step (its votes saw the window)
         self.window_until = -1        # last step of the current window: nothing starts before it ends
+        # the baseline's lead-in step; a baseline held back by the job's own profiler (or whose window
+        # gave way to it) comes as soon as it is off (baseline_late), one missed otherwise does not
         self.baseline_step = cfg.warmup_steps + 2 if cfg.baseline else None
+        self.baseline_due = cfg.baseline
+        self.baseline_late = False
         self.window_trigger = ""      # the current (or last) window's trigger, and its profiled steps
         self.window_ms: list[float] = []
         # a person's request (SIGUSR1, the trigger file) or a --capture-at-steps step that came while a
@@ -599,6 +603,17 @@ class Trigger:
             self.detector.found_healthy()
             self.held.append(first_step)
 
+    def gave_way(self, trigger: str) -> None:
+        """The capture just gathered (or not: this one) gave way to the job's own profiler on some rank
+        and was dropped (runtime._gather_pending; every rank at the same boundary). The baseline and a
+        person's request are taken again once the profiler is off; a slowdown still there is voted for
+        again. Its budget stays spent: a job whose profiler keeps taking eroica's windows costs at
+        most the budget's captures."""
+        if trigger == "baseline" and self.baseline_step is not None:
+            self.baseline_due = self.baseline_late = True
+        elif trigger == "manual":
+            self.manual_waiting = True
+
     def _due(self, start: int) -> bool:
         """A --capture-at-steps step this capture (lead-in ``start``) reaches: its own, or one an open
         window held back (taken late rather than never)."""
@@ -610,17 +625,25 @@ class Trigger:
         while self._due(start):
             self.scheduled.pop(0)
 
-    def decide(self, step: int, voted: np.ndarray | None) -> Decision | None:
+    def decide(self, step: int, voted: np.ndarray | None, held: bool = False) -> Decision | None:
         """At the boundary after ``step``: does a capture start at step+1? Same answer on all ranks.
 
         ``start_step`` is the capture's lead-in step; the profiled window is the K steps after it.
+        ``held``: the job's own profiler was on (the vote says, on some rank): nothing starts, as two
+        profilers cannot run in one process; the baseline, a person's request and a scheduled step
+        wait for it to stop, and a slowdown still there then is captured then.
         """
         start = step + 1
         trigger = None
         if voted is not None and voted[2]:
             self.manual_waiting = True
+        base = self.baseline_step
+        if held:
+            if self.baseline_due and base is not None and start >= base:
+                self.baseline_late = True
+            return None
         asked = self.manual_waiting or self._due(start)
-        if self.baseline_step is not None and start == self.baseline_step:
+        if self.baseline_due and base is not None and (start == base or (self.baseline_late and start > base)):
             trigger = "baseline"
         elif asked:
             trigger = "manual"
@@ -648,6 +671,8 @@ class Trigger:
                 return None
         if trigger == "manual":
             self._answered(start)
+        if trigger == "baseline":
+            self.baseline_due = False
         k = self.window_for(trigger)
         self.budget.spend(start)
         self.said_since_capture = False

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import torch
 
-from eroica_runtime.capture import Capture
+from eroica_runtime.capture import Capture, JobProfilers
 
 
 def _window(cap: Capture, first: int, k: int) -> list:
@@ -46,3 +50,85 @@ def test_a_window_abandoned_in_its_lead_in_leaves_no_profiler_behind() -> None:
     with torch.profiler.profile() as prof:
         torch.ones(4).add_(1)
     assert any(e.name == "aten::add_" for e in prof.events())
+
+
+# ---- the job's own profiler comes first ---------------------------------------------------------------
+# A process runs one torch.profiler session at a time: one started inside another takes the session
+# over, and the outer one's stop then gets no results, whose export_chrome_trace segfaulted the job
+# (a job with its own profiler schedule died under eroica-run at its first trace).
+
+def _watched() -> tuple[Capture, JobProfilers]:
+    jobs = JobProfilers()
+    cap = Capture(jobs)
+    jobs.before_start = lambda: cap.give_way("the job's own profiler started")
+    jobs.install()
+    return cap, jobs
+
+
+def _job_trace(tmp_path: Path, prof: Any) -> set[str]:
+    """The job's trace as its on_trace_ready would write it: the op names in it."""
+    path = tmp_path / "job.json"
+    prof.export_chrome_trace(str(path))
+    return {e.get("name") for e in json.loads(path.read_text())["traceEvents"]}
+
+
+def test_a_window_gives_way_to_the_jobs_profiler_starting_in_it(tmp_path: Path) -> None:
+    """eroica's window is open and recording when the job's own profiler starts: eroica's stops first,
+    so the job's profile records its steps and exports; eroica's window stays open (its close is
+    agreed with the other ranks) and hands over no events."""
+    cap, jobs = _watched()
+    try:
+        cap.start(10, "test", 3)
+        assert cap.profiling
+        torch.ones(4).mul_(2)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            torch.ones(4).add_(1)
+        assert cap.active and not cap.profiling and "started" in cap.gave_way
+        cap.mark()
+        assert list(cap.stop()) == [] and not cap.active
+        assert "aten::add_" in _job_trace(tmp_path, prof)
+    finally:
+        jobs.uninstall()
+
+
+def test_no_window_profiles_while_the_jobs_profiler_is_on(tmp_path: Path) -> None:
+    """A window agreed while the job's profiler warms up or records (its schedule's warm-up step
+    counts: the session is being prepared) opens given way: eroica's profiler never starts, and the
+    job's profile keeps every op it recorded."""
+    cap, jobs = _watched()
+    try:
+        sched = torch.profiler.schedule(wait=0, warmup=1, active=2, repeat=1)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=sched) as prof:
+            assert jobs.on
+            assert cap.start(20, "test", 2) is False
+            assert cap.active and not cap.profiling and "on at step 19" in cap.gave_way
+            for _ in range(3):
+                torch.ones(4).add_(1)
+                prof.step()
+                cap.mark()
+        assert list(cap.stop()) == []
+        assert not jobs.on
+        assert "aten::add_" in _job_trace(tmp_path, prof)
+        # the job's profiler off: the next window records again
+        assert cap.start(30, "test", 1) is True and cap.profiling
+        cap.mark()   # the lead-in's host ops are not recorded
+        torch.ones(4).add_(1)
+        assert any(e.name() == "aten::add_" for e in cap.stop())
+    finally:
+        jobs.uninstall()
+
+
+def test_eroicas_own_profiler_is_not_the_jobs() -> None:
+    """eroica's warm-up and windows go through the same torch methods the watch wraps; they never
+    count as the job's profiler (nor make a window give way to itself), and uninstall restores torch."""
+    import torch.autograd.profiler as ap
+
+    original = ap.profile._start_trace
+    cap, jobs = _watched()
+    try:
+        cap.warm_up()
+        _window(cap, 50, 2)
+        assert not jobs.seen and not jobs.on and cap.gave_way == ""
+    finally:
+        jobs.uninstall()
+    assert ap.profile._start_trace is original

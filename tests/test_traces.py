@@ -711,6 +711,9 @@ def test_fault_bench_traces_name_the_live_culprit_and_category(tmp_path: Path) -
     tensorboard_trace_handler (GC pauses recorded), one <host>_<pid>.<ns>.pt.trace.json per cycle and rank,
     the rank only in its distributedInfo. The directory as it is gives one capture per cycle, at the live
     captures' steps, naming the rank and category the live captures named.
+    The profiled job runs under eroica too, as a user's would: eroica takes no capture while the job's
+    profiler is on and a window of its own gives way when the job's starts (two profilers in a process
+    took each other's session: the job segfaulted exporting its first trace), so every trace is written.
     About 30 s here (two 4-rank jobs of 30 steps); run it under the multi-rank lock."""
     live = tmp_path / "live"
     quiet = ("--spike-ratio", "100", "--drift-pct", "0", "--lost-pct", "0")   # only the manual captures
@@ -723,13 +726,17 @@ def test_fault_bench_traces_name_the_live_culprit_and_category(tmp_path: Path) -
     assert [n for _, n in named_live] == [[e] for e in EXPECTED], (named_live, explain(proc))
 
     d = tmp_path / "traces"
-    proc = eroica_run("--nproc-per-node", "4", "--no-eroica", "--report-dir", tmp_path / "profiled",
+    proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path / "profiled",
                       PROFILE_WRAP, "--steps", "30", timeout=120,
                       env={"EROICA_BENCH_FAULT": FAULTS, "EROICA_BENCH_TRACE_DIR": str(d), "EROICA_BENCH_TRACE_GC": "1",
                            "EROICA_BENCH_TRACE_SCHEDULE": "skip_first=2,wait=4,warmup=1,active=3,repeat=3"})
     assert proc.returncode == 0, explain(proc)
     files = sorted(p.name for p in d.iterdir())
     assert len(files) == 12 and all(f.endswith(".pt.trace.json") for f in files), files
+    assert "off on this rank" not in proc.stderr, explain(proc)
+    held = json.loads((tmp_path / "profiled" / "report.json").read_text())["job"]["job_profiler"]
+    assert held["ranks"] == "ranks 0..3" and held["steps"] >= 12, held   # 3 cycles of warm-up + 3 active
+    assert "the job's own torch.profiler is on (ranks 0..3)" in proc.stderr, explain(proc)
     res = _analyze("--traces", d, "--out", tmp_path / "from-traces")
     assert res.exit_code == 0, res.output
     caps = json.loads((tmp_path / "from-traces" / "report.json").read_text())["captures"]

@@ -634,3 +634,40 @@ def test_a_rank_stopped_again_and_again_is_captured_once_until_a_window_without_
             window_end = d.start_step + d.k
     first, again = _throughput(starts)
     assert 100 < first < 200 and 450 < again < 550, starts
+
+
+def test_no_capture_starts_while_the_jobs_profiler_is_on_and_the_baseline_comes_after() -> None:
+    """While the vote says the job's own torch.profiler is on somewhere, nothing starts (one profiler
+    a process): not the baseline, a person's request or a slowdown. The baseline and the request come
+    once it is off, in that order, every rank alike."""
+    cfg = Config(warmup_steps=5, window_steps=3, cooldown_steps=10)
+    a, b = Trigger(cfg), Trigger(cfg)
+    asked, quiet = np.array([0, 0, 1, 0]), np.array([0, 0, 0, 0])
+    got = []
+    for step in range(40):
+        vote = asked if step == 6 else quiet
+        held = 4 <= step < 20
+        da, db = a.decide(step, vote, held=held), b.decide(step, vote, held=held)
+        assert da == db
+        if da:
+            got.append((da.start_step, da.trigger))
+            a.window_until = b.window_until = da.start_step + da.k   # as decide set it (identical)
+    assert got[:2] == [(21, "baseline"), (25, "manual")], got
+
+
+def test_a_baseline_or_request_given_way_to_the_jobs_profiler_is_taken_again() -> None:
+    """A capture dropped because its window gave way to the job's profiler: the baseline (the job's
+    healthy reference) and a person's request are taken again; a detector's is voted for again by
+    the detector if the slowdown is still there, not re-armed here."""
+    cfg = Config(warmup_steps=5, window_steps=3)
+    trig = Trigger(cfg)
+    first = next(d for d in (trig.decide(s, None) for s in range(20)) if d)
+    assert first.trigger == "baseline" and first.start_step == 7
+    trig.gave_way("baseline")
+    again = next(d for d in (trig.decide(s, None) for s in range(20, 40)) if d)
+    assert again.trigger == "baseline" and again.start_step == 21
+    assert not any(trig.decide(s, None) for s in range(40, 80))   # taken: not again and again
+    trig.gave_way("manual")
+    assert trig.decide(80, None).trigger == "manual"
+    trig.gave_way("spike")
+    assert not any(trig.decide(s, None) for s in range(100, 140))
