@@ -205,6 +205,7 @@ class Runtime:
             self.clock.where = self.watchdog.sampled
         else:
             self._warn("MPI gives no MPI_THREAD_MULTIPLE: the hang watchdog is off")
+        self.side.before_job_finalize(self._at_exit)   # a job that finalizes MPI itself ends eroica's job there
         self.enabled = True
 
     def _warn(self, msg: str) -> None:
@@ -670,6 +671,8 @@ class Runtime:
             self._warn(f"job-end report incomplete: {exc}")
         except Exception as exc:
             self._warn(f"job-end report failed: {type(exc).__name__}: {exc}")
+        # no MPI from here on (the job may train on after its own MPI.Finalize ran this): no more votes
+        self.enabled = False
         if failing:
             side.drain(timeout_s=0.2)
             return

@@ -87,6 +87,7 @@ class SideChannel:
             reason = " ".join(str(exc).split())  # one line, whatever the loader printed
             raise SideChannelError(f"MPI unavailable ({type(exc).__name__}: {reason})") from None
         self.MPI = MPI
+        self._finalize = MPI.Finalize   # MPI_Finalize itself (the job's MPI.Finalize is wrapped: before_job_finalize)
         world = MPI.COMM_WORLD
         expected = os.environ.get("WORLD_SIZE")
         if expected and int(expected) != world.Get_size():
@@ -387,4 +388,26 @@ class SideChannel:
     def finalize(self) -> None:
         """MPI_Finalize (waits for every rank: call it only on a normal, collective exit)."""
         if not self.MPI.Is_finalized():
-            self.MPI.Finalize()
+            self._finalize()
+
+    def before_job_finalize(self, job_end: Callable[[], None]) -> None:
+        """Run ``job_end`` (eroica's own end of job, which finalizes MPI) when the job calls
+        ``MPI.Finalize()`` itself, then finalize only if that did not.
+
+        A script that uses mpi4py too (rank discovery, its own MPI collectives) may finalize MPI at its
+        end; eroica's job end at exit then used MPI after MPI_Finalize, MPICH aborted every rank
+        ("Attempting to use an MPI routine ... after finalizing MPICH") and a healthy job failed. Every
+        rank calls MPI_Finalize (it is collective), so eroica's collective job end runs there instead.
+        A job that calls ``MPI.Finalize`` through another name it took before eroica started cannot
+        be seen (none: sitecustomize starts eroica before the script's imports)."""
+        mpi, original = self.MPI, self._finalize
+
+        def Finalize() -> None:   # noqa: N802 - mpi4py's name
+            try:
+                job_end()
+            finally:
+                if not mpi.Is_finalized():
+                    original()
+
+        Finalize.__doc__ = getattr(original, "__doc__", None)
+        mpi.Finalize = Finalize

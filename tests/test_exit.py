@@ -47,6 +47,9 @@ CASES = {
     # (a script that calls destroy_process_group() closes its connections there: the others' collectives
     # fail at once, with or without eroica)
     "uneven-inputs": ({"STEPS": "60", "SHORT_RANK": "2", "NO_DESTROY": "1"}, ["--hang-timeout", "3"], 3),
+    # the script uses mpi4py too and calls MPI.Finalize() at its end, then steps on: eroica's job end
+    # runs there (it used MPI after the job's Finalize at exit: MPICH aborted every rank, rc 1)
+    "job-finalizes-mpi": ({"STEPS": "40", "MPI_FINALIZE": "1"}, [], 0),
 }
 
 

@@ -9,7 +9,9 @@ teardown, like a library thread deadlocking Python's exit); SHORT_RANK (runs hal
 data ran out first, uneven inputs); FINAL_SAVE_S (rank 0 saves the final model for this long after
 the last step while the others end); NO_DESTROY (the script never calls destroy_process_group(), as
 many do not: the program's gloo connections close only when its process ends); FINAL_UPLOAD_S
-(rank 0 waits this long for a subprocess after the last step, as an upload of the final model).
+(rank 0 waits this long for a subprocess after the last step, as an upload of the final model);
+MPI_FINALIZE (the script uses mpi4py itself: an MPI allreduce at the end, then MPI.Finalize(), then
+a few more local optimizer steps before it writes its result).
 """
 import json
 import os
@@ -76,6 +78,19 @@ def main() -> None:
                 os.close(fd)
     if rank == 0 and FINAL_UPLOAD_S:
         subprocess.run(["sleep", str(FINAL_UPLOAD_S)], check=True)
+    if os.environ.get("MPI_FINALIZE"):
+        from mpi4py import MPI
+
+        assert MPI.COMM_WORLD.allreduce(1) == dist.get_world_size()
+        dist.destroy_process_group()
+        MPI.Finalize()
+        param = torch.nn.Parameter(torch.ones(4))
+        local = torch.optim.SGD([param], lr=0.1)
+        for _ in range(3):   # steps after MPI is gone: eroica must not vote in them
+            param.sum().backward()
+            local.step()
+        (out / f"rank{rank}.json").write_text(json.dumps({"steps": STEPS}))
+        return
     (out / f"rank{rank}.json").write_text(json.dumps({"steps": STEPS}))
     if not os.environ.get("NO_DESTROY"):
         dist.destroy_process_group()
