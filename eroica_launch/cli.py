@@ -182,14 +182,43 @@ def get_parser() -> ArgumentParser:
     return p
 
 
+def script_at(parser: ArgumentParser, argv: list[str]) -> int | None:
+    """The index of the training script in ``argv`` (None: there is none): the first token that is
+    neither an option nor an option's value.
+
+    Why: argparse reads every token for an option, the script's own too, and stops at one that
+    abbreviates two of its options. A script flag like ``--warmup 500`` (eroica's --warmup-steps
+    and --warmup_steps) or ``--keep`` stopped eroica-run with "ambiguous option", where torchrun,
+    which has neither, hands it to the script. So only the tokens up to the script are parsed; an
+    option before it may still be abbreviated, as under torchrun."""
+    actions = parser._option_string_actions
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            return i + 1 if i + 1 < len(argv) else None
+        if not token.startswith("-") or token == "-":
+            return i
+        name, eq, _ = token.partition("=")
+        action = actions.get(name)
+        if action is None and name.startswith("--"):
+            found = {id(a): a for s, a in actions.items() if s.startswith(name)}
+            action = next(iter(found.values())) if len(found) == 1 else None
+        i += 2 if action is not None and action.nargs != 0 and not eq else 1
+    return None
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse; also note which flags were spelled out (argparse cannot tell a default from a value)."""
+    """Parse; also note which flags were spelled out (argparse cannot tell a default from a value).
+    Everything after the training script is the script's, untouched (``script_at``)."""
     argv = sys.argv[1:] if argv is None else argv
-    args = get_parser().parse_args(argv)
-    script_at = len(argv) - len(args.training_script_args) - 1
+    parser = get_parser()
+    at = script_at(parser, argv)
+    args = parser.parse_args(argv if at is None else argv[:at + 1])   # None: argparse says what is missing
+    args.training_script_args = argv[at + 1:] if at is not None else []
     given = set()
-    for token in argv[:max(script_at, 0)]:
-        if token.startswith("--"):
+    for token in argv[:at]:
+        if token.startswith("--") and token != "--":
             given.add(token[2:].split("=", 1)[0].replace("-", "_"))
     args._given = given
     return args

@@ -63,6 +63,18 @@ def test_script_args_are_not_ours() -> None:
     assert args.report_dir == "" and not args.no_eroica
 
 
+@pytest.mark.parametrize("script_args", [["--warmup", "500", "--keep", "3"], ["--max", "1", "--", "-x"],
+                                         ["--dead", "--no", "--nproc_per", "8"]], ids=lambda a: " ".join(a))
+def test_script_flags_that_abbreviate_our_options_are_the_scripts(script_args: list[str]) -> None:
+    """A script's ``--warmup 500`` abbreviates eroica's --warmup-steps and --warmup_steps: argparse
+    read it as ours and stopped with "ambiguous option" where torchrun passed it to the script.
+    Options before the script may still be abbreviated, as under torchrun."""
+    args = parse_args(["--nproc_per", "2", "--dead", "7", "train.py", *script_args])
+    assert args.training_script == "train.py" and args.training_script_args == script_args
+    assert args.nproc_per_node == "2" and float(args.deadline_s) == 7.0
+    assert parse_args(["-m", "pkg.train", *script_args]).training_script_args == script_args
+
+
 def test_eroica_flags_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EROICA_WINDOW_STEPS", "5")
     monkeypatch.setenv("EROICA_CAPTURE_AT_STEPS", "10,20")
