@@ -33,6 +33,10 @@ THREAD_HISTORY = 256
 # the longest steps kept whole for the job end (engine/longsteps.py): more than the 3 it reports, since
 # which of several alike stalls (a checkpoint every 50 steps) a rank keeps differs between ranks
 LONGEST = 8
+# steps of another optimizer, with none of the one steps are counted at, after which that one is
+# followed instead (a fine-tuning's second stage with a new optimizer, the old one kept alive). More
+# than a GAN's critic steps per generator step (5 in WGAN), which must not move the count
+SWITCH_AFTER = 8
 
 
 class ThreadTimes:
@@ -157,7 +161,8 @@ class StepClock:
         self._times: ThreadTimes | None = None
         self._t_last: tuple[float, float] | None = None
         self._last = time.perf_counter()
-        self._first_opt: Any = None
+        self._first_opt: Any = None       # weakref to the optimizer whose steps are counted
+        self._others = 0                  # steps of other optimizers since it last stepped
         self._manual = False
         self._handle: Any = None
         self._cuda_events: deque[tuple[int, Any]] = deque()
@@ -194,11 +199,34 @@ class StepClock:
     def _optimizer_hook(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         if self._manual:
             return
-        if self._first_opt is None:
+        followed = self._first_opt() if self._first_opt is not None else None
+        if followed is None:
+            # the first step, or the optimizer they were counted at is gone (a new one for the next
+            # stage): steps go on with this one. Counting only the first for good missed every step
+            # of a fine-tuning's second stage (30 of 120 steps counted)
             self._first_opt = weakref.ref(optimizer)
-        elif self._first_opt() is not optimizer:
+        elif followed is not optimizer:
+            self._others += 1
+            if self._others < SWITCH_AFTER:
+                return   # several optimizers a step (a GAN's): one step
+            # the counted one stopped stepping (kept alive, unused): follow this one, from now; the
+            # steps in between were no step of either
+            self._first_opt, self._others = weakref.ref(optimizer), 0
+            self._rebase()
             return
+        self._others = 0
         self.boundary()
+
+    def _rebase(self) -> None:
+        """The next step starts now; nothing is recorded for the time since the last boundary."""
+        if self._times is not None:
+            self._t_last = self._times.sample()
+        self._continued_last, self._data_last = self.continued, self.data_ms
+        self._gc_last = self.gc_ms() if self.gc_ms is not None else 0.0
+        thr = self.throttled_ms() if self.throttled_ms is not None else None
+        if thr is not None:
+            self._thr_last = thr
+        self._last = time.perf_counter()
 
     def mark(self) -> None:
         """mark_step(): from the first call on, manual marks alone define steps."""

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from eroica_runtime.stepclock import LONGEST, StepClock
+from eroica_runtime.stepclock import LONGEST, SWITCH_AFTER, StepClock
 
 
 def _opt() -> torch.optim.Optimizer:
@@ -31,6 +31,50 @@ def test_two_optimizers_and_accumulation_count_one_step_per_iteration() -> None:
         clock.uninstall()
     assert seen == [0, 1, 2, 3, 4]
     assert all(ms >= 0 for _, ms in clock.durations)
+
+
+def test_a_gans_critic_steps_do_not_move_the_count_off_the_generator() -> None:
+    """Five critic steps per generator step (WGAN), the generator stepping first: one step per
+    generator step, for the whole job."""
+    seen: list[int] = []
+    clock = StepClock(lambda step, ms: seen.append(step))
+    clock.install()
+    try:
+        gen, critic = _opt(), _opt()
+        for _ in range(12):
+            gen.step()
+            for _ in range(5):
+                critic.step()
+    finally:
+        clock.uninstall()
+    assert seen == list(range(12))
+
+
+def test_a_second_stage_with_a_new_optimizer_is_still_counted() -> None:
+    """A fine-tuning's second stage steps a new optimizer: whether the first one is gone or kept
+    alive, steps go on being counted (only the first stage's were), and the switch records no step
+    spanning the steps in between."""
+    for keep in (False, True):
+        seen: list[int] = []
+        clock = StepClock(lambda step, ms, seen=seen: seen.append(step))
+        clock.install()
+        try:
+            first = _opt()
+            for _ in range(5):
+                first.step()
+            kept = [first] if keep else []
+            del first
+            second = _opt()
+            for _ in range(20):
+                time.sleep(0.01)
+                second.step()
+        finally:
+            clock.uninstall()
+        assert len(kept) == int(keep)
+        lost = SWITCH_AFTER if keep else 0
+        assert seen == list(range(5 + 20 - lost)), (keep, seen)
+        later = [ms for step, ms in clock.durations if step >= 5]   # recorded: never one spanning 9 steps
+        assert max(later) < 4.5 * sorted(later)[len(later) // 2], clock.durations
 
 
 def test_mark_step_replaces_the_optimizer_hook() -> None:
