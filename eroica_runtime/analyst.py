@@ -296,8 +296,7 @@ def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]]) -> s
     def ms(x: Any) -> str:
         return "n/a" if x is None else f"{x:.1f} ms"
 
-    caps = ", ".join(f"step {c['step']} ({c['trigger']}{', given way to the job profiler' if c.get('gave_way') else ''})"
-                     for c in captures) or "none"
+    caps = ", ".join(report.capture_label(c) for c in captures) or "none"
     missing = stats["world_size"] - stats["ranks_reporting"]
     if stats.get("pace_ms"):
         values, what = stats["pace_ms"], "{} ms a step on average, eroica's boundary work included"
@@ -328,7 +327,7 @@ def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]]) -> s
                  f"{ms(stats['median_step_ms'])}, p99 {ms(stats['p99_step_ms'])}",
                  by_rank,
                  f"  captures: {caps}"]
-    held = job_profiler_text(stats.get("job_profiler"))
+    held = report.job_profiler_text(stats.get("job_profiler"))
     if held:
         lines.append(held)
     own = own_time_text(stats.get("per_rank", []))
@@ -361,17 +360,6 @@ def stored_job_stats_text(doc: dict[str, Any]) -> str:
         return format_job_stats(job, caps)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError):   # a report edited by hand
         return ""
-
-
-def job_profiler_text(seen: Any) -> str:
-    """The job summary's line for the job's own torch.profiler ("" if it was never on): the steps
-    eroica held its captures for, and where the job's own traces can be read instead."""
-    if not (isinstance(seen, dict) and all(isinstance(seen.get(k), int) for k in ("steps", "first_step"))):
-        return ""
-    last = seen.get("last_step", seen["first_step"])
-    return (f"  the job's own torch.profiler was on in {seen['steps']} step(s), {seen['first_step']}-{last} "
-            f"({seen.get('ranks', '?')}): eroica took no capture then; `eroica analyze --traces DIR` reads "
-            "its traces")
 
 
 def own_time_text(per_rank: list[Any]) -> str:

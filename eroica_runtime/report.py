@@ -500,6 +500,24 @@ def _steps_text(report: dict[str, Any]) -> str:
     return f"{_text(report.get('steps'))} steps"
 
 
+def capture_label(capture: Mapping[str, Any]) -> str:
+    """One entry of the job's capture list: "step 29 (baseline)", or one whose window gave way to the
+    job's own profiler (not taken: runtime._gather_pending). Text and report.html."""
+    gave = ", given way to the job's own profiler" if capture.get("gave_way") else ""
+    return f"step {capture.get('step')} ({capture.get('trigger')}{gave})"
+
+
+def job_profiler_text(seen: Any) -> str:
+    """The job summary's line for the job's own torch.profiler ("" if it was never on): the steps
+    eroica held its captures for, and where the job's own traces can be read instead."""
+    if not (isinstance(seen, dict) and all(type(seen.get(k)) is int for k in ("steps", "first_step"))):
+        return ""
+    last = _text(seen.get("last_step", seen["first_step"]))
+    return (f"  the job's own torch.profiler was on in {seen['steps']} step(s), {seen['first_step']}-{last} "
+            f"({_text(seen.get('ranks', '?'))}): eroica took no capture then; `eroica analyze --traces DIR` "
+            "reads its traces")
+
+
 def refused_summary(refused: Any) -> str:
     """The job report's line for captures the budget refused ("" for none; text and report.html)."""
     if not isinstance(refused, dict):

@@ -11,8 +11,10 @@ from typing import Any
 from eroica_runtime.engine import longsteps
 from eroica_runtime.report import (
     calls_text,
+    capture_label,
     format_time_lost,
     is_healthy,
+    job_profiler_text,
     passing_text,
     refused_summary,
     slower_text,
@@ -231,8 +233,11 @@ def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
             parts.append(f"<p>{_e(lost.strip())}</p>")
         caps = job.get("captures_taken") or []
         if caps:
-            parts.append("<p>Captures: " + ", ".join(f"step {_e(c.get('step'))} ({_e(c.get('trigger'))})"
-                                                      for c in caps[:50]) + "</p>")
+            parts.append("<p>Captures: " + ", ".join(_e(capture_label(c)) for c in caps[:50] if isinstance(c, dict))
+                         + "</p>")
+        held = job_profiler_text(job.get("job_profiler")).strip()
+        if held:
+            parts.append(f"<p>{_e(held[0].upper() + held[1:])}</p>")
         refused = refused_summary(job.get("captures_refused")).strip()
         if refused:
             parts.append(f'<p class="cat">{_e(refused[0].upper() + refused[1:])}</p>')

@@ -317,3 +317,26 @@ def test_a_job_whose_budget_refused_captures_says_so_under_healthy(tmp_path: Pat
     assert line.startswith("eroica: step 2013: steps slowed (drift), but the capture budget is spent (8 captures")
     assert "one comes back at step 2500 (every 1000 steps, --capture-refill-steps)" in line, line
     assert "nothing more is captured in this job" in refused_text(Refusal(2013, "drift", None), 8, 0)
+
+
+def test_a_job_whose_own_profiler_held_eroicas_captures_says_so(tmp_path: Path) -> None:
+    """A job with its own torch.profiler: eroica took no capture while it was on, and a window that gave
+    way to it was not taken. The job summary (rank 0's log, `eroica show`) and report.html say both,
+    so "no capture was taken" is not read as eroica failing; a hand-edited value prints no line."""
+    from eroica_runtime.analyst import stored_job_stats_text
+
+    job = {"steps": 30, "world_size": 4, "ranks_reporting": 4, "median_step_ms": 160.0, "p99_step_ms": 700.0,
+           "slowest": [], "job_profiler": {"first_step": 6, "last_step": 25, "steps": 12, "ranks": "ranks 0..3"},
+           "captures_taken": [{"step": 15, "trigger": "baseline", "missing": [], "gave_way": "ranks 0..3"},
+                              {"step": 29, "trigger": "baseline", "missing": []}]}
+    doc = report.write_job(tmp_path, diagnoses=[], world_size=4, steps=30, job=job)
+    text = stored_job_stats_text(doc)
+    assert "captures: step 15 (baseline, given way to the job's own profiler), step 29 (baseline)" in text, text
+    held = ("the job's own torch.profiler was on in 12 step(s), 6-25 (ranks 0..3): eroica took no capture then; "
+            "`eroica analyze --traces DIR` reads its traces")
+    assert held in text, text
+    page = (tmp_path / "report.html").read_text()
+    assert "step 15 (baseline, given way to the job&#x27;s own profiler)" in page
+    assert "The job&#x27;s own torch.profiler was on in 12 step(s)" in page
+    for odd in (None, [], {"steps": "12", "first_step": 6}, {"steps": True, "first_step": 6}):
+        assert report.job_profiler_text(odd) == ""
