@@ -604,8 +604,8 @@ class Trigger:
             self.held.append(first_step)
 
     def gave_way(self, trigger: str) -> None:
-        """The capture just gathered (or not: this one) gave way to the job's own profiler on some rank
-        and was dropped (runtime._gather_pending; every rank at the same boundary). The baseline and a
+        """A capture of this kind was dropped: its window gave way to the job's own profiler on some
+        rank (runtime._gather_pending; every rank at the same boundary). The baseline and a
         person's request are taken again once the profiler is off; a slowdown still there is voted for
         again. Its budget stays spent: a job whose profiler keeps taking eroica's windows costs at
         most the budget's captures."""
