@@ -12,6 +12,7 @@ rank 0 at 100,000 ranks and 10.6-11.0 s of its time; reduced, 31 MB and 2.0-2.1 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,20 @@ class JobEnd:
     unreadable: list[int] = field(default_factory=list)   # ranks (or leaders) whose bytes were no statistics
 
 
+def is_statistics(doc: Any) -> bool:
+    """A rank's job-end map as ``analyst.job_stats`` reads it: its rank, host, step count and median
+    (None when it ran no step after warm-up). One without them failed the whole job-end report
+    (a KeyError in job_stats), not just that rank's line."""
+    def count(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool)
+
+    median = doc.get("median_ms") if isinstance(doc, dict) else None
+    return (isinstance(doc, dict) and count(doc.get("steps")) and count(doc.get("rank"))
+            and isinstance(doc.get("host"), str)
+            and (median is None or (isinstance(median, (int, float)) and not isinstance(median, bool)
+                                    and math.isfinite(median))))
+
+
 def node_payload(blobs: dict[int, bytes], missing: list[int]) -> bytes:
     """A node leader's forward: its ranks' statistics and their longest steps reduced (never raises).
     ``missing`` (ranks of the node that sent nothing in time) is not forwarded: rank 0 counts the
@@ -43,7 +58,7 @@ def node_payload(blobs: dict[int, bytes], missing: list[int]) -> bytes:
             doc = msgpack.unpackb(raw, raw=False)
         except Exception:
             doc = None
-        if not (isinstance(doc, dict) and isinstance(doc.get("steps"), int)):
+        if not is_statistics(doc):
             unreadable.append(int(r))
             continue
         records[int(r)] = doc.pop("long_steps", None)
@@ -69,8 +84,7 @@ def read(payloads: dict[int, bytes]) -> JobEnd:
         if not (isinstance(doc, dict) and doc.get("schema") == SCHEMA and isinstance(doc.get("ranks"), dict)):
             unreadable.append(int(leader))
             continue
-        per_rank.update({r: d for r, d in doc["ranks"].items()
-                         if isinstance(r, int) and isinstance(d, dict) and isinstance(d.get("steps"), int)})
+        per_rank.update({r: d for r, d in doc["ranks"].items() if isinstance(r, int) and is_statistics(d)})
         unreadable += [r for r in doc.get("unreadable") or [] if isinstance(r, int)]
         wire = doc.get("seen") if isinstance(doc.get("seen"), list) else []
         seen = [longsteps.StepSeen.from_wire(s) for s in wire]

@@ -232,3 +232,13 @@ def test_statistics_that_are_no_statistics_are_named_and_the_rest_still_read() -
                             "top": 0, "rec": {"ms": "slow", "where": [1, "a.py:1 f"]}}]})
     (seen,) = jobend.read({0: forged}).seen.values()
     assert seen.step == 5 and seen.top_rec["ms"] == 0.0 and seen.top_rec["where"] == ["a.py:1 f"]
+    # a rank map job_stats cannot read (no host, a median that is no number) is that rank's loss only:
+    # it failed the whole job-end report (KeyError in job_stats)
+    whole = _job({0: [_rec(200, 848.0, 5.0)], 1: [], 2: []})
+    nohost = {k: v for k, v in whole[1].items() if k != "host"}
+    odd = {**whole[2], "median_ms": "slow"}
+    node = jobend.node_payload({r: msgpack.packb(d, use_bin_type=True) for r, d in ((0, whole[0]), (1, nohost),
+                                                                                   (2, odd))}, [])
+    got = jobend.read({0: node})
+    assert sorted(got.per_rank) == [0] and got.unreadable == [1, 2]
+    assert job_stats(got.per_rank, 3, got.seen)["ranks_reporting"] == 1
