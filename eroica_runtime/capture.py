@@ -96,7 +96,7 @@ class JobProfilers:
     def __init__(self) -> None:
         self._open: weakref.WeakSet[Any] = weakref.WeakSet()
         self._own = threading.local()
-        self._undo: list[tuple[Any, str, Any]] = []
+        self._undo: list[tuple[Any, str, Any]] = []   # (class, name, its own attribute or None: inherited)
         self.before_start: Callable[[], None] | None = None   # called before a job's profiler starts
         self._ap: Any = None   # torch.autograd.profiler, once installed (``on`` runs at every step)
         self.seen = False   # a job's profiler was on at some point
@@ -116,12 +116,17 @@ class JobProfilers:
                 self._wrap(cls, "__exit__", self._stopped)
 
     def uninstall(self) -> None:
-        for cls, name, original in reversed(self._undo):
-            setattr(cls, name, original)
+        """torch's classes as they were: a method they inherited is inherited again."""
+        for cls, name, own in reversed(self._undo):
+            if own is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, own)
         self._undo.clear()
 
     def _wrap(self, cls: Any, name: str, around: Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any]) -> None:
-        original = cls.__dict__.get(name, getattr(cls, name))
+        own = cls.__dict__.get(name)
+        original = own if own is not None else getattr(cls, name)
 
         def wrapper(prof: Any, *args: Any, **kwargs: Any) -> Any:
             return around(original, prof, args, kwargs)
@@ -129,7 +134,7 @@ class JobProfilers:
         wrapper.__name__, wrapper.__doc__ = getattr(original, "__name__", name), getattr(original, "__doc__", None)
         wrapper.__wrapped__ = original   # type: ignore[attr-defined]
         setattr(cls, name, wrapper)
-        self._undo.append((cls, name, original))
+        self._undo.append((cls, name, own))
 
     def _starting(self, original: Any, prof: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if not getattr(self._own, "on", False) and getattr(prof, "enabled", True) is not False:

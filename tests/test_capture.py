@@ -123,6 +123,8 @@ def test_eroicas_own_profiler_is_not_the_jobs() -> None:
     count as the job's profiler (nor make a window give way to itself), and uninstall restores torch."""
     import torch.autograd.profiler as ap
 
+    before = {name: (cls.__dict__.get(name), getattr(cls, name)) for cls in (ap.profile, ap.emit_nvtx, ap.emit_itt)
+              for name in ("_prepare_trace", "_start_trace", "__enter__", "__exit__") if hasattr(cls, name)}
     original = ap.profile._start_trace
     cap, jobs = _watched()
     try:
@@ -132,3 +134,6 @@ def test_eroicas_own_profiler_is_not_the_jobs() -> None:
     finally:
         jobs.uninstall()
     assert ap.profile._start_trace is original
+    after = {name: (cls.__dict__.get(name), getattr(cls, name)) for cls in (ap.profile, ap.emit_nvtx, ap.emit_itt)
+             for name in ("_prepare_trace", "_start_trace", "__enter__", "__exit__") if hasattr(cls, name)}
+    assert after == before
