@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from eroica_runtime import engine, report, reportdir, retention
-from eroica_runtime.engine import longsteps, timelost
+from eroica_runtime.engine import epochs, longsteps, timelost
 from eroica_runtime.engine.hang import HANG_TRIGGER, hang_diagnosis
 from eroica_runtime.engine.model import count_ranks
 from eroica_runtime.gather import Gathered
@@ -250,8 +250,10 @@ def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int,
     """Job-level step-time statistics from every rank's end-of-job numbers. Ranks are compared by their
     pace (``pace_ms``) when every rank sent one (``pace_ms``: the list, in rank order), else by median.
     ``seen``: the ranks' longest steps as their node leaders reduced them (jobend.py); None: read from
-    each rank's own ``long_steps`` records."""
-    ranks = [{k: v for k, v in per_rank[r].items() if k != "long_steps"} for r in sorted(per_rank)]
+    each rank's own ``long_steps`` records. The ranks' DataLoader turnovers (``loader``) become one
+    ``epoch_starts`` when they cost the job a share of its steps (engine/epochs.py), not a map a rank."""
+    ranks = [{k: v for k, v in per_rank[r].items() if k not in ("long_steps", "loader")} for r in sorted(per_rank)]
+    starts = epochs.epoch_starts(per_rank)
     medians = [r["median_ms"] for r in ranks if r.get("median_ms") is not None]
     median = statistics.median(medians) if medians else None
     paces = [pace_ms(r) for r in ranks]
@@ -269,6 +271,7 @@ def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int,
         "long_steps": [s.to_json() for s in longsteps.long_steps(
             longsteps.reduce_records({r: d.get("long_steps") for r, d in per_rank.items()}, keep=None)
             if seen is None else seen, per_rank, median)],
+        **({"epoch_starts": starts.to_json()} if starts is not None else {}),
     }
 
 
@@ -333,6 +336,9 @@ def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]]) -> s
     own = own_time_text(stats.get("per_rank", []))
     if own:
         lines.append(own)
+    starts = epochs.EpochStarts.from_json(stats.get("epoch_starts"))
+    if starts is not None:
+        lines.append(epochs.format_epoch_starts(starts))
     long = [s for s in stats.get("long_steps") or [] if isinstance(s, dict)]
     if long:
         among = longsteps.LongStep.from_json(long[0]).among

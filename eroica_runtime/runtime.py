@@ -282,10 +282,13 @@ class Runtime:
         if self.analyst is not None and self.analyst.take_unexplained():
             self.trigger.detector.retry()   # rank 0: a slowdown its capture did not explain may be captured again
         last = self.clock.thread[-1] if self.clock.thread else None
-        # a step the job's own profiler was on in is slower for it, on this rank: not judged
+        # a step the job's own profiler was on in is slower for it, on this rank: not judged; nor a
+        # step in which this rank's DataLoader began an epoch (its workers started anew, the first
+        # batch waited for them): a turnover every epoch is the job's own rhythm, no slowdown
+        # (stepclock.Turnovers; the job summary says what they cost)
         profiler_on = not self.capture.profiling and self.job_profilers.on
-        flags = self.trigger.local_flags(step, ms, in_window or profiler_on,
-                                         last[3] if last is not None and last[0] == step else 0)
+        flags = self.trigger.local_flags(step, ms, in_window, last[3] if last is not None and last[0] == step else 0,
+                                         unjudged=profiler_on or self.clock.epoch_began)
         n, size = len(flags), self.side.size
         vote = np.zeros(n + VOTE_TAIL, dtype=np.int64)
         vote[:n] = flags
@@ -601,7 +604,8 @@ class Runtime:
             return
         try:
             self.analyst.wait(5.0)
-            stats = {"rank": 0, "host": socket.gethostname(), **_step_stats(self.clock.all_ms[:], self.cfg)}
+            stats = {"rank": 0, "host": socket.gethostname(), **_step_stats(self.clock.all_ms[:], self.cfg),
+                     "loader": self.clock.loader.to_json(self.clock.data_ms)}
             from eroica_runtime.analyst import job_stats
             from eroica_runtime.report import format_job
 
@@ -699,6 +703,7 @@ class Runtime:
         stats = _step_stats(self.clock.all_ms, self.cfg)
         mine = {"rank": self.rank, "host": socket.gethostname(), **stats,
                 "eroica_ms": round(self._own_s * 1e3, 3), "drift_held": list(self.trigger.held),
+                "loader": self.clock.loader.to_json(self.clock.data_ms),
                 "long_steps": longsteps.to_send(self.clock.long_steps(), stats["median_ms"])}
         got = gather_job_end(side, msgpack.packb(mine, use_bin_type=True), self.cfg.deadline_s)
         if got is None or self.analyst is None:

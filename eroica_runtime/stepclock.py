@@ -15,6 +15,9 @@ and in GC pauses is counted too, and how long the process's CPU quota held it th
 (telemetry.ThrottleClock, 2-5 µs more: docs/benchmarks.md §5b). These cost ~3 µs a step and let the engine tell a rank that was
 slow only because the scheduler ran others first from one that is persistently slow, and name a
 rank from the steps before a capture window when the window missed its slow steps.
+The DataLoaders' epoch turnovers (the ``next()`` that ends an iteration, ``iter()``, the first
+batch after it) are counted apart (``Turnovers``): the step an epoch began in is no slowdown of the
+job's, and what they cost over the job is said at its end.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ LONGEST = 8
 # followed instead (a fine-tuning's second stage with a new optimizer, the old one kept alive). More
 # than a GAN's critic steps per generator step (5 in WGAN), which must not move the count
 SWITCH_AFTER = 8
+# an epoch that began this many steps or more after the last one began is a turnover the detectors
+# leave unjudged (StepClock.epoch_began); a loop that calls iter() every few steps is judged as ever
+EPOCH_APART = 8
 
 
 class ThreadTimes:
@@ -79,9 +85,38 @@ class ThreadTimes:
             self._fd = None
 
 
+class Turnovers:
+    """The job's DataLoader epoch turnovers on this rank: the ends and starts of their iterations.
+
+    Without ``persistent_workers`` a DataLoader shuts its worker processes down in the ``next()`` that
+    ends an epoch and starts them anew in the next ``iter()``, whose first batch then waits for a fresh
+    worker. A 4-rank job with 2 workers a rank and 30-step epochs on 2 cores (2026-12-05) spent
+    ~130 ms a rank at every epoch's start against a ~18 ms step, a sixth of its time, with nothing
+    said about it; worse, the detectors took the periodic stall for lost throughput and took two
+    captures in 240 steps that found the job healthy. Counted here, the step clock can mark the step
+    in which an epoch began (the detectors leave it unjudged) and the job summary can say what the
+    turnovers cost and why (``engine.epochs``).
+    """
+
+    __slots__ = ("ms", "count", "restarts", "workers", "batches")
+
+    def __init__(self) -> None:
+        self.ms = 0.0       # in iter(), each iteration's first next() and the next() that ended it
+        self.count = 0      # iter() calls: epochs begun
+        self.restarts = 0   # iter() calls that started worker processes anew (not persistent_workers)
+        self.workers = 0    # the most worker processes one such restart started
+        self.batches = 0    # next() calls, each iteration's last (StopIteration) included
+
+    def to_json(self, data_ms: float) -> dict[str, float | int]:
+        """The job-end map (``engine.epochs.read``): with all the rank's batch wait, which sets the
+        wait of an ordinary batch against the turnovers'."""
+        return {"turnovers": self.count, "turnover_ms": round(self.ms, 3), "restarts": self.restarts,
+                "workers": self.workers, "batches": self.batches, "data_ms": round(data_ms, 3)}
+
+
 def _time_dataloader(clock: StepClock) -> Callable[[], None] | None:
     """Time every DataLoader ``next()``, and every ``iter()`` of one, into ``clock.data_ms`` (~0.3 µs a
-    batch); returns the undo.
+    batch), and the epoch turnovers among them into ``clock.loader`` (``Turnovers``); returns the undo.
 
     A slow input pipeline makes its rank sleep, like a victim waiting in a collective, so CPU and
     run-queue time cannot show it; the time spent getting the next batch does, for every step, not
@@ -100,17 +135,40 @@ def _time_dataloader(clock: StepClock) -> Callable[[], None] | None:
     if getattr(original, "__eroica_timed__", False):
         return None
     perf = time.perf_counter
+    loader = clock.loader
 
-    def timed(method: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        def wrapper(self: Any) -> Any:
-            t0 = perf()
-            try:
-                return method(self)
-            finally:
-                clock.data_ms += (perf() - t0) * 1e3
-        return wrapper
+    def __next__(self: Any) -> Any:
+        t0 = perf()
+        # an iteration's first batch waits for the pipeline to fill (fresh workers, without
+        # persistent_workers); its last next() shuts the workers down and raises StopIteration
+        turning = getattr(self, "_num_yielded", 1) == 0
+        try:
+            return original(self)
+        except StopIteration:
+            turning = True
+            raise
+        finally:
+            ms = (perf() - t0) * 1e3
+            clock.data_ms += ms
+            loader.batches += 1
+            if turning:
+                loader.ms += ms
 
-    __next__, __iter__ = timed(original), timed(original_iter)
+    def __iter__(self: Any) -> Any:
+        workers = getattr(self, "num_workers", 0)
+        restart = (isinstance(workers, int) and workers > 0 and not getattr(self, "persistent_workers", False))
+        t0 = perf()
+        try:
+            return original_iter(self)
+        finally:
+            ms = (perf() - t0) * 1e3
+            clock.data_ms += ms
+            loader.ms += ms
+            loader.count += 1
+            if restart:
+                loader.restarts += 1
+                loader.workers = max(loader.workers, workers)
+
     __next__.__eroica_timed__ = True  # type: ignore[attr-defined]
     _BaseDataLoaderIter.__next__ = __next__  # type: ignore[method-assign]
     DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
@@ -148,6 +206,11 @@ class StepClock:
         self.data_ms = 0.0                # time in DataLoader next() (waiting for a batch), cumulative
         self._data_last = 0.0
         self._untime_data: Callable[[], None] | None = None
+        self.loader = Turnovers()         # the DataLoaders' epoch turnovers (_time_dataloader)
+        self._loader_count = 0
+        self._epoch_step = -EPOCH_APART
+        # the step that just ended began an epoch, EPOCH_APART steps or more after the last did
+        self.epoch_began = False
         # the LONGEST longest steps from step long_from on, with what the training thread did in them: a
         # min-heap of (ms, step, record); where(step) is its main thread's stack sampled while that
         # step ran long (hang.Watchdog.sampled), if anything sampled it
@@ -257,6 +320,10 @@ class StepClock:
                     self._keep_long(ms, rec)
         self._t_last, self._continued_last, self._data_last, self._gc_last = sample, continued, data, gc
         self._thr_last = thr
+        count = self.loader.count
+        self.epoch_began = count != self._loader_count and step - self._epoch_step >= EPOCH_APART
+        if count != self._loader_count:
+            self._loader_count, self._epoch_step = count, step
         self.step += 1
         if self._cuda:
             self._record_cuda(step)

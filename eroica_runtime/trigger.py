@@ -534,9 +534,11 @@ class Trigger:
         self.held: list[int] = []   # first steps of the drift captures found healthy this rank applied
 
     # ---- local side ----------------------------------------------------------------------------------
-    def local_flags(self, step: int, ms: float, in_window: bool, stops: int = 0) -> np.ndarray:
+    def local_flags(self, step: int, ms: float, in_window: bool, stops: int = 0, unjudged: bool = False) -> np.ndarray:
         """This rank's vote for the step that just ended: [spike, drift, manual, throughput]
-        (``stops``: SIGCONTs this rank received in that step)."""
+        (``stops``: SIGCONTs this rank received in that step). ``unjudged``: a step that says nothing
+        about the job's pace (the job's own profiler was on, a DataLoader began an epoch): no rule
+        sees it, not even while judging without voting after a window."""
         flags = np.zeros(len(REASONS), dtype=np.int64)
         if self.manual_pending:
             flags[2] = 1
@@ -553,20 +555,25 @@ class Trigger:
                 # The same after any capture that comes while the spike rule still learns its
                 # reference: a person's capture right after the baseline (--capture-at-steps 14) left
                 # it a few steps, and a fault from step 40 was the job's "normal" by step 54
-                self.detector.observe_all(ms, stops)
+                if not unjudged:
+                    self.detector.observe_all(ms, stops)
             else:
-                self._in_window(step, ms)
+                self._in_window(step, ms, unjudged)
+            return flags
+        if unjudged:
             return flags
         spike, drift, lost = self.detector.observe_all(ms, stops)
         flags[0], flags[1], flags[3] = int(spike), int(drift), int(lost)
         return flags
 
-    def _in_window(self, step: int, ms: float) -> None:
-        """Collect a detector capture's profiled steps; at its last, tell the detector what it saw."""
+    def _in_window(self, step: int, ms: float, unjudged: bool = False) -> None:
+        """Collect a detector capture's profiled steps (an epoch's turnover in it is not its level); at
+        its last, tell the detector what it saw."""
         if self.window_trigger not in DETECTED or self.last_capture_start is None:
             return
         if self.last_capture_start < step <= self.window_until:   # the lead-in step is not the window's
-            self.window_ms.append(ms)
+            if not unjudged:
+                self.window_ms.append(ms)
             if step == self.window_until:
                 self.detector.window_ended(self.window_ms)
 

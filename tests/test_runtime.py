@@ -277,12 +277,21 @@ def test_a_one_off_stall_names_the_rank_the_others_waited_for_and_where_it_was(t
     assert s["rank"] == 3 and s["ms"] >= 1500 and s["busy_ms"] >= 0.5 * s["ms"] and s["others_ms"] < 0.25 * s["busy_ms"]
 
 
-def test_forked_dataloader_workers_stay_inert(tmp_path) -> None:
-    """fork()ed workers inherit the runtime object; they must never vote, profile or touch MPI."""
+def test_dataloader_workers_forked_anew_every_epoch_stay_inert_and_the_summary_prices_their_restarts(tmp_path) -> None:
+    """fork()ed workers inherit the runtime object; they must never vote, profile or touch MPI. Their
+    loader starts them anew at each of the 5 epochs (no persistent_workers; 40 steps of 10 batches,
+    and the loop begins a fifth before it stops): the job summary says what the epochs' starts cost
+    and how to keep the workers (engine/epochs.py)."""
     proc = eroica_run("--nproc-per-node", "2", "--report-dir", tmp_path, "--capture-at-steps", "20", TRAIN,
-                      env={"WORKERS": "2", "STEPS": "40"}, timeout=180)
+                      env={"WORKERS": "2", "STEPS": "40", "EPOCH_STEPS": "10"}, timeout=180)
     assert proc.returncode == 0, explain(proc)
     assert "trained 40 steps" in proc.stdout
     caps = captures(tmp_path)
     assert 20 in caps and sorted(s["rank"] for s in caps[20][1]) == [0, 1]
     assert "off on this rank" not in proc.stderr
+    line = next((line for line in proc.stderr.splitlines() if "  epoch starts: " in line), "")
+    assert "(5 epochs: " in line and "its 2 worker processes start anew at every epoch; persistent_workers=True" \
+        in line, explain(proc)
+    starts = json.loads((tmp_path / "report.json").read_text())["job"]["epoch_starts"]
+    assert starts["ranks"] == 2 and starts["restarts"] == 5 and starts["per_start_ms"][0] > 0, starts
+    assert "Epoch starts: each held the ranks" in (tmp_path / "report.html").read_text()

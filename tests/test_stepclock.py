@@ -180,3 +180,55 @@ def test_starting_a_dataloaders_workers_counts_as_waiting_for_data() -> None:
     finally:
         clock.uninstall()
     assert torch.utils.data.DataLoader.__iter__.__qualname__ == "DataLoader.__iter__"
+
+
+class _Data(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.zeros(2)
+
+
+def test_the_step_an_epoch_began_in_is_marked_and_worker_restarts_are_counted() -> None:
+    """Three epochs of 10 batches, a step each: the steps that began the second and third epoch are
+    marked (the detectors leave them unjudged), and the loader's workers, started anew at each epoch
+    without persistent_workers, are counted as restarts; with persistent_workers they are not."""
+    clock = StepClock(lambda step, ms: None)
+    clock.install()
+    try:
+        loader = torch.utils.data.DataLoader(_Data(), batch_size=4, num_workers=1)
+        began = []
+        for _ in range(3):
+            for _batch in loader:
+                clock.boundary()
+                began.append(clock.epoch_began)
+        assert [i for i, b in enumerate(began) if b] == [0, 10, 20]
+        t = clock.loader
+        assert (t.count, t.restarts, t.workers, t.batches) == (3, 3, 1, 33)   # each epoch's StopIteration too
+        assert 0 < t.ms <= clock.data_ms
+        kept = torch.utils.data.DataLoader(_Data(), batch_size=4, num_workers=1, persistent_workers=True)
+        for _ in range(3):
+            for _batch in kept:
+                clock.boundary()
+        assert (clock.loader.count, clock.loader.restarts) == (6, 3)
+        del kept
+    finally:
+        clock.uninstall()
+
+
+def test_a_loop_that_calls_iter_every_step_is_no_epoch_rhythm() -> None:
+    """``next(iter(loader))`` each step (a common shortcut): every step begins an iteration, and
+    marking them all would leave the detectors blind; only the first is marked."""
+    clock = StepClock(lambda step, ms: None)
+    clock.install()
+    try:
+        loader = torch.utils.data.DataLoader(_Data(), batch_size=4)
+        began = []
+        for _ in range(20):
+            next(iter(loader))
+            clock.boundary()
+            began.append(clock.epoch_began)
+        assert began.count(True) == 1 and began[0] and clock.loader.count == 20
+    finally:
+        clock.uninstall()

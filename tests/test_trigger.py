@@ -134,18 +134,20 @@ def test_a_rank_stopped_twice_votes_at_once_and_once_is_an_accident() -> None:
     assert det.observe_all(290.0, stops=1)[2]                      # the second within the window
 
 
-def _captures(steps: list[float], cfg: Config, retry_after: int | None = None) -> list[tuple[int, str]]:
+def _captures(steps: list[float], cfg: Config, retry_after: int | None = None,
+              unjudged: set[int] | None = None) -> list[tuple[int, str]]:
     """Drive one rank's Trigger the way Runtime._boundary does (its own vote, ``vote_lag`` steps late;
     no detector input while a window is open); return (first profiled step, trigger) per capture.
     ``retry_after``: this many steps after each detector capture starts, rank 0's analyst reports it
-    found no culprit (the runtime then calls Detector.retry)."""
+    found no culprit (the runtime then calls Detector.retry). ``unjudged``: steps the runtime says
+    say nothing of the job's pace (a DataLoader began an epoch, the job's profiler was on)."""
     trig, votes, started, window_end = Trigger(cfg), [], [], -1
     retry_at = -1
     for step, ms in enumerate(steps):
         if step == retry_at:
             trig.detector.retry()
         in_window = step <= window_end
-        votes.append(trig.local_flags(step, ms, in_window))
+        votes.append(trig.local_flags(step, ms, in_window, unjudged=step in (unjudged or ())))
         voted = votes.pop(0) if len(votes) > cfg.vote_lag else None
         if in_window:
             continue
@@ -671,3 +673,14 @@ def test_a_baseline_or_request_given_way_to_the_jobs_profiler_is_taken_again() -
     assert trig.decide(80, None).trigger == "manual"
     trig.gave_way("spike")
     assert not any(trig.decide(s, None) for s in range(100, 140))
+
+
+def test_the_steps_a_dataloader_began_an_epoch_in_are_not_judged() -> None:
+    """Workers started anew at every epoch (30 steps of ~17 ms, each epoch's start ~8x a step): the
+    rhythm reads as lost throughput and opened captures that found every rank alike (a real 4-rank
+    job, 2026-12-05: at steps 100 and 190 of 240). The runtime marks those steps unjudged
+    (stepclock.StepClock.epoch_began): only the baseline is taken."""
+    steps = [ms + (120.0 if i % 30 == 0 else 0.0) for i, ms in enumerate(_jitter(600, 17.0, 0.1, seed=3))]
+    cfg = Config(warmup_steps=10)
+    assert _throughput(_captures(steps, cfg))
+    assert [t for _, t in _captures(steps, cfg, unjudged=set(range(0, 600, 30)))] == ["baseline"]

@@ -35,6 +35,8 @@ STALL_RANK = int(os.environ.get("STALL_RANK", "-1"))         # this rank works a
 STALL_AT = int(os.environ.get("STALL_AT", "-1"))             # ... once, before this step's forward ...
 STALL_S = float(os.environ.get("STALL_S", "0"))               # ... for this long
 WORKERS = int(os.environ.get("WORKERS", "0"))
+EPOCH_STEPS = int(os.environ.get("EPOCH_STEPS", "0"))          # batches an epoch (0: one epoch of STEPS)
+PERSISTENT = os.environ.get("PERSISTENT", "0") == "1"            # persistent_workers, with WORKERS
 LOOP = os.environ.get("LOOP", "plain")
 DIM = int(os.environ.get("DIM", "256"))
 state = {"step": 0}
@@ -115,10 +117,10 @@ def main() -> None:
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(Model())
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    data = Data(64 * STEPS)
-    loader = DataLoader(data, batch_size=16, num_workers=WORKERS)
+    data = Data(16 * EPOCH_STEPS if EPOCH_STEPS else 64 * STEPS)
+    loader = DataLoader(data, batch_size=16, num_workers=WORKERS, persistent_workers=PERSISTENT and WORKERS > 0)
     junk = []
-    for x, y in loader:
+    for x, y in (batch for _ in range(STEPS) for batch in loader):   # epochs until STEPS steps
         if state["step"] >= STEPS:
             break
         data.slow = faulty("data")
