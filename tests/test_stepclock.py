@@ -158,7 +158,8 @@ def test_the_longest_steps_after_warm_up_are_kept_with_what_the_thread_did_and_w
     assert [d["step"] for d in kept][:2] == [6, 9] and len(kept) == LONGEST
     assert all(d["step"] >= 3 for d in kept)
     six = kept[0]
-    assert six["ms"] >= 70 and six["cpu"] >= 0.5 * six["ms"], six
+    # busy: on a CPU, or runnable and waiting for one (under -n 2 on 2 cores: 40 + 40 ms of 80 seen)
+    assert six["ms"] >= 70 and six["cpu"] > 0 and six["cpu"] + six["runq"] >= 0.8 * six["ms"], six
     assert six["where"] == ["train.py:10 main", "train.py:20 stall"] and "where" not in kept[1]
     assert kept[1].get("eroica") == 1 and "eroica" not in six
 
