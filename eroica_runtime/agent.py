@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from eroica_runtime import errorfile
 
@@ -30,7 +31,7 @@ def bootstrap() -> None:
     # rank (their default action): ignore them until the runtime's handlers are in place
     early = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGUSR1, signal.SIGUSR2)}
     try:
-        install()
+        install(signals_before=early)
     except Exception as exc:
         warn(f"disabled on this rank: {type(exc).__name__}: {exc}")
     if _agent is None or not getattr(_agent, "enabled", False):
@@ -38,14 +39,14 @@ def bootstrap() -> None:
             signal.signal(sig, previous)
 
 
-def install() -> None:
-    """Start the runtime in this process (idempotent)."""
+def install(signals_before: dict[int, Any] | None = None) -> None:
+    """Start the runtime in this process (idempotent). ``signals_before``: see Runtime.start."""
     global _agent
     if _agent is not None:
         return
     from eroica_runtime.runtime import Runtime
 
-    _agent = Runtime.start()
+    _agent = Runtime.start(signals_before)
 
 
 def mark_step() -> None:

@@ -39,6 +39,7 @@ from eroica_runtime.engine import longsteps
 from eroica_runtime.gather import gather_capture, gather_job_end
 from eroica_runtime.pgkeeper import REFRESH_EVERY, GroupKeeper
 from eroica_runtime.sidechannel import DeadlineMissed, SideChannel, leave_mpi
+from eroica_runtime.signals import Signals, describe
 from eroica_runtime.stepclock import StepClock
 from eroica_runtime.summary import rawevents
 from eroica_runtime.trigger import Trigger
@@ -135,11 +136,16 @@ class Runtime:
         self.watchdog: Any = None
         self._world_broken = False   # a peer missed a deadline: never wait for it again
         self._flush_requested = threading.Event()
+        self._signals_before: dict[int, Any] = {}
+        self.signals: Signals | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     @classmethod
-    def start(cls) -> Runtime:
+    def start(cls, signals_before: dict[int, Any] | None = None) -> Runtime:
+        """``signals_before``: what SIGUSR1/SIGUSR2 had before agent.bootstrap ignored them while
+        the runtime starts (what the job is told they have while eroica's handlers are in)."""
         rt = cls(Config.from_env())
+        rt._signals_before = dict(signals_before or {})
         rt._install()
         return rt
 
@@ -552,43 +558,40 @@ class Runtime:
             self.groups.append({"name": str(name), "ranks": [int(r) for r in ranks]})
 
     def _install_signals(self) -> None:
-        """SIGUSR1: capture now. SIGUSR2: flush the report now. SIGCONT: count it (a stopped process)."""
-        def chain(previous: Any, signum: int, frame: Any) -> None:
-            if callable(previous):
-                previous(signum, frame)
-
-        prev1 = signal.getsignal(signal.SIGUSR1)
-
+        """SIGUSR1: capture now. SIGUSR2: flush the report now. SIGCONT: count it (a stopped process).
+        Each is the job's as soon as the job installs a handler of its own (signals.py: Lightning's
+        SLURM auto-requeue takes SIGUSR1 only when it has no handler)."""
         def on_usr1(signum: int, frame: Any) -> None:
             self.trigger.manual_pending = True
-            chain(prev1, signum, frame)
-
-        signal.signal(signal.SIGUSR1, on_usr1)
-        prev2 = signal.getsignal(signal.SIGUSR2)
 
         def on_usr2(signum: int, frame: Any) -> None:
             # only a flag here: the flush waits for the analyst and writes files, which a signal
             # handler (run between two bytecodes of whatever the main thread holds) must never do
             self._flush_requested.set()
-            chain(prev2, signum, frame)
-
-        signal.signal(signal.SIGUSR2, on_usr2)
-        prev_cont = signal.getsignal(signal.SIGCONT)
 
         def on_cont(signum: int, frame: Any) -> None:
             # the process was stopped (SIGSTOP/SIGTSTP) and goes on: the step clock marks this step
             self.clock.continued += 1
-            chain(prev_cont, signum, frame)
 
-        signal.signal(signal.SIGCONT, on_cont)
-        for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT):
-            # signal.signal() makes the signal interrupt system calls in every thread; restart
-            # them instead (SA_RESTART), so the training's and MPI's blocking calls never see EINTR
-            # because eroica listens
-            signal.siginterrupt(sig, False)
+        self.signals = Signals({signal.SIGUSR1: on_usr1, signal.SIGUSR2: on_usr2, signal.SIGCONT: on_cont},
+                               before=self._signals_before, on_taken=self._signal_taken)
+        self.signals.install()
         # No SIGTERM handler: a Python handler never runs while a rank is stuck in C++ (a collective),
         # so it would make the rank ignore SIGTERM. Rank 0 rewrites report.json after every capture
         # instead, so a killed job still leaves its diagnoses.
+
+    def _signal_taken(self, signum: int, handler: Any) -> None:
+        """The job installed a handler of its own for one of eroica's signals: it is the job's now;
+        rank 0 says so once, with what to use instead."""
+        if self.rank != 0:
+            return
+        from eroica_runtime.analyst import say
+
+        name = signal.Signals(signum).name
+        instead = {signal.SIGUSR1: f"`touch {Path(self.report_dir) / reportdir.TRIGGER}` asks eroica for a capture",
+                   signal.SIGUSR2: "eroica's report is still written after every capture and at the job's end",
+                   }.get(signum, "eroica no longer marks the steps a rank was stopped and continued in")
+        say(f"eroica: the job handles {name} itself ({describe(handler)}): eroica leaves it to the job; {instead}")
 
     def _flush_loop(self) -> None:
         """Rank 0's flusher thread: writes the report whenever SIGUSR2 asked (even while training hangs)."""

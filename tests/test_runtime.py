@@ -221,6 +221,22 @@ def test_sigusr1_to_one_rank_captures_on_all_ranks(tmp_path) -> None:
         assert not rawevents.differences(again, as_sent), (sent["rank"], rawevents.differences(again, as_sent))
 
 
+def test_a_job_that_takes_sigusr1_for_itself_gets_it_and_eroica_says_how_to_ask_for_a_capture(tmp_path) -> None:
+    """Lightning's SLURM auto-requeue installs its SIGUSR1 handler only when SIGUSR1 has none; with
+    eroica's in place it installed nothing, and the requeue signal started a capture instead
+    (signals.py). The job here takes SIGUSR1 that way and each rank sends itself one at step 20:
+    the job's handler runs on every rank, no capture is taken for it, and rank 0 says once how to
+    ask eroica for a capture instead."""
+    proc = eroica_run("--nproc-per-node", "2", "--report-dir", tmp_path, "--no-baseline", TRAIN,
+                      env={"STEPS": "40", "OWN_USR1_AT": "20"}, timeout=180)
+    assert proc.returncode == 0, explain(proc)
+    for rank in (0, 1):
+        assert f"rank {rank}: the job's SIGUSR1 handler ran 1 time(s)" in proc.stdout, explain(proc)
+    said = [line for line in proc.stderr.splitlines() if "the job handles SIGUSR1 itself" in line]
+    assert len(said) == 1 and "`touch " in said[0] and "/trigger` asks eroica for a capture" in said[0], explain(proc)
+    assert not captures(tmp_path), explain(proc)
+
+
 def test_rank_killed_inside_a_window_does_not_hang_the_others(tmp_path) -> None:
     t0 = time.monotonic()
     proc = eroica_run("--nproc-per-node", "3", "--report-dir", tmp_path, "--capture-at-steps", "20",

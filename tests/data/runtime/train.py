@@ -37,9 +37,12 @@ STALL_S = float(os.environ.get("STALL_S", "0"))               # ... for this lon
 WORKERS = int(os.environ.get("WORKERS", "0"))
 EPOCH_STEPS = int(os.environ.get("EPOCH_STEPS", "0"))          # batches an epoch (0: one epoch of STEPS)
 PERSISTENT = os.environ.get("PERSISTENT", "0") == "1"            # persistent_workers, with WORKERS
+# the job takes SIGUSR1 for itself as Lightning's SLURM auto-requeue does (only when it has no handler
+# yet), and each rank sends itself one at this step, as Slurm's --signal=USR1@90 would
+OWN_USR1_AT = int(os.environ.get("OWN_USR1_AT", "-1"))
 LOOP = os.environ.get("LOOP", "plain")
 DIM = int(os.environ.get("DIM", "256"))
-state = {"step": 0}
+state = {"step": 0, "usr1": 0}
 
 
 def faulty(kind: str) -> bool:
@@ -114,6 +117,8 @@ def pause(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
 
 def main() -> None:
     dist.init_process_group("gloo")
+    if OWN_USR1_AT >= 0 and signal.getsignal(signal.SIGUSR1) in (None, signal.SIG_DFL):
+        signal.signal(signal.SIGUSR1, lambda signum, frame: state.__setitem__("usr1", state["usr1"] + 1))
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(Model())
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -153,10 +158,14 @@ def main() -> None:
         state["step"] += 1
         if state["step"] == PAUSE_AT or (PAUSE_EVERY and state["step"] % PAUSE_EVERY == 0):
             pause(model, opt)
+        if state["step"] == OWN_USR1_AT:
+            os.kill(os.getpid(), signal.SIGUSR1)
         if state["step"] == 10 and dist.get_rank() == 0:
             print("reached step 10", flush=True)  # tests wait for this: the runtime is up on all ranks
     if dist.get_rank() == 0:
         print(f"trained {state['step']} steps", flush=True)
+    if OWN_USR1_AT >= 0:
+        print(f"rank {dist.get_rank()}: the job's SIGUSR1 handler ran {state['usr1']} time(s)", flush=True)
     # DDP's reducer holds the process group: free it first, and tear down together (a DDP model left
     # to the interpreter's final GC, after its group is gone, aborts the rank now and then)
     del model, opt, loader
