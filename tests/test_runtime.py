@@ -234,7 +234,8 @@ def test_a_job_that_takes_sigusr1_for_itself_gets_it_and_eroica_says_how_to_ask_
         assert f"rank {rank}: the job's SIGUSR1 handler ran 1 time(s)" in proc.stdout, explain(proc)
     said = [line for line in proc.stderr.splitlines() if "the job handles SIGUSR1 itself" in line]
     assert len(said) == 1 and "`touch " in said[0] and "/trigger` asks eroica for a capture" in said[0], explain(proc)
-    assert not captures(tmp_path), explain(proc)
+    # a noise spike on 2 shared cores may open a detector's capture; a manual one would be SIGUSR1's
+    assert all(meta["trigger"] != "manual" for meta, _, _ in captures(tmp_path).values()), explain(proc)
 
 
 def test_rank_killed_inside_a_window_does_not_hang_the_others(tmp_path) -> None:
