@@ -282,6 +282,11 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
     # window steps a rank worked alone in while its peers waited (a checkpoint only rank 0 saves)
     alone = {r: w for rows in peers.groups for r, w in lone_steps(table, rows, th).items()}
     culprits = find_culprits(table, peers, th, notes, alone)
+    if alone and not culprits and not history_culprits(table, peers, th, trigger, set(), []):
+        # work alone in a window step that recurs, though this window held less of it than the job
+        # does on average (rank 0 logging metrics every 10 steps: one in this 16-step window): named
+        # when neither the window nor the steps before it name anyone else (lonework.periodic)
+        culprits = find_culprits(table, peers, th, None, alone, below_bar=True)
     attribute(table, peers, culprits, th)
     culprits += lone_culprits(table, base, peers, th)
     find_victims(table, culprits, th)

@@ -142,11 +142,14 @@ def views(table: Table, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[
 
 
 def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] | None = None,
-                  alone: dict[int, LoneWork] | None = None) -> list[Culprit]:
+                  alone: dict[int, LoneWork] | None = None, below_bar: bool = False) -> list[Culprit]:
     """Scan every peer group (vectorised within a group) for culprits; what was left out and why is
     appended to ``notes``. ``alone``: the window steps a rank worked alone in (lonework.lone_steps):
     the other ranks are judged on the window's other steps, and a lone rank whose excess does not
-    clear the whole window's noise is named only when its work recurs (lonework.periodic)."""
+    clear the whole window's noise is named only when its work recurs (lonework.periodic).
+    ``below_bar``: a lone rank whose window excess is under the share of the step a window must
+    show is named too when its work recurs at that share on average (engine.diagnose asks when
+    nothing else was named: a window can hold fewer of its lone steps than it does on average)."""
     step_all = table.col("step")
     alone = alone or {}
     out: list[Culprit] = []
@@ -186,28 +189,33 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
         # corroborated by, and the share of the excess that wait must reach)
         found: dict[int, tuple[float, float, int | None, float, float]] = {}
         recurring: dict[int, dict[str, Any]] = {}
-        for k in np.flatnonzero(own - c_own.ref >= lim_v).tolist():
+        lone_v = np.asarray([int(r) in alone for r in rows.tolist()], dtype=bool)
+        for k in np.flatnonzero((own - c_own.ref >= lim_v) | (below_bar & lone_v & (own > c_own.ref))).tolist():
             excess = float(own[k] - c_own.ref)
             d_wait = float(wait[k]) - _wait_ref(wait, c_comm.ref, k)
             z = excess / c_own.sigma if c_own.sigma > 0 else float("inf")
             sref, nz, _ = levels[k]
             corroborated = d_wait <= -WAIT_SHARE * excess
-            passes = significant(excess, z, sref, th, len(rows), corroborated)
-            if not passes and corroborated:
+            over = excess >= lim_v[k]
+            passes = over and significant(excess, z, sref, th, len(rows), corroborated)
+            if over and not passes and corroborated:
                 backed = cpu_backed(table, rows, int(rows[k]), excess, sref, z, th)
                 if backed is not None:
                     passes = True
                     cpu_named.append((int(rows[k]), excess / sref, len(rows), backed))
-            if d_wait < excess and passes:
-                if excess >= nz:
+            if d_wait < excess and passes and excess >= nz:
+                found[k] = (excess, c_own.sigma, None, d_wait, WAIT_SHARE)
+            elif lone_v[k] and d_wait < excess and (passes or (below_bar and corroborated)):
+                # under the noise its own lone step made, or under the share of the step a window must
+                # show (a 4-rank job whose rank 0 logged metrics for 40 ms every 10 steps, 2026-12-05:
+                # its 16-step window held one such step, +2.6 ms a step against a 3.0 bar, 3.7 on
+                # average): named if it recurs, at what it costs on average
+                again = periodic(table, rows, alone[int(rows[k])], excess, (robust or (step_ref,))[0], th)
+                if again is not None:
                     found[k] = (excess, c_own.sigma, None, d_wait, WAIT_SHARE)
-                elif int(rows[k]) in alone:    # under the noise its own lone step made: named if it recurs
-                    again = periodic(table, rows, alone[int(rows[k])], excess, (robust or (step_ref,))[0], th)
-                    if again is not None:
-                        found[k] = (excess, c_own.sigma, None, d_wait, WAIT_SHARE)
-                        recurring[k] = again
-                    else:
-                        one_offs.append(alone[int(rows[k])])
+                    recurring[k] = again
+                elif passes:
+                    one_offs.append(alone[int(rows[k])])
         # one part alone only where a wait for a CPU is told from work (the device, or the step clock's run
         # queue): without it, a rank preempted in one phase of a healthy window looks like its straggler
         parts_ok = table.has_device(rows) or bool(np.isfinite(table.sch("cpu")[rows] + table.sch("runq")[rows]).all())
