@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from eroica_runtime import engine, report, reportdir, retention
-from eroica_runtime.engine import epochs, longsteps, timelost
+from eroica_runtime.engine import epochs, longsteps, steadywork, timelost
 from eroica_runtime.engine.hang import HANG_TRIGGER, hang_diagnosis
 from eroica_runtime.engine.model import count_ranks
 from eroica_runtime.gather import Gathered
@@ -251,9 +251,13 @@ def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int,
     pace (``pace_ms``) when every rank sent one (``pace_ms``: the list, in rank order), else by median.
     ``seen``: the ranks' longest steps as their node leaders reduced them (jobend.py); None: read from
     each rank's own ``long_steps`` records. The ranks' DataLoader turnovers (``loader``) become one
-    ``epoch_starts`` when they cost the job a share of its steps (engine/epochs.py), not a map a rank."""
-    ranks = [{k: v for k, v in per_rank[r].items() if k not in ("long_steps", "loader")} for r in sorted(per_rank)]
+    ``epoch_starts`` when they cost the job a share of its steps (engine/epochs.py), and their own work
+    (``own``) one ``steady_work`` when a rank was busier than its peers over the job (engine/steadywork.py),
+    not a map a rank."""
+    ranks = [{k: v for k, v in per_rank[r].items() if k not in ("long_steps", "loader", "own")}
+             for r in sorted(per_rank)]
     starts = epochs.epoch_starts(per_rank)
+    steady = steadywork.steady_work(per_rank)
     medians = [r["median_ms"] for r in ranks if r.get("median_ms") is not None]
     median = statistics.median(medians) if medians else None
     paces = [pace_ms(r) for r in ranks]
@@ -272,6 +276,7 @@ def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int,
             longsteps.reduce_records({r: d.get("long_steps") for r, d in per_rank.items()}, keep=None)
             if seen is None else seen, per_rank, median)],
         **({"epoch_starts": starts.to_json()} if starts is not None else {}),
+        **({"steady_work": steady.to_json()} if steady is not None else {}),
     }
 
 
@@ -316,8 +321,9 @@ def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]]) -> s
         # in synchronous training every rank waits for the slowest each step: a ranking of alike step
         # times is noise, and at 3 a.m. "slowest: rank 0" reads as a culprit
         lo, hi = f"{min(values):.1f}", f"{max(values):.1f}"
+        named = "a line below names the one they waited for" if stats.get("steady_work") else "the findings name it"
         by_rank = (f"  step time alike on every rank ({what.format(lo if lo == hi else f'{lo}-{hi}')}): ranks "
-                   "wait for each other, so one slow rank slows all; the findings name it")
+                   f"wait for each other, so one slow rank slows all; {named}")
     if not stats["steps"]:
         # a job that ran for hours with eroica silent must say why: steps are counted at optimizer steps
         lines = [f"eroica: job summary: no training step was seen on {count_ranks(stats['world_size'])}, so there was "
@@ -336,6 +342,9 @@ def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]]) -> s
     own = own_time_text(stats.get("per_rank", []))
     if own:
         lines.append(own)
+    steady = steadywork.SteadyWork.from_json(stats.get("steady_work"))
+    if steady is not None:
+        lines.append(steadywork.format_steady_work(steady))
     starts = epochs.EpochStarts.from_json(stats.get("epoch_starts"))
     if starts is not None:
         lines.append(epochs.format_epoch_starts(starts))

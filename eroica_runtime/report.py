@@ -581,6 +581,13 @@ def format_job(report: dict[str, Any], report_dir: str | os.PathLike[str] | None
     elif not findings and report.get("world_size") == 1:
         head = (f"eroica: job report: one rank, no peer to compare it with — nothing diagnosed over "
                 f"{len(looked)} capture(s), {steps}{where}")
+    elif not findings and isinstance((report.get("job") or {}).get("steady_work"), dict):
+        # the captures saw nothing, but over the whole job one rank's own work held the others
+        # (engine/steadywork.py): not "healthy" above the summary line that names it
+        w = report["job"]["steady_work"]
+        head = (f"eroica: job report: no findings over {len(looked)} capture(s), but rank {w.get('rank')} was "
+                "busier than its peers over the whole job, and they waited for it (the job summary above) — world "
+                f"size {report.get('world_size')}, {steps}{where}")
     elif not findings:
         head = (f"eroica: job report: healthy — no findings over {len(looked)} capture(s), world size "
                 f"{report.get('world_size')}, {steps}{where}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from eroica_runtime.engine import epochs, longsteps
+from eroica_runtime.engine import epochs, longsteps, steadywork
 from eroica_runtime.report import (
     calls_text,
     capture_label,
@@ -238,6 +238,10 @@ def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
         held = job_profiler_text(job.get("job_profiler")).strip()
         if held:
             parts.append(f"<p>{_e(held[0].upper() + held[1:])}</p>")
+        steady = steadywork.SteadyWork.from_json(job.get("steady_work"))
+        if steady is not None:
+            line = steadywork.format_steady_work(steady).strip()
+            parts.append(f'<p class="cat">{_e(line[0].upper() + line[1:])}</p>')
         starts = epochs.EpochStarts.from_json(job.get("epoch_starts"))
         if starts is not None:
             line = epochs.format_epoch_starts(starts).strip()

@@ -707,6 +707,7 @@ class Runtime:
         mine = {"rank": self.rank, "host": socket.gethostname(), **stats,
                 "eroica_ms": round(self._own_s * 1e3, 3), "drift_held": list(self.trigger.held),
                 "loader": self.clock.loader.to_json(self.clock.data_ms),
+                "own": self.clock.own_work(),
                 "long_steps": longsteps.to_send(self.clock.long_steps(), stats["median_ms"])}
         got = gather_job_end(side, msgpack.packb(mine, use_bin_type=True), self.cfg.deadline_s)
         if got is None or self.analyst is None:

@@ -17,7 +17,8 @@ slow only because the scheduler ran others first from one that is persistently s
 rank from the steps before a capture window when the window missed its slow steps.
 The DataLoaders' epoch turnovers (the ``next()`` that ends an iteration, ``iter()``, the first
 batch after it) are counted apart (``Turnovers``): the step an epoch began in is no slowdown of the
-job's, and what they cost over the job is said at its end.
+job's, and what they cost over the job is said at its end. The thread's times are totalled over the
+job too (``own_work``): at its end, a rank busier than its peers at every step is named.
 """
 
 from __future__ import annotations
@@ -216,6 +217,9 @@ class StepClock:
         # step ran long (hang.Watchdog.sampled), if anything sampled it
         self.longest: list[tuple[float, int, dict[str, Any]]] = []
         self.long_from = long_from        # warm-up steps (a first compile, a cold cache) are not stalls
+        # what the training thread did over every step from long_from on: steps, step ms, CPU ms, run-queue
+        # ms, batch-wait ms (the job end compares ranks' own work over the whole job: engine/steadywork.py)
+        self.totals = [0, 0.0, 0.0, 0.0, 0.0]
         self.where: Callable[[int], list[str] | None] | None = None
         # disturbed(step): eroica's own work held this step up (a capture's lead-in with its link probe,
         # its window, a summary's slices, the gather): such a step is kept marked "eroica" (a rank may
@@ -316,8 +320,15 @@ class StepClock:
                        continued - self._continued_last, data - self._data_last, gc - self._gc_last,
                        thr - self._thr_last)
                 self.thread.append(rec)
-                if step >= self.long_from and (len(self.longest) < LONGEST or ms > self.longest[0][0]):
-                    self._keep_long(ms, rec)
+                if step >= self.long_from:
+                    t = self.totals
+                    t[0] += 1
+                    t[1] += ms
+                    t[2] += rec[1]
+                    t[3] += rec[2]
+                    t[4] += rec[4]
+                    if len(self.longest) < LONGEST or ms > self.longest[0][0]:
+                        self._keep_long(ms, rec)
         self._t_last, self._continued_last, self._data_last, self._gc_last = sample, continued, data, gc
         self._thr_last = thr
         count = self.loader.count
@@ -357,6 +368,14 @@ class StepClock:
             heapq.heappush(self.longest, item)
         else:
             heapq.heapreplace(self.longest, item)
+
+    def own_work(self) -> dict[str, Any]:
+        """The job-end map of ``totals`` (engine/steadywork.py reads it): steps after warm-up, and the
+        training thread's ms in them in all, on a CPU, runnable waiting for one, waiting for batches;
+        ``cuda``: the rank used a GPU, whose work its thread's times do not show."""
+        steps, ms, cpu, runq, data = self.totals
+        return {"steps": steps, "ms": round(ms, 3), "cpu": round(cpu, 3), "runq": round(runq, 3),
+                "data": round(data, 3), "cuda": self._cuda}
 
     def long_steps(self) -> list[dict[str, Any]]:
         """The kept longest steps, longest first (a copy: another thread may read it at job end)."""

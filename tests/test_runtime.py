@@ -45,6 +45,7 @@ def test_healthy_run_captures_only_after_a_real_slowdown_and_finds_nothing(tmp_p
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["findings"] == [], explain(proc)
     assert "healthy" in proc.stderr
+    assert "steady_work" not in report["job"], explain(proc)   # no rank busier than the others over the job
     history = report_mod.load_steps(tmp_path)
     assert history is not None
     by_step = dict(zip(history["steps"], history["ms"], strict=True))
@@ -236,6 +237,19 @@ def test_a_job_that_takes_sigusr1_for_itself_gets_it_and_eroica_says_how_to_ask_
     assert len(said) == 1 and "`touch " in said[0] and "/trigger` asks eroica for a capture" in said[0], explain(proc)
     # a noise spike on 2 shared cores may open a detector's capture; a manual one would be SIGUSR1's
     assert all(meta["trigger"] != "manual" for meta, _, _ in captures(tmp_path).values()), explain(proc)
+
+
+def test_a_rank_that_logs_metrics_from_the_first_step_is_named_at_job_end(tmp_path) -> None:
+    """Rank 0 logs metrics for ~40 ms every 10 steps from step 0 (tests/data/engine/rank0-logs-job):
+    nothing changes for a detector to see, and a baseline window of 3 steps may hold no logging step;
+    over the job's steps it was busier than its peers, who waited for it (engine/steadywork.py)."""
+    job = DATA / "engine" / "rank0-logs-job" / "job.py"
+    proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, job, "--steps", "150", timeout=180)
+    assert proc.returncode == 0, explain(proc)
+    line = next((line for line in proc.stderr.splitlines() if "  rank 0 (" in line and " was busy " in line), "")
+    assert "ms a step longer than its peers over the job's" in line and "they waited for it" in line, explain(proc)
+    steady = json.loads((tmp_path / "report.json").read_text())["job"]["steady_work"]
+    assert steady["rank"] == 0 and steady["busy_ms"] - steady["peers_busy_ms"] >= 0.05 * steady["step_ms"], steady
 
 
 def test_rank_killed_inside_a_window_does_not_hang_the_others(tmp_path) -> None:
