@@ -127,7 +127,9 @@ def write_steps(report_dir: str | os.PathLike[str], history: Sequence[float]) ->
 def build_report(*, diagnoses: Sequence[Diagnosis], world_size: int, steps: int,
                  job: dict[str, Any] | None = None) -> dict[str, Any]:
     """The report.json document: findings consolidated over the job, sorted by impact, less the CPU
-    contention that came once and went (``transient``, engine/transient.py)."""
+    contention that came once and went (``transient``, engine/transient.py). A rank the job's
+    statistics name as busier than its peers over the whole job (``steady_work``) that a finding
+    names too is left to the finding: the demo's compute fault read twice, once with the function."""
     caps = []
     for d in sorted(diagnoses, key=lambda x: x.step):
         doc = d.to_json()
@@ -135,6 +137,9 @@ def build_report(*, diagnoses: Sequence[Diagnosis], world_size: int, steps: int,
                      "missing": doc["missing"], "errors": doc["errors"], "notes": doc["notes"],
                      "ranks_analysed": d.ranks_analysed, "step_ms": doc["step_ms"], "peers": doc["peers"]})
     findings, transient = split_transient(consolidate(list(diagnoses)), list(diagnoses))
+    steady = (job or {}).get("steady_work")
+    if isinstance(steady, dict) and any(f.rank == steady.get("rank") for f in findings):
+        job = {k: v for k, v in (job or {}).items() if k != "steady_work"}
     return {"schema": REPORT_SCHEMA, "world_size": int(world_size), "steps": int(steps),
             "job": job or {}, "captures": caps,
             "findings": [f.to_json() for f in findings], "transient": [f.to_json() for f in transient]}

@@ -61,3 +61,22 @@ def test_the_job_summary_and_the_report_head_say_it_and_read_it_back_from_report
     assert head.startswith("eroica: job report: no findings over 1 capture(s), but rank 0 was busier than its peers "
                            "over the whole job"), head
     assert "healthy" not in head
+
+
+def test_a_rank_a_finding_names_is_left_to_the_finding() -> None:
+    """The demo's compute fault on rank 2 read twice at job end, the finding with its function and
+    this line without; the line stays only where no finding names that rank (the same job's captures:
+    tests/data/engine/rank0-logs-job, whose capture at 155 names rank 0, its baseline nobody)."""
+    from eroica_runtime import summary
+    from eroica_runtime.engine import diagnose
+
+    caps = {}
+    for p in (DATA / "engine" / "rank0-logs-job" / "captures").glob("*.msgpack"):
+        meta, sums, _ = summary.decode_capture(p.read_bytes())
+        caps[int(meta["step"])] = diagnose(sums, step=int(meta["step"]), trigger=meta["trigger"], world_size=4)
+    stats = job_stats(_ranks("rank0-logs"), 4)
+    kept = report.build_report(diagnoses=[caps[13]], world_size=4, steps=300, job=stats)
+    assert kept["job"]["steady_work"]["rank"] == 0
+    named = report.build_report(diagnoses=[caps[13], caps[155]], world_size=4, steps=300, job=stats)
+    assert [f["rank"] for f in named["findings"]] == [0] and "steady_work" not in named["job"]
+    assert "was busy" not in format_job_stats(named["job"], [])
