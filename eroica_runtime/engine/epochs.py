@@ -14,11 +14,12 @@ line, how much and what to change. Pure: no MPI, no torch.
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from eroica_runtime.engine.model import read_count, read_ms
 
 MIN_TURNOVERS = 2   # one epoch's start is the job's start-up, not a rhythm
 MIN_SHARE = 0.02    # of a rank's step time: less than this is no line ...
@@ -61,35 +62,23 @@ class EpochStarts:
         try:
             span = doc["per_start_ms"]
             rank, host = doc.get("slowest_rank"), doc.get("slowest_host")
-            out = cls(ranks=_count(doc["ranks"]), turnovers=_count(doc["turnovers"]),
-                      per_start_ms=(_ms(span[0]), _ms(span[1])), total_ms=_ms(doc["total_ms"]),
-                      share=_ms(doc["share"]), restarts=_count(doc.get("restarts", 0)),
-                      workers=_count(doc.get("workers", 0)),
+            out = cls(ranks=read_count(doc["ranks"]), turnovers=read_count(doc["turnovers"]),
+                      per_start_ms=(read_ms(span[0]), read_ms(span[1])), total_ms=read_ms(doc["total_ms"]),
+                      share=read_ms(doc["share"]), restarts=read_count(doc.get("restarts", 0)),
+                      workers=read_count(doc.get("workers", 0)),
                       slowest_rank=rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
-                      slowest_host=host if isinstance(host, str) else None, slowest_ms=_ms(doc.get("slowest_ms", 0.0)))
+                      slowest_host=host if isinstance(host, str) else None, slowest_ms=read_ms(doc.get("slowest_ms", 0.0)))
         except (KeyError, TypeError, ValueError, IndexError):
             return None
         return out
-
-
-def _count(x: Any) -> int:
-    if isinstance(x, bool) or not isinstance(x, int) or x < 0:
-        raise ValueError(x)
-    return x
-
-
-def _ms(x: Any) -> float:
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
-        raise ValueError(x)
-    return float(x)
 
 
 def _excess(loader: Any, total_ms: Any) -> tuple[int, float, float] | None:
     """(turnovers, ms a start beyond an ordinary batch's wait, share of the rank's step time) from one
     rank's job-end map (``stepclock.Turnovers.to_json``), None when it holds no usable numbers."""
     try:
-        n, ms = _count(loader["turnovers"]), _ms(loader["turnover_ms"])
-        batches, data, total = _count(loader["batches"]), _ms(loader["data_ms"]), _ms(total_ms)
+        n, ms = read_count(loader["turnovers"]), read_ms(loader["turnover_ms"])
+        batches, data, total = read_count(loader["batches"]), read_ms(loader["data_ms"]), read_ms(total_ms)
     except (KeyError, TypeError, ValueError):
         return None
     if n < MIN_TURNOVERS or total <= 0:
@@ -114,7 +103,7 @@ def epoch_starts(per_rank: Mapping[int, Mapping[str, Any]]) -> EpochStarts | Non
             continue
         seen[rank] = got
         try:
-            restarts, workers = max(restarts, _count(loader.get("restarts", 0))), max(workers, _count(loader.get("workers", 0)))
+            restarts, workers = max(restarts, read_count(loader.get("restarts", 0))), max(workers, read_count(loader.get("workers", 0)))
         except ValueError:
             pass
     if not seen:

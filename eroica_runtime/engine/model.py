@@ -64,6 +64,21 @@ class Finding:
                        captures=tuple(doc.get("captures") or ()))
 
 
+def read_count(x: Any) -> int:
+    """A whole number >= 0 read back from another rank's map or a report.json (a bool is none); raises
+    ValueError otherwise, so a reader drops the whole record rather than half of it."""
+    if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+        raise ValueError(x)
+    return x
+
+
+def read_ms(x: Any) -> float:
+    """A finite duration >= 0 read back the same way (ValueError otherwise)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
+        raise ValueError(x)
+    return float(x)
+
+
 def count_ranks(n: int) -> str:
     """"1 rank", "3 ranks": a culprit's victims as a title and the victims line count them (a pipeline
     stage of two data-parallel ranks has one)."""

@@ -21,11 +21,12 @@ device's work. Pure: no MPI, no torch.
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from eroica_runtime.engine.model import read_count, read_ms
 
 MIN_SHARE = 0.05      # of the job's step: less is no line (healthy ranks here: within 0.4 ms of 30)
 MIN_MS = 1.0
@@ -64,30 +65,18 @@ class SteadyWork:
         """Back from ``to_json`` (report.json's job.steady_work); None for anything else."""
         try:
             host = doc.get("host")
-            return cls(rank=_count(doc["rank"]), host=host if isinstance(host, str) else None,
-                       steps=_count(doc["steps"]), step_ms=_ms(doc["step_ms"]), busy_ms=_ms(doc["busy_ms"]),
-                       peers_busy_ms=_ms(doc["peers_busy_ms"]), cpu_ms=_pair(doc["cpu_ms"]),
-                       runq_ms=_pair(doc["runq_ms"]), data_ms=_pair(doc["data_ms"]), ranks=_count(doc["ranks"]))
+            return cls(rank=read_count(doc["rank"]), host=host if isinstance(host, str) else None,
+                       steps=read_count(doc["steps"]), step_ms=read_ms(doc["step_ms"]), busy_ms=read_ms(doc["busy_ms"]),
+                       peers_busy_ms=read_ms(doc["peers_busy_ms"]), cpu_ms=_pair(doc["cpu_ms"]),
+                       runq_ms=_pair(doc["runq_ms"]), data_ms=_pair(doc["data_ms"]), ranks=read_count(doc["ranks"]))
         except (KeyError, TypeError, ValueError, IndexError, AttributeError):
             return None
-
-
-def _count(x: Any) -> int:
-    if isinstance(x, bool) or not isinstance(x, int) or x < 0:
-        raise ValueError(x)
-    return x
-
-
-def _ms(x: Any) -> float:
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
-        raise ValueError(x)
-    return float(x)
 
 
 def _pair(x: Any) -> tuple[float, float]:
     if not isinstance(x, (list, tuple)) or len(x) != 2:
         raise ValueError(x)
-    return _ms(x[0]), _ms(x[1])
+    return read_ms(x[0]), read_ms(x[1])
 
 
 def _means(own: Any) -> tuple[int, float, float, float, float] | None:
@@ -96,10 +85,10 @@ def _means(own: Any) -> tuple[int, float, float, float, float] | None:
     try:
         if own.get("cuda") is not False:
             return None
-        n = _count(own["steps"])
+        n = read_count(own["steps"])
         if n < MIN_STEPS:
             return None
-        return n, _ms(own["ms"]) / n, _ms(own["cpu"]) / n, _ms(own["runq"]) / n, _ms(own["data"]) / n
+        return n, read_ms(own["ms"]) / n, read_ms(own["cpu"]) / n, read_ms(own["runq"]) / n, read_ms(own["data"]) / n
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
 
