@@ -17,7 +17,9 @@ eroica's handlers act as the signals' default in a rank:
 
 Why the ``signal`` module's two functions are wrapped rather than eroica's handlers made to chain:
 a chained handler still reads as taken to a framework that looks first, and it would run eroica's
-action on a signal the job meant for itself. Only this module calls ``signal.signal`` for eroica.
+action on a signal the job meant for itself. Only this module calls ``signal.signal`` for eroica's
+handlers (agent.bootstrap ignores SIGUSR1/SIGUSR2 before it, while the runtime starts, and passes
+what they had before as ``before``).
 """
 
 from __future__ import annotations

@@ -109,8 +109,8 @@ class Turnovers:
         self.batches = 0    # next() calls, each iteration's last (StopIteration) included
 
     def to_json(self, data_ms: float) -> dict[str, float | int]:
-        """The job-end map (``engine.epochs.read``): with all the rank's batch wait, which sets the
-        wait of an ordinary batch against the turnovers'."""
+        """The job-end map (``engine.epochs.epoch_starts`` reads it): with all the rank's batch wait,
+        which sets the wait of an ordinary batch against the turnovers'."""
         return {"turnovers": self.count, "turnover_ms": round(self.ms, 3), "restarts": self.restarts,
                 "workers": self.workers, "batches": self.batches, "data_ms": round(data_ms, 3)}
 
