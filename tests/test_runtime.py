@@ -240,13 +240,15 @@ def test_a_job_that_takes_sigusr1_for_itself_gets_it_and_eroica_says_how_to_ask_
 
 
 def test_a_rank_that_logs_metrics_from_the_first_step_is_named_at_job_end(tmp_path) -> None:
-    """Rank 0 logs metrics for ~40 ms every 10 steps from step 0 (tests/data/engine/rank0-logs-job):
+    """Rank 0 logs metrics for ~80 ms every 10 steps from step 0 (tests/data/engine/rank0-logs-job):
     nothing changes for a detector to see, and a baseline window of 3 steps may hold no logging step;
     over the job's steps it was busier than its peers, who waited for it (engine/steadywork.py). (A
     capture whose window holds logging steps may name it first; the job-end line then leaves it to
     that finding.)"""
     job = DATA / "engine" / "rank0-logs-job" / "job.py"
-    proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, job, "--steps", "150", timeout=180)
+    # twice the recorded job's logging, ~25% of the step: well over the line's 10% on a noisy machine
+    proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, job, "--steps", "150", "--log-reps", "80",
+                      timeout=180)
     assert proc.returncode == 0, explain(proc)
     report = json.loads((tmp_path / "report.json").read_text())
     if any(f["rank"] == 0 for f in report["findings"]):
@@ -255,7 +257,7 @@ def test_a_rank_that_logs_metrics_from_the_first_step_is_named_at_job_end(tmp_pa
     line = next((line for line in proc.stderr.splitlines() if "  rank 0 (" in line and " was busy " in line), "")
     assert "ms a step longer than its peers over the job's" in line and "they waited for it" in line, explain(proc)
     steady = report["job"]["steady_work"]
-    assert steady["rank"] == 0 and steady["busy_ms"] - steady["peers_busy_ms"] >= 0.05 * steady["step_ms"], steady
+    assert steady["rank"] == 0 and steady["busy_ms"] - steady["peers_busy_ms"] >= 0.10 * steady["step_ms"], steady
 
 
 def test_rank_killed_inside_a_window_does_not_hang_the_others(tmp_path) -> None:
