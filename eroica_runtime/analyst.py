@@ -11,11 +11,12 @@ import queue
 import statistics
 import sys
 import threading
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from eroica_runtime import engine, report, reportdir, retention
+from eroica_runtime import engine, report, reportdir, retention, stepclock
 from eroica_runtime.engine import epochs, longsteps, steadywork, timelost
 from eroica_runtime.engine.hang import HANG_TRIGGER, hang_diagnosis
 from eroica_runtime.engine.model import count_ranks
@@ -254,8 +255,11 @@ def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int,
     ``epoch_starts`` when they cost the job a share of its steps (engine/epochs.py), and their own work
     (``own``) one ``steady_work`` when a rank was busier than its peers over the job (engine/steadywork.py),
     not a map a rank."""
-    ranks = [{k: v for k, v in per_rank[r].items() if k not in ("long_steps", "loader", "own")}
+    ranks = [{k: v for k, v in per_rank[r].items() if k not in ("long_steps", "loader", "own", "steps_at")}
              for r in sorted(per_rank)]
+    # where the ranks counted their steps (stepclock.COUNTED_AT): the same on every rank of one script
+    steps_at = Counter(d.get("steps_at") for d in per_rank.values()
+                       if d.get("steps_at") in stepclock.COUNTED_AT).most_common(1)
     starts = epochs.epoch_starts(per_rank)
     steady = steadywork.steady_work(per_rank)
     medians = [r["median_ms"] for r in ranks if r.get("median_ms") is not None]
@@ -275,6 +279,7 @@ def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int,
         "long_steps": [s.to_json() for s in longsteps.long_steps(
             longsteps.reduce_records({r: d.get("long_steps") for r, d in per_rank.items()}, keep=None)
             if seen is None else seen, per_rank, median)],
+        **({"steps_at": steps_at[0][0]} if steps_at else {}),
         **({"epoch_starts": starts.to_json()} if starts is not None else {}),
         **({"steady_work": steady.to_json()} if steady is not None else {}),
     }
@@ -328,11 +333,14 @@ def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]]) -> s
         # a job that ran for hours with eroica silent must say why: steps are counted at optimizer steps
         lines = [f"eroica: job summary: no training step was seen on {count_ranks(stats['world_size'])}, so there was "
                  "nothing to time or diagnose",
-                 "  eroica counts a step at each torch.optim optimizer step; a loop without one (an optimizer "
-                 "outside torch.optim, inference) should call eroica_runtime.mark_step() once per step",
+                 "  eroica counts a step at each torch.optim optimizer step, or, in a job without one, at each "
+                 f"backward() or DataLoader batch once {stepclock.ADOPT_AFTER} passed; a loop with none of these should "
+                 "call eroica_runtime.mark_step() once per step",
                  f"  captures: {caps}"]
     else:
-        lines = [f"eroica: job summary: {stats['steps']} steps on {count_ranks(stats['world_size'])}; step time median "
+        at = {"backward": " (counted at each backward(): no torch.optim optimizer stepped)",
+              "batch": " (counted at each DataLoader batch: no optimizer step or backward())"}.get(stats.get("steps_at"), "")
+        lines = [f"eroica: job summary: {stats['steps']} steps{at} on {count_ranks(stats['world_size'])}; step time median "
                  f"{ms(stats['median_step_ms'])}, p99 {ms(stats['p99_step_ms'])}",
                  by_rank,
                  f"  captures: {caps}"]

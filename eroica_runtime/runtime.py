@@ -127,6 +127,7 @@ class Runtime:
         self._raw_failed = False   # EROICA_KEEP_RAW_EVENTS: a failed write was said once
         self._quiet_until = -1   # steps up to this one are eroica's own disturbance: detectors skip them
         self.clock.disturbed = self._disturbed
+        self.clock.on_counted_at = self._counted_at
         self._next_file_check = 0.0
         self._own_s = 0.0
         self._windows: list[tuple[int, int]] = []   # every capture's (first step, k): profiled steps
@@ -580,6 +581,25 @@ class Runtime:
         # so it would make the rank ignore SIGTERM. Rank 0 rewrites report.json after every capture
         # instead, so a killed job still leaves its diagnoses.
 
+    def _counted_at(self, at: str) -> None:
+        """Steps are counted somewhere other than at an optimizer step (or at one again): rank 0 says
+        so once, as step times and the vote mean something else then. Every rank's rules learn the
+        new steps' pace afresh (all ranks run the same loop: they switch at the same step)."""
+        if not self.enabled:
+            return
+        self.trigger.relearn()
+        if self.rank != 0:
+            return
+        from eroica_runtime.analyst import say
+        from eroica_runtime.stepclock import ADOPT_AFTER
+
+        how = "eroica_runtime.mark_step() once per iteration sets the steps instead"
+        say({"backward": f"eroica: no torch.optim optimizer stepped in {ADOPT_AFTER} backward() calls: a step is "
+                         f"counted at each backward() from now on ({how})",
+             "batch": f"eroica: {ADOPT_AFTER} DataLoader batches with no optimizer step or backward(): a step is "
+                      f"counted at each batch from now on ({how})",
+             }.get(at, "eroica: a torch.optim optimizer stepped: steps are counted at its steps from now on"))
+
     def _signal_taken(self, signum: int, handler: Any) -> None:
         """The job installed a handler of its own for one of eroica's signals: it is the job's now;
         rank 0 says so once, with what to use instead."""
@@ -608,6 +628,7 @@ class Runtime:
         try:
             self.analyst.wait(5.0)
             stats = {"rank": 0, "host": socket.gethostname(), **_step_stats(self.clock.all_ms[:], self.cfg),
+                     "steps_at": self.clock.counted_at,
                      "loader": self.clock.loader.to_json(self.clock.data_ms)}
             from eroica_runtime.analyst import job_stats
             from eroica_runtime.report import format_job
@@ -704,7 +725,7 @@ class Runtime:
         # drift_held: the drift captures found healthy whose level this rank's drift rule took as its
         # least reference (report.json: why a level was not captured again; the same list on every rank)
         stats = _step_stats(self.clock.all_ms, self.cfg)
-        mine = {"rank": self.rank, "host": socket.gethostname(), **stats,
+        mine = {"rank": self.rank, "host": socket.gethostname(), **stats, "steps_at": self.clock.counted_at,
                 "eroica_ms": round(self._own_s * 1e3, 3), "drift_held": list(self.trigger.held),
                 "loader": self.clock.loader.to_json(self.clock.data_ms),
                 "own": self.clock.own_work(),

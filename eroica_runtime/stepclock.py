@@ -1,7 +1,10 @@
 """The step clock: where a step ends, and how long it took, at a few microseconds per step.
 
 A step ends at the global optimizer step post-hook of the first optimizer that steps (so several
-optimizers or gradient accumulation still count one step per iteration), or at ``mark_step()``.
+optimizers or gradient accumulation still count one step per iteration), or at ``mark_step()``. A job
+in which no torch.optim optimizer steps (its own update rule, an optimizer from elsewhere, inference)
+has its steps counted at each ``backward()``, or, with none either, at each DataLoader batch, once
+ADOPT_AFTER of them passed without an optimizer step (an optimizer stepping later takes over).
 eroica's own time inside the boundary is excluded: each duration runs from the end of eroica's work at
 the previous boundary to the start of this one. On CUDA, events recorded at the boundary are read
 lazily once complete (never a device synchronize).
@@ -23,8 +26,10 @@ job too (``own_work``): at its end, a rank busier than its peers at every step i
 
 from __future__ import annotations
 
+import functools
 import heapq
 import os
+import threading
 import time
 import weakref
 from array import array
@@ -44,6 +49,13 @@ SWITCH_AFTER = 8
 # an epoch that began this many steps or more after the last one began is a turnover the detectors
 # leave unjudged (StepClock.epoch_began); a loop that calls iter() every few steps is judged as ever
 EPOCH_APART = 8
+# backward() calls (or, with none, DataLoader batches) without an optimizer step after which a step is
+# counted at each of them instead: more micro-batches than a gradient accumulation's first step holds
+# (16-32 in fine-tuning recipes), so a job with an optimizer is never counted at its backward()s
+ADOPT_AFTER = 64
+# where steps are counted (StepClock.counted_at): a torch.optim optimizer step, eroica_runtime.mark_step(),
+# or, in a job with neither, each backward() or each DataLoader batch
+COUNTED_AT = ("optimizer", "mark_step", "backward", "batch")
 
 
 class ThreadTimes:
@@ -144,7 +156,7 @@ def _time_dataloader(clock: StepClock) -> Callable[[], None] | None:
         # persistent_workers); its last next() shuts the workers down and raises StopIteration
         turning = getattr(self, "_num_yielded", 1) == 0
         try:
-            return original(self)
+            got = original(self)
         except StopIteration:
             turning = True
             raise
@@ -154,6 +166,9 @@ def _time_dataloader(clock: StepClock) -> Callable[[], None] | None:
             loader.batches += 1
             if turning:
                 loader.ms += ms
+        if clock.fallback:   # no optimizer has stepped (yet): a batch may be where steps are counted
+            clock.batch_done()
+        return got
 
     def __iter__(self: Any) -> Any:
         workers = getattr(self, "num_workers", 0)
@@ -179,6 +194,50 @@ def _time_dataloader(clock: StepClock) -> Callable[[], None] | None:
             _BaseDataLoaderIter.__next__ = original  # type: ignore[method-assign]
         if DataLoader.__iter__ is __iter__:
             DataLoader.__iter__ = original_iter  # type: ignore[method-assign]
+
+    return undo
+
+
+def _count_backward(clock: StepClock) -> Callable[[], None] | None:
+    """Tell ``clock`` of every ``backward()`` the main thread runs (``torch.autograd.backward``, which
+    ``Tensor.backward`` calls), while no optimizer has stepped; returns the undo.
+
+    A loop with its own update rule (``p -= lr * p.grad``) or an optimizer outside torch.optim had
+    no step counted at all: "no training step was seen" after the job, nothing watched during it
+    (2026-12-05, a 4-rank manual-SGD DDP job with one rank doing extra matmuls). A backward() nested
+    in one (a reentrant activation checkpoint recomputing its segment) is part of it, not a step;
+    one on another thread (autograd's device threads) is not the training loop's.
+    """
+    try:
+        import torch.autograd as autograd
+    except Exception:
+        return None
+    original = autograd.backward
+    if getattr(original, "__eroica_counted__", False):
+        return None
+    main = threading.main_thread().ident
+    depth = 0
+
+    @functools.wraps(original)
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        nonlocal depth
+        if not clock.fallback or threading.get_ident() != main:
+            return original(*args, **kwargs)
+        depth += 1
+        try:
+            got = original(*args, **kwargs)
+        finally:
+            depth -= 1
+        if depth == 0:
+            clock.backward_done()
+        return got
+
+    backward.__eroica_counted__ = True  # type: ignore[attr-defined]
+    autograd.backward = backward
+
+    def undo() -> None:
+        if autograd.backward is backward:
+            autograd.backward = original
 
     return undo
 
@@ -231,7 +290,17 @@ class StepClock:
         self._first_opt: Any = None       # weakref to the optimizer whose steps are counted
         self._others = 0                  # steps of other optimizers since it last stepped
         self._manual = False
+        # where steps are counted (COUNTED_AT; None: nowhere yet), and whether that may still become a
+        # backward() or a batch (no optimizer has stepped, no mark_step()): read at every batch
+        self.counted_at: str | None = None
+        self.fallback = True
+        self._backwards = 0               # backward()s and batches before steps were counted at them
+        self._batches = 0
+        self._main = threading.main_thread().ident
+        # told where steps are counted when that became a backward() or a batch, or an optimizer after one
+        self.on_counted_at: Callable[[str], None] | None = None
         self._handle: Any = None
+        self._uncount_backward: Callable[[], None] | None = None
         self._cuda_events: deque[tuple[int, Any]] = deque()
         self._cuda = False
 
@@ -240,6 +309,7 @@ class StepClock:
 
         self._handle = register_optimizer_step_post_hook(self._optimizer_hook)
         self._untime_data = _time_dataloader(self)
+        self._uncount_backward = _count_backward(self)
         try:
             import torch
 
@@ -254,6 +324,9 @@ class StepClock:
         if self._untime_data is not None:
             self._untime_data()
             self._untime_data = None
+        if self._uncount_backward is not None:
+            self._uncount_backward()
+            self._uncount_backward = None
         if self._times is not None:
             self._times.close()
             self._times = None
@@ -266,6 +339,16 @@ class StepClock:
     def _optimizer_hook(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         if self._manual:
             return
+        if self.fallback:
+            self.fallback = False
+            if self.counted_at is not None:
+                # an optimizer stepped after all (past a long first accumulation, or an evaluation
+                # before training): its steps are counted from now; the time since the last
+                # backward() or batch is no step of either
+                self._first_opt = weakref.ref(optimizer)
+                self._adopt("optimizer")
+                return
+            self.counted_at = "optimizer"
         followed = self._first_opt() if self._first_opt is not None else None
         if followed is None:
             # the first step, or the optimizer they were counted at is gone (a new one for the next
@@ -297,8 +380,43 @@ class StepClock:
 
     def mark(self) -> None:
         """mark_step(): from the first call on, manual marks alone define steps."""
-        self._manual = True
+        if not self._manual:
+            self._manual, self.fallback, self.counted_at = True, False, "mark_step"
         self.boundary()
+
+    def backward_done(self) -> None:
+        """A backward() ended on the main thread while no optimizer has stepped (_count_backward)."""
+        if self.counted_at == "backward":
+            self.boundary()
+            return
+        self._backwards += 1
+        if self._backwards >= ADOPT_AFTER:
+            self._adopt("backward")
+
+    def batch_done(self) -> None:
+        """A DataLoader batch arrived while no optimizer has stepped: with no backward() either (an
+        inference or evaluation loop), ADOPT_AFTER of them make batches where steps are counted."""
+        if threading.get_ident() != self._main:
+            return   # a prefetching thread's batches are not the loop's iterations
+        if self.counted_at == "batch":
+            self.boundary()
+            return
+        if self.counted_at is None and self._backwards == 0:
+            self._batches += 1
+            if self._batches >= ADOPT_AFTER:
+                self._adopt("batch")
+
+    def _adopt(self, at: str) -> None:
+        """Count steps at ``at`` from now: the first counted boundary is step 0 (the start-up, as at a
+        first optimizer step); after a switch, the time since the last boundary is no step."""
+        first = self.counted_at is None
+        self.counted_at = at
+        if self.on_counted_at is not None:
+            self.on_counted_at(at)
+        if first:
+            self.boundary()
+        else:
+            self._rebase()
 
     def boundary(self) -> None:
         now = time.perf_counter()

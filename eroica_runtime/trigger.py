@@ -533,6 +533,12 @@ class Trigger:
         self.said_since_capture = False   # a refused slowdown is said once until a capture is taken again
         self.held: list[int] = []   # first steps of the drift captures found healthy this rank applied
 
+    def relearn(self) -> None:
+        """What a step is changed (the step clock counts at an optimizer now, after backward()s or
+        batches: stepclock.ADOPT_AFTER): the rules learn the new steps' pace afresh instead of
+        taking it for a slowdown (a pass over the data before training) or a recovery."""
+        self.detector = Detector(self.cfg)
+
     # ---- local side ----------------------------------------------------------------------------------
     def local_flags(self, step: int, ms: float, in_window: bool, stops: int = 0, unjudged: bool = False) -> np.ndarray:
         """This rank's vote for the step that just ended: [spike, drift, manual, throughput]

@@ -114,3 +114,26 @@ def test_closure_optimizer_loop_names_the_culprit_and_its_victims(tmp_path) -> N
     by_rank = {s["rank"]: s["phases"] for s in sums}
     for r in (0, 2, 3):   # the victims' wait is comm and their forward is forward, not "optimizer"
         assert by_rank[r]["comm"] > by_rank[r]["optimizer"] and by_rank[r]["forward"] > 0, by_rank
+
+
+@pytest.mark.parametrize("loop, fault, category", [("manual", "compute", "compute"),
+                                                   ("inference", "data", "dataloader")])
+def test_a_loop_without_a_torch_optim_optimizer_is_watched_and_its_slow_rank_named(tmp_path, loop: str, fault: str,
+                                                                                   category: str) -> None:
+    """A loop with its own update rule (``p -= lr * p.grad``) and a loop that only infers (forward, an
+    all-reduce) step no torch.optim optimizer: eroica counted no step at all in them ("no training step
+    was seen"). Now their steps are counted at each backward() or each DataLoader batch (once 64
+    passed without an optimizer step), rank 0 says so, and rank 2's fault from the script's step 130
+    is named."""
+    proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, TRAIN,
+                      env={"LOOP": loop, "FAULT": fault, "FAULT_RANK": "2", "FAULT_FROM": "130",
+                           "FAULT_MATMULS": "1000", "STEPS": "230"},
+                      timeout=240)
+    assert proc.returncode == 0 and "trained 230 steps" in proc.stdout, explain(proc)
+    at = {"manual": "backward", "inference": "batch"}[loop]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["job"]["steps_at"] == at and 150 <= report["job"]["steps"] <= 170, explain(proc)
+    assert f"a step is counted at each {'backward()' if loop == 'manual' else 'batch'} from now on" in proc.stderr
+    assert report["findings"], explain(proc)
+    top = report["findings"][0]
+    assert (top["rank"], top["category"]) == (2, category), explain(proc)

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from eroica_runtime.stepclock import LONGEST, SWITCH_AFTER, StepClock
+from eroica_runtime.stepclock import ADOPT_AFTER, LONGEST, SWITCH_AFTER, StepClock
 
 
 def _opt() -> torch.optim.Optimizer:
@@ -233,3 +233,117 @@ def test_a_loop_that_calls_iter_every_step_is_no_epoch_rhythm() -> None:
         assert began.count(True) == 1 and began[0] and clock.loader.count == 20
     finally:
         clock.uninstall()
+
+
+def _model() -> torch.nn.Module:
+    return torch.nn.Linear(4, 2)
+
+
+def _manual_step(model: torch.nn.Module) -> None:
+    """One iteration of a loop with its own update rule: no torch.optim optimizer."""
+    model.zero_grad()
+    model(torch.randn(3, 4)).sum().backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.01 * p.grad
+
+
+def test_a_loop_without_an_optimizer_has_its_steps_counted_at_each_backward() -> None:
+    """A manual-SGD loop: after ADOPT_AFTER backward()s with no optimizer step, each backward() ends a
+    step (the adopting one is step 0, the start-up), and the clock says so once."""
+    seen: list[int] = []
+    told: list[str] = []
+    clock = StepClock(lambda step, ms: seen.append(step))
+    clock.on_counted_at = told.append
+    clock.install()
+    try:
+        model = _model()
+        for _ in range(ADOPT_AFTER + 9):
+            _manual_step(model)
+    finally:
+        clock.uninstall()
+    assert clock.counted_at == "backward" and told == ["backward"]
+    assert seen == list(range(10))
+    assert not hasattr(torch.autograd.backward, "__eroica_counted__")   # uninstalled: the original again
+
+
+def test_an_optimizer_after_a_long_first_accumulation_takes_the_count_over() -> None:
+    """More backward()s than ADOPT_AFTER before the optimizer's first step (a huge accumulation):
+    counted at backward() until then, at the optimizer from its first step on, with no step spanning
+    the switch; an ordinary accumulation (4 micro-batches) is never counted at its backward()s."""
+    for micro, want in ((ADOPT_AFTER + 8, ["backward", "optimizer"]), (4, [])):
+        seen: list[int] = []
+        told: list[str] = []
+        clock = StepClock(lambda step, ms, seen=seen: seen.append(step))
+        clock.on_counted_at = told.append
+        clock.install()
+        try:
+            model = _model()
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            for _ in range(3):
+                for _ in range(micro):
+                    model(torch.randn(3, 4)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+        finally:
+            clock.uninstall()
+        assert told == want and clock.counted_at == "optimizer", (micro, told)
+        if micro == 4:
+            assert seen == [0, 1, 2]
+        else:   # 9 backward()s counted (step 0 at the 64th), then the optimizer's 2nd and 3rd steps
+            assert seen == list(range(11)) and len(clock.durations) == 10, seen
+
+
+def test_a_reentrant_checkpoints_backward_inside_a_backward_is_no_step() -> None:
+    """torch.utils.checkpoint(use_reentrant=True) runs a backward() inside the loop's own: one step."""
+    from torch.utils.checkpoint import checkpoint
+
+    seen: list[int] = []
+    clock = StepClock(lambda step, ms: seen.append(step))
+    clock.install()
+    try:
+        model = _model()
+        for _ in range(ADOPT_AFTER + 4):
+            x = torch.randn(3, 4, requires_grad=True)
+            checkpoint(model, x, use_reentrant=True).sum().backward()
+    finally:
+        clock.uninstall()
+    assert clock.counted_at == "backward" and seen == list(range(5))
+
+
+def test_an_inference_loop_has_its_steps_counted_at_each_batch_of_the_main_thread() -> None:
+    """No optimizer and no backward(): after ADOPT_AFTER DataLoader batches each batch ends a step. A
+    prefetching thread's batches are not the loop's: they count nothing."""
+    import threading
+
+    from torch.utils.data import DataLoader
+
+    seen: list[int] = []
+    clock = StepClock(lambda step, ms: seen.append(step))
+    clock.install()
+    try:
+        side = threading.Thread(target=lambda: list(DataLoader(range(200), batch_size=2)))
+        side.start()
+        side.join()
+        assert clock.counted_at is None and not seen
+        model = _model()
+        with torch.no_grad():
+            for x in DataLoader(torch.randn(ADOPT_AFTER + 5, 4), batch_size=1):
+                model(x)
+    finally:
+        clock.uninstall()
+    assert clock.counted_at == "batch" and seen == list(range(6))
+
+
+def test_mark_step_ends_the_search_for_where_steps_are_counted() -> None:
+    seen: list[int] = []
+    clock = StepClock(lambda step, ms: seen.append(step))
+    clock.install()
+    try:
+        model = _model()
+        for _ in range(ADOPT_AFTER + 5):
+            _manual_step(model)
+            clock.mark()
+    finally:
+        clock.uninstall()
+    assert clock.counted_at == "mark_step" and seen == list(range(ADOPT_AFTER + 5))

@@ -4,7 +4,8 @@
 
 The cheapest next() torch has (a map-style dataset returning its index, no batching, no workers),
 timed untimed and with the step clock's wrapper installed (``stepclock._time_dataloader``: the batch
-wait and the epoch turnovers), interleaved round by round in one process; prints ns a batch.
+wait and the epoch turnovers), interleaved round by round in one process; prints ns a batch. The clock
+has seen an optimizer step, as in a training job (so no batch is where its steps are counted).
 """
 
 from __future__ import annotations
@@ -39,10 +40,14 @@ def main() -> None:
     a = ap.parse_args()
     loader = DataLoader(Index(), batch_size=None)
     clock = StepClock(lambda step, ms: None)
+    param = torch.nn.Parameter(torch.zeros(1))
+    param.grad = torch.zeros(1)
+    opt = torch.optim.SGD([param], lr=0.0)
     plain, timed = [], []
     for _ in range(a.rounds):
         plain.append(per_batch_ns(loader, a.batches))
         clock.install()
+        opt.step()
         timed.append(per_batch_ns(loader, a.batches))
         clock.uninstall()
     added = [t - p for t, p in zip(timed, plain, strict=True)]

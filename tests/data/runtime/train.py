@@ -1,7 +1,9 @@
 """A small, unmodified torchrun-style DDP job with an optional real fault on one rank.
 
 FAULT=compute|data|gc|none on FAULT_RANK from step FAULT_FROM (optimizer steps); STEPS steps.
-LOOP=closure runs forward and backward inside ``optimizer.step(closure)``, as PyTorch Lightning does.
+LOOP=closure runs forward and backward inside ``optimizer.step(closure)``, as PyTorch Lightning does;
+LOOP=manual updates the weights itself (``p -= lr * p.grad``), with no torch.optim optimizer;
+LOOP=inference only runs forward under no_grad and all-reduces the outputs (no backward, no step).
 compute: extra matmuls inside forward; data: the Dataset's __getitem__ sleeps; gc: cyclic garbage and
 forced collections each step. Writes nothing itself; eroica (if injected) does the watching.
 """
@@ -151,6 +153,15 @@ def main() -> None:
                 return loss
 
             opt.step(closure)
+        elif LOOP == "manual":
+            model.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 1e-3 * p.grad
+        elif LOOP == "inference":
+            with torch.no_grad():
+                dist.all_reduce(model(x).sum(0))
         else:
             opt.zero_grad()
             torch.nn.functional.mse_loss(model(x), y).backward()
