@@ -49,7 +49,10 @@ class Pipeline:
     Baseline policy: the capture whose trigger is "baseline" becomes the reference for every later
     capture (captures before it have none). Ranks that capture names as culprits (noise, or a fault
     present from the start) are left out of the reference rather than losing it for the whole job;
-    when more than half would be left out, there is no reference.
+    when more than half would be left out, there is no reference. A second baseline (the job's steps
+    came to be counted elsewhere, trigger.Trigger.relearn: an evaluation pass's batches, then the
+    training's optimizer steps) is compared with none and replaces the first: its steps are another
+    kind, and against the evaluation's the training read as "all ranks slower than the baseline".
     """
 
     def __init__(self, *, world_size: int | None = None, topology: str | None = None) -> None:
@@ -67,7 +70,8 @@ class Pipeline:
         probe = extra.get("link_probe") if isinstance(extra.get("link_probe"), dict) else None
         world = self.world_size or int(meta["world_size"])
         diagnosis = engine.diagnose(table, step=int(meta["step"]), trigger=str(meta["trigger"]), world_size=world,
-                                    missing=meta["missing"], baseline=self.baseline, topology=self.topology,
+                                    missing=meta["missing"], topology=self.topology,
+                                    baseline=None if meta["trigger"] == "baseline" else self.baseline,
                                     link_probe=probe, errors=errors)
         if meta["trigger"] == "baseline":
             flagged = {f.rank for f in diagnosis.findings if f.rank is not None}

@@ -587,7 +587,7 @@ class Runtime:
         new steps' pace afresh (all ranks run the same loop: they switch at the same step)."""
         if not self.enabled:
             return
-        self.trigger.relearn()
+        self.trigger.relearn(self.clock.step)
         if self.rank != 0:
             return
         from eroica_runtime.analyst import say
@@ -751,7 +751,10 @@ class Runtime:
         if pending is not None:   # a flush while a summary is still being built: from its close on
             deferred.append((pending.close_step + 1, self.clock.step + 1))
         cfg = self.cfg
-        lost = timelost.time_lost(self.clock.all_ms[:], list(self._windows), since, warmup=cfg.warmup_steps,
+        # steps counted elsewhere before (an evaluation's batches, then the training's optimizer steps:
+        # stepclock.ADOPT_AFTER) are another kind: no reference for these
+        warmup = cfg.warmup_steps + self.clock.counted_from
+        lost = timelost.time_lost(self.clock.all_ms[:], list(self._windows), since, warmup=warmup,
                                   lookback=timelost.lookback(cfg.spike_steps, cfg.vote_lag), deferred=deferred,
                                   reach=timelost.onset_reach(cfg.spike_steps, cfg.vote_lag, cfg.drift_window,
                                                              cfg.lost_window))

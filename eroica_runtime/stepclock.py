@@ -294,6 +294,7 @@ class StepClock:
         # backward() or a batch (no optimizer has stepped, no mark_step()): read at every batch
         self.counted_at: str | None = None
         self.fallback = True
+        self.counted_from = 0             # the step from which they were counted there
         self._backwards = 0               # backward()s and batches before steps were counted at them
         self._batches = 0
         self._main = threading.main_thread().ident
@@ -411,6 +412,9 @@ class StepClock:
         first optimizer step); after a switch, the time since the last boundary is no step."""
         first = self.counted_at is None
         self.counted_at = at
+        if not first:   # steps of another kind from here: their warm-up is no stall either
+            self.long_from += self.step - self.counted_from
+            self.counted_from = self.step
         if self.on_counted_at is not None:
             self.on_counted_at(at)
         if first:

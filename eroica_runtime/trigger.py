@@ -533,11 +533,16 @@ class Trigger:
         self.said_since_capture = False   # a refused slowdown is said once until a capture is taken again
         self.held: list[int] = []   # first steps of the drift captures found healthy this rank applied
 
-    def relearn(self) -> None:
-        """What a step is changed (the step clock counts at an optimizer now, after backward()s or
-        batches: stepclock.ADOPT_AFTER): the rules learn the new steps' pace afresh instead of
-        taking it for a slowdown (a pass over the data before training) or a recovery."""
+    def relearn(self, step: int) -> None:
+        """What a step is changed from step ``step`` on (the step clock counts at an optimizer now,
+        after backward()s or batches: stepclock.ADOPT_AFTER): the rules learn the new steps' pace
+        afresh instead of taking it for a slowdown (a pass over the data before training) or a
+        recovery, and the baseline is taken again after a new warm-up: one taken in an evaluation
+        before the training would be the reference every later capture is compared with."""
         self.detector = Detector(self.cfg)
+        if self.cfg.baseline:
+            self.baseline_step = step + self.cfg.warmup_steps + 2
+            self.baseline_due, self.baseline_late = True, False
 
     # ---- local side ----------------------------------------------------------------------------------
     def local_flags(self, step: int, ms: float, in_window: bool, stops: int = 0, unjudged: bool = False) -> np.ndarray:

@@ -70,6 +70,20 @@ def test_no_capture_is_found_healthy_that_named_a_culprit_was_slower_or_had_no_b
     assert alone.diagnoses[-1].healthy and alone.take_healthy() is None
 
 
+def test_a_second_baseline_is_the_new_reference_compared_with_none(tmp_path: Path) -> None:
+    """The job's steps came to be counted elsewhere (an evaluation pass's batches, then the training's
+    optimizer steps: Trigger.relearn takes the baseline again): the second baseline is no slowdown
+    against the first (91.0 vs 56.7 ms here, "all ranks slower than the baseline" before), and the
+    captures after it are judged against it."""
+    first = _gathered(ENGINE / "slower-no-culprit-baseline.msgpack", "baseline")
+    again = _gathered(ENGINE / "slower-no-culprit.msgpack", "baseline")
+    later = _gathered(ENGINE / "slower-no-culprit.msgpack", "drift", as_step=again.step + 40)
+    analyst = _analysed(tmp_path, first, again, later)
+    assert [d.trigger for d in analyst.diagnoses] == ["baseline", "baseline", "drift"]
+    assert not analyst.diagnoses[1].findings and "unexplained_ms" not in analyst.diagnoses[1].step_ms
+    assert analyst.diagnoses[2].healthy and analyst.take_healthy() == later.step
+
+
 def test_the_job_summary_ranks_ranks_only_when_their_step_times_differ() -> None:
     """In synchronous training every rank spends the same wall time a step (each waits for the slowest):
     the summary says so instead of calling a victim "slowest". Medians are no test of that: the demo

@@ -292,6 +292,8 @@ def test_an_optimizer_after_a_long_first_accumulation_takes_the_count_over() -> 
             assert seen == [0, 1, 2]
         else:   # 9 backward()s counted (step 0 at the 64th), then the optimizer's 2nd and 3rd steps
             assert seen == list(range(11)) and len(clock.durations) == 10, seen
+            # the optimizer's steps, from step 9, have a warm-up of their own: no stall, no reference
+            assert clock.counted_from == 9 and clock.long_from == 10, (clock.counted_from, clock.long_from)
 
 
 def test_a_reentrant_checkpoints_backward_inside_a_backward_is_no_step() -> None:

@@ -684,3 +684,26 @@ def test_the_steps_a_dataloader_began_an_epoch_in_are_not_judged() -> None:
     cfg = Config(warmup_steps=10)
     assert _throughput(_captures(steps, cfg))
     assert [t for _, t in _captures(steps, cfg, unjudged=set(range(0, 600, 30)))] == ["baseline"]
+
+
+def test_a_new_kind_of_step_is_learnt_afresh_and_gets_its_own_baseline() -> None:
+    """The step clock counted an evaluation pass's batches before the training's first optimizer step,
+    then the optimizer's steps (stepclock.ADOPT_AFTER), 4x as long: ``relearn(step)`` makes the rules
+    learn the new pace instead of voting a spike on it, and the baseline is taken again after a new
+    warm-up (the one taken in the evaluation would be every later capture's reference)."""
+    cfg = Config(warmup_steps=10, vote_lag=4)
+    for relearn in (False, True):
+        trig = Trigger(cfg)
+        started, spikes = [], 0
+        for step in range(100):
+            if step == 40 and relearn:
+                trig.relearn(step)
+            ms = 10.0 if step < 40 else 40.0
+            in_window = trig.window_until >= step
+            spikes += int(trig.local_flags(step, ms, in_window)[0])
+            if (d := trig.decide(step, None)) is not None:
+                started.append((d.start_step + 1, d.trigger))
+        if relearn:
+            assert started == [(13, "baseline"), (53, "baseline")] and spikes == 0, (started, spikes)
+        else:
+            assert started == [(13, "baseline")] and spikes > 0, (started, spikes)
