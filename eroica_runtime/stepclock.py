@@ -49,6 +49,7 @@ SWITCH_AFTER = 8
 # an epoch that began this many steps or more after the last one began is a turnover the detectors
 # leave unjudged (StepClock.epoch_began); a loop that calls iter() every few steps is judged as ever
 EPOCH_APART = 8
+MAX_DATASETS = 64   # distinct datasets a rank's Turnovers tells apart
 # backward() calls (or, with none, DataLoader batches) without an optimizer step after which a step is
 # counted at each of them instead: more micro-batches than a gradient accumulation's first step holds
 # (16-32 in fine-tuning recipes), so a job with an optimizer is never counted at its backward()s
@@ -111,7 +112,7 @@ class Turnovers:
     turnovers cost and why (``engine.epochs``).
     """
 
-    __slots__ = ("ms", "count", "restarts", "workers", "batches")
+    __slots__ = ("ms", "count", "restarts", "workers", "batches", "datasets")
 
     def __init__(self) -> None:
         self.ms = 0.0       # in iter(), each iteration's first next() and the next() that ended it
@@ -119,12 +120,16 @@ class Turnovers:
         self.restarts = 0   # iter() calls that started worker processes anew (not persistent_workers)
         self.workers = 0    # the most worker processes one such restart started
         self.batches = 0    # next() calls, each iteration's last (StopIteration) included
+        # the datasets iterated (ids, at most MAX_DATASETS): a validation pass after each epoch is a
+        # turnover too, but "16 epochs" for 8 misled; a loader made anew each epoch is one dataset
+        self.datasets: set[int] = set()
 
     def to_json(self, data_ms: float) -> dict[str, float | int]:
         """The job-end map (``engine.epochs.epoch_starts`` reads it): with all the rank's batch wait,
         which sets the wait of an ordinary batch against the turnovers'."""
         return {"turnovers": self.count, "turnover_ms": round(self.ms, 3), "restarts": self.restarts,
-                "workers": self.workers, "batches": self.batches, "data_ms": round(data_ms, 3)}
+                "workers": self.workers, "batches": self.batches, "data_ms": round(data_ms, 3),
+                "datasets": len(self.datasets)}
 
 
 def _time_dataloader(clock: StepClock) -> Callable[[], None] | None:
@@ -181,6 +186,8 @@ def _time_dataloader(clock: StepClock) -> Callable[[], None] | None:
             clock.data_ms += ms
             loader.ms += ms
             loader.count += 1
+            if len(loader.datasets) < MAX_DATASETS:
+                loader.datasets.add(id(getattr(self, "dataset", None)))
             if restart:
                 loader.restarts += 1
                 loader.workers = max(loader.workers, workers)

@@ -29,6 +29,19 @@ def test_workers_started_anew_every_epoch_are_priced_and_persistent_workers_is_t
     assert line.endswith("its 2 worker processes start anew at every epoch; persistent_workers=True keeps them")
 
 
+def test_a_validation_pass_after_each_epoch_is_counted_as_a_pass_over_its_dataset_not_an_epoch() -> None:
+    """The same job with a 10-batch validation loader after every epoch: 16 iterations began on each
+    rank, over 2 datasets; the line said "16 epochs" for 8."""
+    t = epochs.epoch_starts(_ranks("with_validation"))
+    assert t is not None and t.turnovers == 16 and t.datasets == 2 and t.restarts == 16
+    line = epochs.format_epoch_starts(t)
+    assert "(16 passes over 2 datasets: " in line and " epochs: " not in line, line
+    assert epochs.EpochStarts.from_json(json.loads(json.dumps(t.to_json()))).datasets == 2
+    # a report.json written before datasets were counted reads as one dataset
+    old = {k: v for k, v in epochs.epoch_starts(_ranks("restarts")).to_json().items() if k != "datasets"}
+    assert "(8 epochs: " in epochs.format_epoch_starts(epochs.EpochStarts.from_json(old))
+
+
 def test_persistent_workers_refilling_at_each_epoch_are_no_line() -> None:
     """The same job with persistent_workers=True: each epoch's first batch still waits ~20 ms for the
     pipeline to fill (3-4% of the step time), which no setting removes."""

@@ -214,6 +214,14 @@ def test_the_step_an_epoch_began_in_is_marked_and_worker_restarts_are_counted() 
                 clock.boundary()
         assert (clock.loader.count, clock.loader.restarts) == (6, 3)
         del kept
+        # two datasets so far (each epoch's validation pass would be another); a loader made anew
+        # every epoch over the same dataset is still the one
+        assert t.to_json(clock.data_ms)["datasets"] == 2
+        same = _Data()
+        for _ in range(3):
+            for _batch in torch.utils.data.DataLoader(same, batch_size=4):
+                clock.boundary()
+        assert t.count == 9 and t.to_json(clock.data_ms)["datasets"] == 3
     finally:
         clock.uninstall()
 

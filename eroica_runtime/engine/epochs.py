@@ -48,13 +48,14 @@ class EpochStarts:
     slowest_rank: int | None = None   # the rank the others waited for at each epoch's start
     slowest_host: str | None = None
     slowest_ms: float = 0.0
+    datasets: int = 1                 # datasets iterated (a training and a validation loop: 2)
 
     def to_json(self) -> dict[str, Any]:
         return {"ranks": self.ranks, "turnovers": self.turnovers,
                 "per_start_ms": [round(self.per_start_ms[0], 3), round(self.per_start_ms[1], 3)],
                 "total_ms": round(self.total_ms, 3), "share": round(self.share, 5), "restarts": self.restarts,
                 "workers": self.workers, "slowest_rank": self.slowest_rank, "slowest_host": self.slowest_host,
-                "slowest_ms": round(self.slowest_ms, 3)}
+                "slowest_ms": round(self.slowest_ms, 3), "datasets": self.datasets}
 
     @classmethod
     def from_json(cls, doc: Any) -> EpochStarts | None:
@@ -67,7 +68,8 @@ class EpochStarts:
                       share=read_ms(doc["share"]), restarts=read_count(doc.get("restarts", 0)),
                       workers=read_count(doc.get("workers", 0)),
                       slowest_rank=rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
-                      slowest_host=host if isinstance(host, str) else None, slowest_ms=read_ms(doc.get("slowest_ms", 0.0)))
+                      slowest_host=host if isinstance(host, str) else None, slowest_ms=read_ms(doc.get("slowest_ms", 0.0)),
+                      datasets=max(1, read_count(doc.get("datasets", 1))))
         except (KeyError, TypeError, ValueError, IndexError):
             return None
         return out
@@ -96,6 +98,7 @@ def epoch_starts(per_rank: Mapping[int, Mapping[str, Any]]) -> EpochStarts | Non
     (MIN_SHARE_FILL for a loader that does not restart its workers)."""
     seen: dict[int, tuple[int, float, float]] = {}
     restarts = workers = 0
+    datasets = 1
     for rank, stats in per_rank.items():
         loader = stats.get("loader") if isinstance(stats, Mapping) else None
         got = _excess(loader, stats.get("total_ms")) if isinstance(loader, Mapping) else None
@@ -104,6 +107,7 @@ def epoch_starts(per_rank: Mapping[int, Mapping[str, Any]]) -> EpochStarts | Non
         seen[rank] = got
         try:
             restarts, workers = max(restarts, read_count(loader.get("restarts", 0))), max(workers, read_count(loader.get("workers", 0)))
+            datasets = max(datasets, read_count(loader.get("datasets", 1)))
         except ValueError:
             pass
     if not seen:
@@ -119,7 +123,8 @@ def epoch_starts(per_rank: Mapping[int, Mapping[str, Any]]) -> EpochStarts | Non
     return EpochStarts(ranks=len(seen), turnovers=max(m for m, _, _ in seen.values()),
                      per_start_ms=(per_start[0], per_start[-1]), total_ms=n * each, share=share,
                      restarts=restarts, workers=workers, slowest_rank=top if slow else None,
-                     slowest_host=host if isinstance(host, str) else None, slowest_ms=each if slow else 0.0)
+                     slowest_host=host if isinstance(host, str) else None, slowest_ms=each if slow else 0.0,
+                     datasets=datasets)
 
 
 def format_epoch_starts(t: EpochStarts) -> str:
@@ -127,7 +132,9 @@ def format_epoch_starts(t: EpochStarts) -> str:
     lo, hi = t.per_start_ms
     each = f"{lo:.0f} ms" if f"{lo:.0f}" == f"{hi:.0f}" else f"{lo:.0f}-{hi:.0f} ms"
     total = f"{t.total_ms:.0f} ms" if t.total_ms < 1000 else f"{t.total_ms / 1e3:.1f} s"
-    line = (f"  epoch starts: each held the ranks {each} waiting for their DataLoader ({t.turnovers} epochs: "
+    # a validation pass after each epoch begins an iteration too: passes over each dataset, not epochs
+    starts = f"{t.turnovers} epochs" if t.datasets <= 1 else f"{t.turnovers} passes over {t.datasets} datasets"
+    line = (f"  epoch starts: each held the ranks {each} waiting for their DataLoader ({starts}: "
             f"{total}, {100 * t.share:.0f}% of the job's step time)")
     if t.slowest_rank is not None:
         where = f" ({t.slowest_host})" if t.slowest_host else ""

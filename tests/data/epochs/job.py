@@ -1,7 +1,8 @@
 """A plain DDP script with short epochs: DistributedSampler, a DataLoader with 2 workers a rank.
 
 Recorded the fixtures beside it (their "command"): the workers start anew at every epoch unless
---persistent; --slow-start-rank R makes rank R's workers take 0.3 s longer to start.
+--persistent; --slow-start-rank R makes rank R's workers take 0.3 s longer to start; --validate runs
+a 10-batch validation pass, its own DataLoader with as many workers, after every epoch.
 """
 
 import argparse
@@ -15,8 +16,11 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 
 class Data(Dataset):
+    def __init__(self, batches: int = 30) -> None:
+        self.batches = batches
+
     def __len__(self) -> int:
-        return 30 * 8 * int(os.environ.get("WORLD_SIZE", 1))   # 30 batches of 8 a rank
+        return self.batches * 8 * int(os.environ.get("WORLD_SIZE", 1))   # this many batches of 8 a rank
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         time.sleep(0.001)
@@ -29,6 +33,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--persistent", action="store_true")
     ap.add_argument("--slow-start-rank", type=int, default=-1)
+    ap.add_argument("--validate", action="store_true")
     a = ap.parse_args()
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
@@ -41,6 +46,9 @@ def main() -> None:
     loader = DataLoader(data, batch_size=8, sampler=sampler, num_workers=a.workers,
                         persistent_workers=a.persistent and a.workers > 0,
                         worker_init_fn=(lambda _: time.sleep(0.3)) if slow else None)
+    held_out = Data(10)
+    val = DataLoader(held_out, batch_size=8, sampler=DistributedSampler(held_out, shuffle=False),
+                     num_workers=a.workers, persistent_workers=a.persistent and a.workers > 0)
     t0 = time.time()
     for epoch in range(a.epochs):
         sampler.set_epoch(epoch)
@@ -50,6 +58,12 @@ def main() -> None:
             loss.backward()
             opt.step()
             time.sleep(0.01)
+        if a.validate:
+            correct = torch.zeros(1)
+            with torch.no_grad():
+                for x, y in val:
+                    correct += (model(x).argmax(1) == y).sum()
+            dist.all_reduce(correct)
     if dist.get_rank() == 0:
         print(f"done {a.epochs} epochs in {time.time() - t0:.1f}s", flush=True)
     dist.destroy_process_group()
