@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from eroica_runtime import engine, report, reportdir, retention, stepclock
-from eroica_runtime.engine import epochs, longsteps, steadywork, timelost
+from eroica_runtime.engine import epochs, imbalance, longsteps, steadywork, timelost
 from eroica_runtime.engine.hang import HANG_TRIGGER, hang_diagnosis
 from eroica_runtime.engine.model import count_ranks
 from eroica_runtime.gather import Gathered
@@ -247,21 +247,24 @@ class Analyst:
 
 
 def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int,
-              seen: Mapping[int, longsteps.StepSeen] | None = None) -> dict[str, Any]:
+              seen: Mapping[int, longsteps.StepSeen] | None = None,
+              busy: imbalance.BusySteps | None = None) -> dict[str, Any]:
     """Job-level step-time statistics from every rank's end-of-job numbers. Ranks are compared by their
     pace (``pace_ms``) when every rank sent one (``pace_ms``: the list, in rank order), else by median.
     ``seen``: the ranks' longest steps as their node leaders reduced them (jobend.py); None: read from
     each rank's own ``long_steps`` records. The ranks' DataLoader turnovers (``loader``) become one
     ``epoch_starts`` when they cost the job a share of its steps (engine/epochs.py), and their own work
     (``own``) one ``steady_work`` when a rank was busier than its peers over the job (engine/steadywork.py),
-    not a map a rank."""
-    ranks = [{k: v for k, v in per_rank[r].items() if k not in ("long_steps", "loader", "own", "steps_at")}
+    not a map a rank. ``busy``: the ranks' last steps as the node leaders reduced them (jobend.py), one
+    ``imbalance`` when the ranks took turns being the slowest (engine/imbalance.py)."""
+    ranks = [{k: v for k, v in per_rank[r].items() if k not in ("long_steps", "loader", "own", "steps_at", "busy_steps")}
              for r in sorted(per_rank)]
     # where the ranks counted their steps (stepclock.COUNTED_AT): the same on every rank of one script
     steps_at = Counter(d.get("steps_at") for d in per_rank.values()
                        if d.get("steps_at") in stepclock.COUNTED_AT).most_common(1)
     starts = epochs.epoch_starts(per_rank)
     steady = steadywork.steady_work(per_rank)
+    turns = imbalance.from_steps(busy, world_size)
     medians = [r["median_ms"] for r in ranks if r.get("median_ms") is not None]
     median = statistics.median(medians) if medians else None
     paces = [pace_ms(r) for r in ranks]
@@ -282,6 +285,7 @@ def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int,
         **({"steps_at": steps_at[0][0]} if steps_at else {}),
         **({"epoch_starts": starts.to_json()} if starts is not None else {}),
         **({"steady_work": steady.to_json()} if steady is not None else {}),
+        **({"imbalance": turns.to_json()} if turns is not None else {}),
     }
 
 
@@ -326,7 +330,8 @@ def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]]) -> s
         # in synchronous training every rank waits for the slowest each step: a ranking of alike step
         # times is noise, and at 3 a.m. "slowest: rank 0" reads as a culprit
         lo, hi = f"{min(values):.1f}", f"{max(values):.1f}"
-        named = "a line below names the one they waited for" if stats.get("steady_work") else "the findings name it"
+        named = ("a line below names the one they waited for" if stats.get("steady_work") else
+                 "a line below says why" if stats.get("imbalance") else "the findings name it")
         by_rank = (f"  step time alike on every rank ({what.format(lo if lo == hi else f'{lo}-{hi}')}): ranks "
                    f"wait for each other, so one slow rank slows all; {named}")
     if not stats["steps"]:
@@ -353,6 +358,9 @@ def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]]) -> s
     steady = steadywork.SteadyWork.from_json(stats.get("steady_work"))
     if steady is not None:
         lines.append(steadywork.format_steady_work(steady))
+    turns = imbalance.Imbalance.from_json(stats.get("imbalance"))
+    if turns is not None:
+        lines.append(imbalance.format_imbalance(turns))
     starts = epochs.EpochStarts.from_json(stats.get("epoch_starts"))
     if starts is not None:
         lines.append(epochs.format_epoch_starts(starts))

@@ -1,9 +1,11 @@
 """Job-end statistics on their way to rank 0: what a node leader forwards, and what rank 0 reads.
 
-Each rank sends one msgpack map: its step statistics and its longest steps
-(``engine.longsteps.to_send``). A node leader forwards its node's statistics as they came, less the
-longest steps, which it reduces to one record a step (``longsteps.reduce_records``); rank 0 merges
-the leaders' reductions (``longsteps.merge_seen``). Why not every rank's records: an evaluation
+Each rank sends one msgpack map: its step statistics, its longest steps
+(``engine.longsteps.to_send``) and its last steps' busy time (``engine.imbalance.to_send``). A node
+leader forwards its node's statistics as they came, less the longest steps, which it reduces to one
+record a step (``longsteps.reduce_records``), and the last steps, reduced to one sum and busiest
+rank a step (``imbalance.reduce_ranks``); rank 0 merges the leaders' reductions (``longsteps.merge_seen``,
+``imbalance.merge``). Why not every rank's records: an evaluation
 every rank works through puts a stack in each of a rank's 8 records, ~9.4 kB a rank: 947 MB into
 rank 0 at 100,000 ranks and 10.6-11.0 s of its time; reduced, 31 MB and 2.0-2.1 s, the records
 ~1.5 kB a node (docs/benchmarks.md §12). Pure: msgpack only; the side channel moves the bytes
@@ -18,7 +20,7 @@ from typing import Any
 
 import msgpack
 
-from eroica_runtime.engine import longsteps
+from eroica_runtime.engine import imbalance, longsteps
 
 SCHEMA = "eroica.jobend/1"
 
@@ -29,6 +31,7 @@ class JobEnd:
 
     per_rank: dict[int, dict[str, Any]]            # each reporting rank's statistics, less its records
     seen: dict[int, longsteps.StepSeen]            # the job's longest steps, one record a step
+    busy: imbalance.BusySteps | None = None        # the ranks' last steps, one reduction a step
     unreadable: list[int] = field(default_factory=list)   # ranks (or leaders) whose bytes were no statistics
 
 
@@ -52,6 +55,7 @@ def node_payload(blobs: dict[int, bytes], missing: list[int]) -> bytes:
     ranks that reported."""
     ranks: dict[int, dict[str, Any]] = {}
     records: dict[int, Any] = {}
+    busy: dict[int, Any] = {}
     unreadable: list[int] = []
     for r, raw in blobs.items():
         try:
@@ -62,19 +66,25 @@ def node_payload(blobs: dict[int, bytes], missing: list[int]) -> bytes:
             unreadable.append(int(r))
             continue
         records[int(r)] = doc.pop("long_steps", None)
+        busy[int(r)] = doc.pop("busy_steps", None)
         ranks[int(r)] = doc
     try:
         seen = [s.to_wire() for s in longsteps.reduce_records(records).values()]
     except Exception:   # a malformed record: the statistics still go
         seen = []
-    return msgpack.packb({"schema": SCHEMA, "ranks": ranks, "seen": seen, "unreadable": unreadable},
-                         use_bin_type=True)
+    try:
+        reduced = imbalance.reduce_ranks({r: b for r, b in busy.items() if isinstance(b, dict)})
+    except Exception:
+        reduced = None
+    return msgpack.packb({"schema": SCHEMA, "ranks": ranks, "seen": seen, "unreadable": unreadable,
+                          **({"busy": reduced.to_wire()} if reduced is not None else {})}, use_bin_type=True)
 
 
 def read(payloads: dict[int, bytes]) -> JobEnd:
     """Rank 0: the leaders' payloads (``{leader world rank: bytes}``) as one JobEnd."""
     per_rank: dict[int, dict[str, Any]] = {}
     parts: list[dict[int, longsteps.StepSeen]] = []
+    busy: list[imbalance.BusySteps] = []
     unreadable: list[int] = []
     for leader, raw in payloads.items():
         try:
@@ -89,4 +99,8 @@ def read(payloads: dict[int, bytes]) -> JobEnd:
         wire = doc.get("seen") if isinstance(doc.get("seen"), list) else []
         seen = [longsteps.StepSeen.from_wire(s) for s in wire]
         parts.append({s.step: s for s in seen if s is not None})
-    return JobEnd(per_rank=per_rank, seen=longsteps.merge_seen(parts), unreadable=sorted(unreadable))
+        node = imbalance.BusySteps.from_wire(doc.get("busy")) if doc.get("busy") is not None else None
+        if node is not None:
+            busy.append(node)
+    return JobEnd(per_rank=per_rank, seen=longsteps.merge_seen(parts), unreadable=sorted(unreadable),
+                  busy=imbalance.merge(busy))

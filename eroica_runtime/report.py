@@ -593,6 +593,11 @@ def format_job(report: dict[str, Any], report_dir: str | os.PathLike[str] | None
         head = (f"eroica: job report: no findings over {len(looked)} capture(s), but rank {w.get('rank')} was "
                 "busier than its peers over the whole job, and they waited for it (the job summary above) — world "
                 f"size {report.get('world_size')}, {steps}{where}")
+    elif not findings and isinstance((report.get("job") or {}).get("imbalance"), dict):
+        # no rank to name, but each step waited for whichever rank had the most work (engine/imbalance.py)
+        head = (f"eroica: job report: no findings over {len(looked)} capture(s), but the ranks took turns being "
+                "the slowest, each step waiting for the busiest (the job summary above) — world size "
+                f"{report.get('world_size')}, {steps}{where}")
     elif not findings:
         head = (f"eroica: job report: healthy — no findings over {len(looked)} capture(s), world size "
                 f"{report.get('world_size')}, {steps}{where}")

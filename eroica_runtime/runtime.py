@@ -35,7 +35,7 @@ from eroica_runtime import __version__, errorfile, reportdir, telemetry
 from eroica_runtime import summary as summary_mod
 from eroica_runtime.capture import Capture, JobProfilers
 from eroica_runtime.config import Config
-from eroica_runtime.engine import longsteps
+from eroica_runtime.engine import imbalance, longsteps, timelost
 from eroica_runtime.gather import gather_capture, gather_job_end
 from eroica_runtime.pgkeeper import REFRESH_EVERY, GroupKeeper
 from eroica_runtime.sidechannel import DeadlineMissed, SideChannel, leave_mpi
@@ -729,19 +729,20 @@ class Runtime:
                 "eroica_ms": round(self._own_s * 1e3, 3), "drift_held": list(self.trigger.held),
                 "loader": self.clock.loader.to_json(self.clock.data_ms),
                 "own": self.clock.own_work(),
+                "busy_steps": imbalance.to_send(self.clock.last_steps(timelost.eroica_steps(self._windows,
+                                                                                             self._deferred))),
                 "long_steps": longsteps.to_send(self.clock.long_steps(), stats["median_ms"])}
         got = gather_job_end(side, msgpack.packb(mine, use_bin_type=True), self.cfg.deadline_s)
         if got is None or self.analyst is None:
             return None
         if got.unreadable:
             self._warn(f"job end: unreadable statistics from rank(s) {', '.join(map(str, got.unreadable[:8]))}")
-        return job_stats(got.per_rank, side.size, got.seen)
+        return job_stats(got.per_rank, side.size, got.seen, busy=got.busy)
 
     def _time_lost(self) -> dict[str, Any]:
         """``{"time_lost": ...}``: what the job lost from its first finding on, measured on rank 0's
         step times (engine/timelost.py); empty before a finding or without a healthy reference. For
         the job-end report and a flushed one (SIGUSR2, Slurm's pre-timeout signal) alike."""
-        from eroica_runtime.engine import timelost
 
         since = None if self.analyst is None else self.analyst.first_finding_step()
         if since is None:

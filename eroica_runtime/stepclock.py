@@ -506,6 +506,17 @@ class StepClock:
         return {"steps": steps, "ms": round(ms, 3), "cpu": round(cpu, 3), "runq": round(runq, 3),
                 "data": round(data, 3), "cuda": self._cuda}
 
+    def last_steps(self, skip: set[int]) -> list[tuple[int, float, float]]:
+        """(step, busy ms, step ms) of the last THREAD_HISTORY steps after warm-up, the training thread's
+        busy time being its CPU time and its wait for batches (engine/imbalance.py compares ranks' step
+        by step), less the steps in ``skip`` (eroica's own) and those the process was stopped in; none
+        on a GPU rank, whose thread's times do not show the device's work."""
+        if self._cuda:
+            return []
+        ms = dict(self.durations)
+        return [(rec[0], rec[1] + rec[4], ms[rec[0]]) for rec in list(self.thread)
+                if rec[0] >= self.long_from and not rec[3] and rec[0] not in skip and rec[0] in ms]
+
     def long_steps(self) -> list[dict[str, Any]]:
         """The kept longest steps, longest first (a copy: another thread may read it at job end)."""
         return [doc for _, _, doc in sorted(self.longest[:], key=lambda x: -x[0])]

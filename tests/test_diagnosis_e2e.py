@@ -137,3 +137,17 @@ def test_a_loop_without_a_torch_optim_optimizer_is_watched_and_its_slow_rank_nam
     assert report["findings"], explain(proc)
     top = report["findings"][0]
     assert (top["rank"], top["category"]) == (2, category), explain(proc)
+
+
+def test_ranks_whose_batches_differ_in_length_are_said_to_take_turns_not_named(tmp_path) -> None:
+    """Each rank draws its own batch lengths (tests/data/imbalance/job.py): every step waits for whichever
+    drew the longest. eroica said "healthy"; now the job summary says the ranks took turns and what it
+    cost (the busiest rank's work above the ranks' mean), and the report's head says so."""
+    proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, DATA / "imbalance" / "job.py",
+                      timeout=240)
+    assert proc.returncode == 0 and "trained 300 steps" in proc.stdout, explain(proc)
+    job = json.loads((tmp_path / "report.json").read_text())["job"]
+    turns = job.get("imbalance")
+    assert turns is not None and turns["turns"] >= 3 and turns["top_share"] < 0.5, explain(proc)
+    assert turns["busiest_ms"] - turns["mean_ms"] >= 0.1 * turns["step_ms"], turns
+    assert "ranks took turns being the slowest" in proc.stderr

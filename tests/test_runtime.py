@@ -46,6 +46,7 @@ def test_healthy_run_captures_only_after_a_real_slowdown_and_finds_nothing(tmp_p
     assert report["findings"] == [], explain(proc)
     assert "healthy" in proc.stderr
     assert "steady_work" not in report["job"], explain(proc)   # no rank busier than the others over the job
+    assert "imbalance" not in report["job"], explain(proc)     # nor ranks taking turns
     history = report_mod.load_steps(tmp_path)
     assert history is not None
     by_step = dict(zip(history["steps"], history["ms"], strict=True))

@@ -357,3 +357,24 @@ def test_mark_step_ends_the_search_for_where_steps_are_counted() -> None:
     finally:
         clock.uninstall()
     assert clock.counted_at == "mark_step" and seen == list(range(ADOPT_AFTER + 5))
+
+
+def test_the_last_steps_sent_at_job_end_leave_out_warm_up_eroicas_steps_and_stopped_ones() -> None:
+    """(step, busy, step ms) for engine/imbalance.py: the thread's CPU time plus its wait for batches,
+    less the warm-up steps, the steps eroica disturbed and a step the process was stopped in."""
+    clock = StepClock(lambda step, ms: None, long_from=3)
+    clock.install()
+    try:
+        opt = _opt()
+        for step in range(12):
+            if step == 7:
+                clock.continued += 1   # a SIGCONT: stopped and continued in step 7
+            sum(i * i for i in range(20000))
+            opt.step()
+    finally:
+        clock.uninstall()
+    got = clock.last_steps(skip={5})
+    assert [s for s, _, _ in got] == [3, 4, 6, 8, 9, 10, 11]
+    assert all(busy > 0 and ms >= busy * 0.5 for _, busy, ms in got), got
+    clock._cuda = True   # a GPU rank: its thread's times do not show the device's work
+    assert clock.last_steps(skip=set()) == []

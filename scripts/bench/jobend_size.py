@@ -1,6 +1,7 @@
 """Bytes into rank 0 and rank 0's time at job end, for 1k-100k ranks in nodes of 8 (docs/benchmarks.md).
 
-Each rank's job-end map (step statistics and its longest steps, ``runtime._gather_job_end``) is built
+Each rank's job-end map (step statistics, its longest steps and its last 64 steps' busy time,
+``runtime._gather_job_end``) is built
 as the runtime builds it, for three jobs: healthy (no long step), a checkpoint rank 0 saves alone 8
 times (its records carry a stack), and an evaluation every rank works through 8 times (every
 rank's records carry a stack). Then the way it travels: each node leader's ``jobend.node_payload``
@@ -21,7 +22,7 @@ import msgpack
 
 from eroica_runtime import jobend
 from eroica_runtime.analyst import job_stats
-from eroica_runtime.engine import longsteps
+from eroica_runtime.engine import imbalance, longsteps
 
 NODE = 8
 # a stack as the watchdog samples it (hang.main_frames_text: 8 innermost frames and 2 of the user's code)
@@ -37,6 +38,7 @@ def rank_map(r: int, job: str) -> bytes:
          "data": 0.0, "gc": 0.0, "thr": 0.0, "where": WHERE} for k in range(8)]
     doc = {"rank": r, "host": f"node{r // NODE:05d}", "steps": 5001, "median_ms": 101.234, "p99_ms": 130.2,
            "total_ms": 510000.123, "eroica_ms": 1234.567, "drift_held": [],
+           "busy_steps": imbalance.to_send([(s, 40.125 + (s * 7 + r) % 13, 101.5 + s % 3) for s in range(4937, 5001)]),
            "long_steps": longsteps.to_send(recs, 101.234)}
     return msgpack.packb(doc, use_bin_type=True)
 
@@ -49,12 +51,12 @@ def run(ranks: int, job: str) -> dict[str, float]:
     leader_ms = (time.perf_counter() - t) * 1e3 / len(payloads)
     t = time.perf_counter()
     got = jobend.read(payloads)
-    stats = job_stats(got.per_rank, ranks, got.seen)
+    stats = job_stats(got.per_rank, ranks, got.seen, busy=got.busy)
     rank0_s = time.perf_counter() - t
     del got, stats
     tracemalloc.start()   # again, for its peak alone (tracing slows it down)
     got = jobend.read(payloads)
-    stats = job_stats(got.per_rank, ranks, got.seen)
+    stats = job_stats(got.per_rank, ranks, got.seen, busy=got.busy)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     t = time.perf_counter()
