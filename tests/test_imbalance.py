@@ -110,3 +110,16 @@ def test_the_job_summary_and_both_reports_say_it() -> None:
               "findings": [], "job": stats}
     assert "but the ranks took turns being the slowest" in format_job(report, "/tmp/r")
     assert "Ranks took turns being the slowest" in render_html({"schema": "eroica.report/1", **report}, [], None)
+
+
+def test_a_ranks_left_out_steps_are_gaps_that_keep_the_others_aligned() -> None:
+    """Steps a rank leaves out (eroica's own, one it was stopped in) travel as NaN: its last 64 steps
+    may span more, and the steps around them still line up with the other ranks'."""
+    steps = [(s, 10.0, 30.0) for s in range(100, 200) if not 150 <= s < 170]
+    sent = imbalance.to_send(steps)
+    assert sent is not None and sent["first"] == 116 and len(sent["busy"]) == 84
+    assert math.isnan(sent["busy"][150 - 116]) and sent["busy"][170 - 116] == 10.0
+    whole = imbalance.to_send([(s, 12.0, 30.0) for s in range(100, 200)])
+    got = imbalance.reduce_ranks({0: sent, 1: whole})
+    assert got is not None and got.first == 116 and got.count[150 - 116] == 0 and got.count[140 - 116] == 1
+    assert got.count[199 - got.first] == 2 and got.busiest_rank[199 - got.first] == 1

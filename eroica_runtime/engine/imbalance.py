@@ -167,7 +167,7 @@ def reduce_ranks(records: dict[int, Any]) -> BusySteps | None:
             ms = np.asarray(doc["ms"], dtype=np.float64)
         except (KeyError, TypeError, ValueError):
             continue
-        if busy.ndim != 1 or busy.shape != ms.shape or len(busy) > 2 * KEEP_STEPS:
+        if busy.ndim != 1 or busy.shape != ms.shape or len(busy) > 4 * KEEP_STEPS:
             continue
         ok = np.isfinite(busy) & np.isfinite(ms) & (busy >= 0) & (ms >= 0)
         parts.append(BusySteps(first, np.where(ok, busy, 0.0), ok.astype(np.int64), np.where(ok, busy, np.nan),
