@@ -121,5 +121,6 @@ def test_a_ranks_left_out_steps_are_gaps_that_keep_the_others_aligned() -> None:
     assert math.isnan(sent["busy"][150 - 116]) and sent["busy"][170 - 116] == 10.0
     whole = imbalance.to_send([(s, 12.0, 30.0) for s in range(100, 200)])
     got = imbalance.reduce_ranks({0: sent, 1: whole})
-    assert got is not None and got.first == 116 and got.count[150 - 116] == 0 and got.count[140 - 116] == 1
+    assert got is not None and got.first == 116 and got.count[120 - 116] == 1 and got.count[140 - 116] == 2
+    assert got.count[155 - 116] == 1 and got.busiest_rank[155 - 116] == 1   # rank 0 left step 155 out
     assert got.count[199 - got.first] == 2 and got.busiest_rank[199 - got.first] == 1
