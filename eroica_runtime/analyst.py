@@ -7,6 +7,7 @@ it writes ``steps.msgpack``, ``report.json`` and ``report.html`` before printing
 
 from __future__ import annotations
 
+import math
 import queue
 import statistics
 import sys
@@ -264,7 +265,7 @@ def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int,
                        if d.get("steps_at") in stepclock.COUNTED_AT).most_common(1)
     starts = epochs.epoch_starts(per_rank)
     steady = steadywork.steady_work(per_rank)
-    turns = imbalance.from_steps(busy, world_size)
+    turns = imbalance.from_steps(busy, world_size, _busy_means(per_rank, world_size))
     medians = [r["median_ms"] for r in ranks if r.get("median_ms") is not None]
     median = statistics.median(medians) if medians else None
     paces = [pace_ms(r) for r in ranks]
@@ -287,6 +288,21 @@ def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int,
         **({"steady_work": steady.to_json()} if steady is not None else {}),
         **({"imbalance": turns.to_json()} if turns is not None else {}),
     }
+
+
+def _busy_means(per_rank: Mapping[int, Mapping[str, Any]], world_size: int) -> list[float] | None:
+    """Every rank's busy ms a step over the job (CPU and batch wait, its ``own`` totals) for
+    engine/imbalance.py, or None unless every rank sent them."""
+    out = []
+    for stats in per_rank.values():
+        own = stats.get("own") if isinstance(stats, Mapping) else None
+        try:
+            steps = int(own["steps"])
+            if steps > 0:
+                out.append((float(own["cpu"]) + float(own["data"])) / steps)
+        except (KeyError, TypeError, ValueError):
+            pass
+    return out if len(out) == world_size and all(math.isfinite(x) for x in out) else None
 
 
 def pace_ms(rank: dict[str, Any]) -> float | None:

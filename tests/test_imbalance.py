@@ -124,3 +124,18 @@ def test_a_ranks_left_out_steps_are_gaps_that_keep_the_others_aligned() -> None:
     assert got is not None and got.first == 116 and got.count[120 - 116] == 1 and got.count[140 - 116] == 2
     assert got.count[155 - 116] == 1 and got.busiest_rank[155 - 116] == 1   # rank 0 left step 155 out
     assert got.count[199 - got.first] == 2 and got.busiest_rank[199 - got.first] == 1
+
+
+def test_ranks_busier_at_every_step_are_theirs_not_the_turns() -> None:
+    """A pipeline's heavier stage (the fault bench's healthy-pp: ranks 2 and 3 at ~15 ms a step, 0 and
+    1 at ~12) makes every step wait, and its two ranks take turns at being the busiest: that wait is
+    the stage's, at every step, not ranks drawing different work; it is taken off before the bar."""
+    doc = json.loads((DATA / "imbalance" / "pipeline.json").read_text())
+    assert imbalance.from_steps(_busy("pipeline"), 4, doc["rank_means"]) is None
+    # three heavy ranks and a light one, a 20 ms step: the wait clears the bar only without the means
+    rng = np.random.default_rng(0)
+    per_rank = np.vstack([np.full((1, 64), 6.0), 15.0 + rng.normal(0, 0.6, (3, 64))])
+    b = imbalance.BusySteps(100, per_rank.sum(0), np.full(64, 4), per_rank.max(0), per_rank.argmax(0),
+                            np.full(64, 4 * 20.0))
+    assert imbalance.from_steps(b, 4) is not None
+    assert imbalance.from_steps(b, 4, [6.0, 15.0, 15.0, 15.0]) is None
