@@ -625,12 +625,16 @@ class Trigger:
         """A capture of this kind was dropped: its window gave way to the job's own profiler on some
         rank (runtime._gather_pending; every rank at the same boundary). The baseline and a
         person's request are taken again once the profiler is off; a slowdown still there is voted for
-        again. Its budget stays spent: a job whose profiler keeps taking eroica's windows costs at
-        most the budget's captures."""
+        again: the detector forgets the level the dropped capture acknowledged (``Detector.retry``;
+        it did not, and a job whose own profiler cycled every 13 steps had the spike at its step 128,
+        rank 2's extra matmuls from 120, given way and never captured again). Its budget stays
+        spent: a job whose profiler keeps taking eroica's windows costs at most the budget's captures."""
         if trigger == "baseline" and self.baseline_step is not None:
             self.baseline_due = self.baseline_late = True
         elif trigger == "manual":
             self.manual_waiting = True
+        elif trigger in DETECTED:
+            self.detector.retry()
 
     def _due(self, start: int) -> bool:
         """A --capture-at-steps step this capture (lead-in ``start``) reaches: its own, or one an open

@@ -135,17 +135,21 @@ def test_a_rank_stopped_twice_votes_at_once_and_once_is_an_accident() -> None:
 
 
 def _captures(steps: list[float], cfg: Config, retry_after: int | None = None,
-              unjudged: set[int] | None = None) -> list[tuple[int, str]]:
+              unjudged: set[int] | None = None, give_way_once: bool = False) -> list[tuple[int, str]]:
     """Drive one rank's Trigger the way Runtime._boundary does (its own vote, ``vote_lag`` steps late;
     no detector input while a window is open); return (first profiled step, trigger) per capture.
     ``retry_after``: this many steps after each detector capture starts, rank 0's analyst reports it
     found no culprit (the runtime then calls Detector.retry). ``unjudged``: steps the runtime says
-    say nothing of the job's pace (a DataLoader began an epoch, the job's profiler was on)."""
+    say nothing of the job's pace (a DataLoader began an epoch, the job's profiler was on).
+    ``give_way_once``: the first detector capture's window gives way to the job's own profiler (the
+    runtime calls Trigger.gave_way after it, and the capture is dropped)."""
     trig, votes, started, window_end = Trigger(cfg), [], [], -1
-    retry_at = -1
+    retry_at = gave_at = -1
     for step, ms in enumerate(steps):
         if step == retry_at:
             trig.detector.retry()
+        if step == gave_at:
+            trig.gave_way(started.pop()[1])
         in_window = step <= window_end
         votes.append(trig.local_flags(step, ms, in_window, unjudged=step in (unjudged or ())))
         voted = votes.pop(0) if len(votes) > cfg.vote_lag else None
@@ -157,6 +161,8 @@ def _captures(steps: list[float], cfg: Config, retry_after: int | None = None,
             window_end = d.start_step + d.k
             if retry_after is not None and d.trigger in DETECTED:
                 retry_at = d.start_step + retry_after
+            if give_way_once and d.trigger in DETECTED:
+                gave_at, give_way_once = window_end + 1, False
     return started
 
 
@@ -660,7 +666,7 @@ def test_no_capture_starts_while_the_jobs_profiler_is_on_and_the_baseline_comes_
 def test_a_baseline_or_request_given_way_to_the_jobs_profiler_is_taken_again() -> None:
     """A capture dropped because its window gave way to the job's profiler: the baseline (the job's
     healthy reference) and a person's request are taken again; a detector's is voted for again by
-    the detector if the slowdown is still there, not re-armed here."""
+    the detector if the slowdown is still there, not started here."""
     cfg = Config(warmup_steps=5, window_steps=3)
     trig = Trigger(cfg)
     first = next(d for d in (trig.decide(s, None) for s in range(20)) if d)
@@ -673,6 +679,17 @@ def test_a_baseline_or_request_given_way_to_the_jobs_profiler_is_taken_again() -
     assert trig.decide(80, None).trigger == "manual"
     trig.gave_way("spike")
     assert not any(trig.decide(s, None) for s in range(100, 140))
+
+
+def test_a_slowdown_whose_capture_gave_way_to_the_jobs_profiler_is_voted_for_again() -> None:
+    """A 3x slowdown from step 80; its first capture's window gives way to the job's own profiler (one
+    cycling every 13 steps, 2026-12-05): the detector had acknowledged the level as the capture
+    started, so the slowdown was never captured again. Now it is."""
+    steps = _jitter(80, 20.0, 0.1, seed=5) + [3 * ms for ms in _jitter(120, 20.0, 0.1, seed=6)]
+    cfg = Config(warmup_steps=10)
+    assert [t for _, t in _captures(steps, cfg)] == ["baseline", "spike"]
+    again = _captures(steps, cfg, give_way_once=True)
+    assert [t for _, t in again][:2] == ["baseline", "spike"] and again[1][0] > 90, again
 
 
 def test_the_steps_a_dataloader_began_an_epoch_in_are_not_judged() -> None:
