@@ -224,7 +224,8 @@ class Detector:
         """The last detector capture explained nothing (rank 0's analyst found no culprit): forget
         the level it acknowledged, so a slowdown that persists is captured again once the cooldown
         allows, instead of only when it grows 1.5x more or goes away and comes back. Called on rank 0
-        only: its vote alone makes the capture collective (the vote is a MAX)."""
+        only after an analysis (its vote alone makes the capture collective: the vote is a MAX), and
+        on every rank when the capture was dropped for the job's own profiler (Trigger.gave_way)."""
         self.ack = None
         self.settle = None
         if self.last_trigger == "throughput" and not self.lost_retried:
