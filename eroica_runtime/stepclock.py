@@ -296,7 +296,6 @@ class StepClock:
         self._last = time.perf_counter()
         self._first_opt: Any = None       # weakref to the optimizer whose steps are counted
         self._others = 0                  # steps of other optimizers since it last stepped
-        self._manual = False
         # where steps are counted (COUNTED_AT; None: nowhere yet), and whether that may still become a
         # backward() or a batch (no optimizer has stepped, no mark_step()): read at every batch
         self.counted_at: str | None = None
@@ -345,7 +344,7 @@ class StepClock:
         return self._times is not None and self._times.has_runq
 
     def _optimizer_hook(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
-        if self._manual:
+        if self.counted_at == "mark_step":
             return
         if self.fallback:
             self.fallback = False
@@ -388,8 +387,7 @@ class StepClock:
 
     def mark(self) -> None:
         """mark_step(): from the first call on, manual marks alone define steps."""
-        if not self._manual:
-            self._manual, self.fallback, self.counted_at = True, False, "mark_step"
+        self.fallback, self.counted_at = False, "mark_step"
         self.boundary()
 
     def backward_done(self) -> None:

@@ -5,9 +5,10 @@ batch, images of different sizes, a sampler's uneven shards), every step waits i
 for the rank that drew the most, and that rank changes from step to step. No rank is a culprit: a
 capture's window finds the ranks alike on average, the detectors see no slowdown (the job was
 always so), and the job summary said "step time alike on every rank". A 4-rank DDP job whose
-batches were 256-2,300 rows long, drawn per rank (2026-12-05, 2 cores): each rank's training thread
-was busy 12.5-12.7 ms a step on average, the busiest of them 20.6 ms, the step 30.5 ms; eroica said
-"healthy". The same job with equal batches: the busiest rank 0.1-0.2 ms above the mean.
+batches were 256-2,300 rows long, drawn per rank (2026-12-05, 2 cores; tests/data/imbalance): its
+ranks' training threads were busy (on a CPU or waiting for a batch) 11.0 ms a step on average, the
+busiest of them 18.6 ms, the step 36.1 ms; eroica said "healthy". The same job with equal batches:
+the busiest rank 0.2 ms above the mean.
 
 At job end every rank contributes what its training thread did (CPU time and the wait for its next
 batch: the work that differs between ranks, not the collectives' wait) in each of the job's last
@@ -83,8 +84,8 @@ KEEP_STEPS = 64
 
 
 def to_send(steps: list[tuple[int, float, float]]) -> dict[str, Any] | None:
-    """A rank's (step, busy ms, step ms) of its last steps (NaN: a step it leaves out) as it sends
-    them: its last KEEP_STEPS, consecutive from ``first``."""
+    """A rank's (step, busy ms, step ms) of its last steps as it sends them: its last KEEP_STEPS,
+    consecutive from ``first``, a step missing from ``steps`` (one it left out) as NaN."""
     if not steps:
         return None
     last = steps[-KEEP_STEPS:]
