@@ -263,6 +263,10 @@ def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int,
     # where the ranks counted their steps (stepclock.COUNTED_AT): the same on every rank of one script
     steps_at = Counter(d.get("steps_at") for d in per_rank.values()
                        if d.get("steps_at") in stepclock.COUNTED_AT).most_common(1)
+    # optimizer steps a GradScaler skipped (inf/NaN gradients; stepclock._count_skipped_steps): the same
+    # on every rank of a data-parallel job, whose gradients are all-reduced before the check
+    skips = max((d["skips"] for d in per_rank.values() if isinstance(d.get("skips"), int)
+                 and not isinstance(d.get("skips"), bool) and d["skips"] > 0), default=0)
     starts = epochs.epoch_starts(per_rank)
     steady = steadywork.steady_work(per_rank)
     turns = imbalance.from_steps(busy, world_size, _busy_means(per_rank, world_size))
@@ -284,6 +288,7 @@ def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int,
             longsteps.reduce_records({r: d.get("long_steps") for r, d in per_rank.items()}, keep=None)
             if seen is None else seen, per_rank, median)],
         **({"steps_at": steps_at[0][0]} if steps_at else {}),
+        **({"skipped_steps": skips} if skips else {}),
         **({"epoch_starts": starts.to_json()} if starts is not None else {}),
         **({"steady_work": steady.to_json()} if steady is not None else {}),
         **({"imbalance": turns.to_json()} if turns is not None else {}),
@@ -365,6 +370,9 @@ def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]]) -> s
                  f"{ms(stats['median_step_ms'])}, p99 {ms(stats['p99_step_ms'])}",
                  by_rank,
                  f"  captures: {caps}"]
+    skipped = skipped_text(stats)
+    if skipped:
+        lines.append(skipped)
     held = report.job_profiler_text(stats.get("job_profiler"))
     if held:
         lines.append(held)
@@ -407,6 +415,24 @@ def stored_job_stats_text(doc: dict[str, Any]) -> str:
         return format_job_stats(job, caps)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError):   # a report edited by hand
         return ""
+
+
+# a GradScaler's skipped steps worth a line in the job summary: an fp16 job's few while its loss scale
+# settles, and one each time the scale grows (every 2,000 steps by default), are its normal course
+SKIPPED_SHARE = 0.01
+
+
+def skipped_text(stats: Mapping[str, Any]) -> str:
+    """The job summary's line on the optimizer steps a mixed-precision GradScaler skipped, when they
+    were SKIPPED_SHARE of the steps or more ("" otherwise): each such iteration's forward and backward
+    updated no weight, throughput the step times do not show as lost."""
+    skips, steps = stats.get("skipped_steps"), stats.get("steps")
+    if not (isinstance(skips, int) and isinstance(steps, int) and steps > 0 and skips >= SKIPPED_SHARE * steps):
+        return ""
+    return (f"  the mixed-precision GradScaler skipped {skips} of {steps} optimizer steps ({100 * skips / steps:.1f}%): "
+            "their gradients held an inf or NaN, so their forward and backward updated no weight. So many mean a "
+            "loss that diverges (NaN) or a loss scale set to grow too often (GradScaler's growth_interval); bf16 "
+            "autocast needs no scaler")
 
 
 def own_time_text(per_rank: list[Any]) -> str:

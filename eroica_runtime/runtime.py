@@ -628,7 +628,7 @@ class Runtime:
         try:
             self.analyst.wait(5.0)
             stats = {"rank": 0, "host": socket.gethostname(), **_step_stats(self.clock.all_ms[:], self.cfg),
-                     "steps_at": self.clock.counted_at,
+                     "steps_at": self.clock.counted_at, "skips": self.clock.skips,
                      "loader": self.clock.loader.to_json(self.clock.data_ms)}
             from eroica_runtime.analyst import job_stats
             from eroica_runtime.report import format_job
@@ -726,6 +726,7 @@ class Runtime:
         # least reference (report.json: why a level was not captured again; the same list on every rank)
         stats = _step_stats(self.clock.all_ms, self.cfg)
         mine = {"rank": self.rank, "host": socket.gethostname(), **stats, "steps_at": self.clock.counted_at,
+                "skips": self.clock.skips,
                 "eroica_ms": round(self._own_s * 1e3, 3), "drift_held": list(self.trigger.held),
                 "loader": self.clock.loader.to_json(self.clock.data_ms),
                 "own": self.clock.own_work(),

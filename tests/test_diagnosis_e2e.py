@@ -139,6 +139,24 @@ def test_a_loop_without_a_torch_optim_optimizer_is_watched_and_its_slow_rank_nam
     assert (top["rank"], top["category"]) == (2, category), explain(proc)
 
 
+def test_a_mixed_precision_jobs_skipped_optimizer_steps_are_still_steps(tmp_path) -> None:
+    """A GradScaler skips the optimizer step whose gradients overflowed (the script's first 3 steps, then
+    every 20th): each such iteration is a step of its own (they were merged with the next: 282 steps
+    counted for 300 in such a job without the fault, whose throughput rule took the doubled steps for
+    lost time and captured it healthy), the job summary says how many were skipped, and rank 2's extra matmuls from step 100 are
+    named."""
+    proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, TRAIN,
+                      env={"LOOP": "amp", "AMP_SKIP_EVERY": "20", "FAULT": "compute", "FAULT_RANK": "2",
+                           "FAULT_FROM": "100", "FAULT_MATMULS": "1000", "STEPS": "200"}, timeout=240)
+    assert proc.returncode == 0 and "trained 200 steps" in proc.stdout, explain(proc)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert (report["job"]["steps"], report["job"]["skipped_steps"]) == (200, 13), explain(proc)
+    assert "the mixed-precision GradScaler skipped 13 of 200 optimizer steps (6.5%)" in proc.stderr, explain(proc)
+    assert report["findings"], explain(proc)
+    top = report["findings"][0]
+    assert (top["rank"], top["category"]) == (2, "compute"), explain(proc)
+
+
 def test_ranks_whose_batches_differ_in_length_are_said_to_take_turns_not_named(tmp_path) -> None:
     """Each rank draws its own batch lengths (tests/data/imbalance/job.py): every step waits for whichever
     drew the longest. eroica said "healthy"; now the job summary says the ranks took turns and what it

@@ -91,6 +91,36 @@ def test_mark_step_replaces_the_optimizer_hook() -> None:
     assert seen == [0, 1]
 
 
+def test_a_step_the_grad_scaler_skipped_still_ends_its_iteration() -> None:
+    """A mixed-precision loop whose GradScaler skips the optimizer step when the gradients overflow (the
+    first 3 iterations, while the loss scale settles, and every 5th after): one step per iteration, the
+    first skipped one included, each about one iteration long (merged, every 5th step was two), and the
+    skips counted for the job summary. The scaler's step is torch's again after uninstall."""
+    seen: list[int] = []
+    clock = StepClock(lambda step, ms: seen.append(step))
+    clock.install()
+    try:
+        model = torch.nn.Linear(4, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu")
+        for it in range(30):
+            time.sleep(0.02)
+            loss = model(torch.ones(2, 4)).sum()
+            if it < 3 or it % 5 == 4:
+                loss = loss * float("inf")
+            opt.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    finally:
+        clock.uninstall()
+    assert seen == list(range(30)), seen
+    assert clock.skips == 3 + 6 and clock.optimizer_steps == 30 - 9 and clock.counted_at == "optimizer"
+    ms = sorted(ms for _, ms in clock.durations)
+    assert ms[-1] < 1.5 * ms[len(ms) // 2], clock.durations   # two iterations: 2x
+    assert not getattr(torch.amp.GradScaler.step, "__eroica_counted__", False)
+
+
 class _SlowData(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return 64

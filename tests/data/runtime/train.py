@@ -4,6 +4,9 @@ FAULT=compute|data|gc|none on FAULT_RANK from step FAULT_FROM (optimizer steps);
 LOOP=closure runs forward and backward inside ``optimizer.step(closure)``, as PyTorch Lightning does;
 LOOP=manual updates the weights itself (``p -= lr * p.grad``), with no torch.optim optimizer;
 LOOP=inference only runs forward under no_grad and all-reduces the outputs (no backward, no step).
+LOOP=amp scales the loss with a torch.amp.GradScaler, whose step() skips the optimizer step when the
+gradients hold an inf (the loss is made inf at the first 3 steps, as a mixed-precision job's first
+steps overflow while the scale settles, and then every AMP_SKIP_EVERY steps).
 compute: extra matmuls inside forward; data: the Dataset's __getitem__ sleeps; gc: cyclic garbage and
 forced collections each step. Writes nothing itself; eroica (if injected) does the watching.
 """
@@ -43,6 +46,7 @@ PERSISTENT = os.environ.get("PERSISTENT", "0") == "1"            # persistent_wo
 # yet), and each rank sends itself one at this step, as Slurm's --signal=USR1@90 would
 OWN_USR1_AT = int(os.environ.get("OWN_USR1_AT", "-1"))
 LOOP = os.environ.get("LOOP", "plain")
+AMP_SKIP_EVERY = int(os.environ.get("AMP_SKIP_EVERY", "0"))
 DIM = int(os.environ.get("DIM", "256"))
 state = {"step": 0, "usr1": 0}
 
@@ -124,6 +128,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(Model())
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu") if LOOP == "amp" else None
     data = Data(16 * EPOCH_STEPS if EPOCH_STEPS else 64 * STEPS)
     loader = DataLoader(data, batch_size=16, num_workers=WORKERS, persistent_workers=PERSISTENT and WORKERS > 0)
     junk = []
@@ -159,6 +164,15 @@ def main() -> None:
             with torch.no_grad():
                 for p in model.parameters():
                     p -= 1e-3 * p.grad
+        elif LOOP == "amp":
+            assert scaler is not None
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            if state["step"] < 3 or (AMP_SKIP_EVERY and state["step"] % AMP_SKIP_EVERY == AMP_SKIP_EVERY - 1):
+                loss = loss * float("inf")   # an overflow: the scaler skips this step
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
         elif LOOP == "inference":
             with torch.no_grad():
                 dist.all_reduce(model(x).sum(0))
