@@ -567,39 +567,45 @@ def format_job(report: dict[str, Any], report_dir: str | os.PathLike[str] | None
     caps = report.get("captures") or []
     where = f" — {Path(report_dir) / 'report.html'}" if report_dir else ""
     steps = _steps_text(report)
-    head = (f"eroica: job report: {len(findings)} finding(s) over {len(caps)} capture(s), "
+    job = report.get("job")
+    early = job.get("flushed_by") if isinstance(job, dict) else None
+    # written before the job's end (a failing or interrupted rank 0, SIGUSR2): what was seen up to then;
+    # "healthy" right above a launcher's "job.py FAILED" read as a verdict on the failure
+    title = (f"eroica: job report so far, written early ({_text(early)})" if isinstance(early, str) and early
+             else "eroica: job report")
+    head = (f"{title}: {len(findings)} finding(s) over {len(caps)} capture(s), "
             f"world size {report.get('world_size')}, {steps}{where}")
     looked = [c for c in caps if c.get("trigger") == HANG_TRIGGER
               or conclusive(int(c.get("ranks_analysed") or 0), int(report.get("world_size") or 0))]
     slower = [c for c in looked if _unexplained(c)]   # slower than the baseline, no culprit found
     if not findings and not caps:
-        head = (f"eroica: job report: no capture was taken, so nothing was diagnosed — world size "
+        head = (f"{title}: no capture was taken, so nothing was diagnosed — world size "
                 f"{report.get('world_size')}, {steps}{where}")
     elif not findings and not looked:
-        head = (f"eroica: job report: not diagnosed — none of the {len(caps)} capture(s) had enough usable "
+        head = (f"{title}: not diagnosed — none of the {len(caps)} capture(s) had enough usable "
                 f"summaries, world size {report.get('world_size')}, {steps}{where}")
     elif not findings and slower:
-        head = (f"eroica: job report: no findings over {len(looked)} capture(s), but {len(slower)} of them "
+        head = (f"{title}: no findings over {len(looked)} capture(s), but {len(slower)} of them "
                 f"(step{'s' if len(slower) > 1 else ''} {_ranks([c.get('step') for c in slower])}) "
                 f"{'were' if len(slower) > 1 else 'was'} slower than "
                 f"the baseline with no culprit found — world size {report.get('world_size')}, {steps}{where}")
     elif not findings and report.get("world_size") == 1:
-        head = (f"eroica: job report: one rank, no peer to compare it with — nothing diagnosed over "
+        head = (f"{title}: one rank, no peer to compare it with — nothing diagnosed over "
                 f"{len(looked)} capture(s), {steps}{where}")
     elif not findings and isinstance((report.get("job") or {}).get("steady_work"), dict):
         # the captures saw nothing, but over the whole job one rank's own work held the others
         # (engine/steadywork.py): not "healthy" above the summary line that names it
         w = report["job"]["steady_work"]
-        head = (f"eroica: job report: no findings over {len(looked)} capture(s), but rank {w.get('rank')} was "
+        head = (f"{title}: no findings over {len(looked)} capture(s), but rank {w.get('rank')} was "
                 "busier than its peers over the whole job, and they waited for it (the job summary above) — world "
                 f"size {report.get('world_size')}, {steps}{where}")
     elif not findings and isinstance((report.get("job") or {}).get("imbalance"), dict):
         # no rank to name, but each step waited for whichever rank had the most work (engine/imbalance.py)
-        head = (f"eroica: job report: no findings over {len(looked)} capture(s), but the ranks took turns being "
+        head = (f"{title}: no findings over {len(looked)} capture(s), but the ranks took turns being "
                 "the slowest, each step waiting for the busiest (the job summary above) — world size "
                 f"{report.get('world_size')}, {steps}{where}")
     elif not findings:
-        head = (f"eroica: job report: healthy — no findings over {len(looked)} capture(s), world size "
+        head = (f"{title}: healthy — no findings over {len(looked)} capture(s), world size "
                 f"{report.get('world_size')}, {steps}{where}")
     lines = [head]
     for i, f in enumerate(findings, 1):

@@ -285,6 +285,21 @@ def test_one_rank_alone_is_never_called_healthy() -> None:
     assert "healthy — 2/2 ranks agree" in report.format_capture(diagnose(_job(2), step=7, trigger="t", world_size=2))
 
 
+def test_a_report_written_before_the_jobs_end_says_so_in_its_head(tmp_path: Path) -> None:
+    """Rank 0 failing (a peer raised, gloo lost it) writes and prints what it knows: its head said
+    "eroica: job report: healthy — ..." right above the launcher's "job.py FAILED", read as a verdict
+    on the failure. It says the report is what was seen until then, and why it was written; a report
+    of the job's end keeps its head."""
+    d = diagnose(_job(4), step=13, trigger="baseline", world_size=4)
+    for why in ("this rank failed", "SIGUSR2"):
+        doc = report.write_job(tmp_path, diagnoses=[d], world_size=4, steps=30, job={"flushed_by": why})
+        head = report.format_job(doc).splitlines()[0]
+        assert head.startswith(f"eroica: job report so far, written early ({why}): healthy — no findings over 1 "
+                               "capture(s), world size 4, 30 steps"), head
+    doc = report.write_job(tmp_path, diagnoses=[d], world_size=4, steps=30, job={})
+    assert report.format_job(doc).startswith("eroica: job report: healthy — no findings over 1 capture(s)")
+
+
 def test_a_job_whose_budget_refused_captures_says_so_under_healthy(tmp_path: Path) -> None:
     """"healthy" over the captures taken is not the whole story when the budget then refused
     slowdowns: the job report (text, `eroica show`, report.html) says what was not captured, and
