@@ -358,7 +358,7 @@ class StepClock:
 
         self._handle = register_optimizer_step_post_hook(self._optimizer_hook)
         self._untime_data = _time_dataloader(self)
-        self._uncount_backward = _count_backward(self)
+        self._uncount_backward = _count_backward(self) if self.fallback else None
         self._uncount_skips = _count_skipped_steps(self)
         try:
             import torch
@@ -402,7 +402,7 @@ class StepClock:
         if self.counted_at == "mark_step":
             return
         if self.fallback:
-            self.fallback = False
+            self._no_fallback()
             if self.counted_at is not None:
                 # an optimizer stepped after all (past a long first accumulation, or an evaluation
                 # before training): its steps are counted from now; the time since the last
@@ -429,6 +429,15 @@ class StepClock:
         self._others = 0
         self.boundary()
 
+    def _no_fallback(self) -> None:
+        """Steps are counted at an optimizer or at mark_step() for good: backward() is torch's own again.
+        Why: the wrapper's frame stood in every traceback through backward() (an out-of-memory error, a
+        peer's lost connection), where a user reads it as eroica's part in the failure."""
+        self.fallback = False
+        if self._uncount_backward is not None:
+            self._uncount_backward()
+            self._uncount_backward = None
+
     def _rebase(self) -> None:
         """The next step starts now; nothing is recorded for the time since the last boundary."""
         if self._times is not None:
@@ -442,7 +451,8 @@ class StepClock:
 
     def mark(self) -> None:
         """mark_step(): from the first call on, manual marks alone define steps."""
-        self.fallback, self.counted_at = False, "mark_step"
+        self._no_fallback()
+        self.counted_at = "mark_step"
         self.boundary()
 
     def backward_done(self) -> None:

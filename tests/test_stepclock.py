@@ -308,7 +308,9 @@ def test_a_loop_without_an_optimizer_has_its_steps_counted_at_each_backward() ->
 def test_an_optimizer_after_a_long_first_accumulation_takes_the_count_over() -> None:
     """More backward()s than ADOPT_AFTER before the optimizer's first step (a huge accumulation):
     counted at backward() until then, at the optimizer from its first step on, with no step spanning
-    the switch; an ordinary accumulation (4 micro-batches) is never counted at its backward()s."""
+    the switch; an ordinary accumulation (4 micro-batches) is never counted at its backward()s. From
+    the optimizer's first step on, backward() is torch's own again (eroica's wrapper stood in every
+    traceback through backward(): an out-of-memory error, a peer's lost connection)."""
     for micro, want in ((ADOPT_AFTER + 8, ["backward", "optimizer"]), (4, [])):
         seen: list[int] = []
         told: list[str] = []
@@ -323,6 +325,7 @@ def test_an_optimizer_after_a_long_first_accumulation_takes_the_count_over() -> 
                     model(torch.randn(3, 4)).sum().backward()
                 opt.step()
                 opt.zero_grad()
+                assert not hasattr(torch.autograd.backward, "__eroica_counted__")
         finally:
             clock.uninstall()
         assert told == want and clock.counted_at == "optimizer", (micro, told)

@@ -7,7 +7,8 @@ timed untimed and with the step clock's wrapper installed (``stepclock._time_dat
 wait and the epoch turnovers), interleaved round by round in one process; prints ns a batch. Then the
 smallest backward() (a 4-element graph, ~16 µs) without and with ``stepclock._count_backward``, the
 same way; prints ns a call. The clock has seen an optimizer step, as in a training job (so no batch
-or backward() is where its steps are counted: both wrappers only pass through).
+is where its steps are counted and the DataLoader wrapper only passes through; backward() is torch's
+own again from that step on, so the second part should show nothing added).
 """
 
 from __future__ import annotations
