@@ -598,6 +598,8 @@ class Runtime:
                          f"counted at each backward() from now on ({how})",
              "batch": f"eroica: {ADOPT_AFTER} DataLoader batches with no optimizer step or backward(): a step is "
                       f"counted at each batch from now on ({how})",
+             "mark_step": "eroica: eroica_runtime.mark_step() was called: a step is counted at each of its calls "
+                          "from now on",
              }.get(at, "eroica: a torch.optim optimizer stepped: steps are counted at its steps from now on"))
 
     def _signal_taken(self, signum: int, handler: Any) -> None:

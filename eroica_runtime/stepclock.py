@@ -450,10 +450,15 @@ class StepClock:
         self._last = time.perf_counter()
 
     def mark(self) -> None:
-        """mark_step(): from the first call on, manual marks alone define steps."""
+        """mark_step(): from the first call on, manual marks alone define steps. Steps counted elsewhere
+        until then (an optimizer's, backward()s') switch over as at any change of where steps are
+        counted: the time since the last of them is no step, and the marked steps' warm-up no stall."""
         self._no_fallback()
-        self.counted_at = "mark_step"
-        self.boundary()
+        if self.counted_at is None or self.counted_at == "mark_step":
+            self.counted_at = "mark_step"
+            self.boundary()
+        else:
+            self._adopt("mark_step")
 
     def backward_done(self) -> None:
         """A backward() ended on the main thread while no optimizer has stepped (_count_backward)."""

@@ -91,6 +91,37 @@ def test_mark_step_replaces_the_optimizer_hook() -> None:
     assert seen == [0, 1]
 
 
+def test_mark_step_after_steps_counted_elsewhere_switches_as_any_change_of_where_they_are_counted() -> None:
+    """A loop counted at its backward()s (no optimizer) or at its optimizer that starts calling
+    mark_step() later: one step a mark from then on, no step spanning the switch, its warm-up no
+    stall, and the runtime told (rank 0 says so, the detectors learn the new steps afresh)."""
+    for opt_steps in (False, True):
+        seen: list[int] = []
+        told: list[str] = []
+        clock = StepClock(lambda step, ms, seen=seen: seen.append(step))
+        clock.on_counted_at = told.append
+        clock.install()
+        try:
+            model = _model()
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            for _ in range(ADOPT_AFTER + 4):
+                model(torch.randn(3, 4)).sum().backward()
+                if opt_steps:
+                    opt.step()
+            before = clock.step
+            time.sleep(0.05)   # no step spans this
+            for _ in range(3):
+                clock.mark()
+                model(torch.randn(3, 4)).sum().backward()
+                opt.step()     # ignored from the first mark on
+        finally:
+            clock.uninstall()
+        want = ["mark_step"] if opt_steps else ["backward", "mark_step"]
+        assert told == want and clock.counted_at == "mark_step", told
+        assert seen == list(range(before + 2)) and clock.counted_from == before, (seen, before)
+        assert clock.long_from > before and max(ms for _, ms in clock.durations) < 40, clock.durations
+
+
 def test_a_step_the_grad_scaler_skipped_still_ends_its_iteration() -> None:
     """A mixed-precision loop whose GradScaler skips the optimizer step when the gradients overflow (the
     first 3 iterations, while the loss scale settles, and every 5th after): one step per iteration, the
