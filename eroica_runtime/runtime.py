@@ -128,6 +128,7 @@ class Runtime:
         self._quiet_until = -1   # steps up to this one are eroica's own disturbance: detectors skip them
         self.clock.disturbed = self._disturbed
         self.clock.on_counted_at = self._counted_at
+        self.clock.on_error = self._disable
         self._next_file_check = 0.0
         self._own_s = 0.0
         self._windows: list[tuple[int, int]] = []   # every capture's (first step, k): profiled steps
@@ -247,7 +248,7 @@ class Runtime:
     # ---- per step ----------------------------------------------------------------------------------------
     def on_step(self) -> None:
         """mark_step(): a step boundary set by the user's loop."""
-        self.clock.mark()
+        self.clock.safely(self.clock.mark)
 
     def _on_boundary(self, step: int, ms: float) -> None:
         if not self.enabled:

@@ -173,7 +173,7 @@ def _time_dataloader(clock: StepClock) -> Callable[[], None] | None:
             if turning:
                 loader.ms += ms
         if clock.fallback:   # no optimizer has stepped (yet): a batch may be where steps are counted
-            clock.batch_done()
+            clock.safely(clock.batch_done)
         return got
 
     def __iter__(self: Any) -> Any:
@@ -237,7 +237,7 @@ def _count_backward(clock: StepClock) -> Callable[[], None] | None:
         finally:
             depth -= 1
         if depth == 0:
-            clock.backward_done()
+            clock.safely(clock.backward_done)
         return got
 
     backward.__eroica_counted__ = True  # type: ignore[attr-defined]
@@ -275,7 +275,7 @@ def _count_skipped_steps(clock: StepClock) -> Callable[[], None] | None:
         stepped = clock.optimizer_steps
         got = original(self, optimizer, *args, **kwargs)
         if clock.optimizer_steps == stepped:
-            clock.skipped(optimizer)
+            clock.safely(clock.skipped, optimizer)
         return got
 
     step.__eroica_counted__ = True  # type: ignore[attr-defined]
@@ -345,6 +345,7 @@ class StepClock:
         self._main = threading.main_thread().ident
         # told where steps are counted when that became a backward() or a batch, or an optimizer after one
         self.on_counted_at: Callable[[str], None] | None = None
+        self.on_error: Callable[[str], None] | None = None   # see safely()
         self.optimizer_steps = 0          # torch.optim steps seen (the post-hook ran)
         self.skips = 0                    # optimizer steps a GradScaler skipped (_count_skipped_steps)
         self._handle: Any = None
@@ -391,7 +392,18 @@ class StepClock:
 
     def _optimizer_hook(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         self.optimizer_steps += 1
-        self._optimizer_stepped(optimizer)
+        self.safely(self._optimizer_stepped, optimizer)
+
+    def safely(self, fn: Callable[..., None], *args: Any) -> None:
+        """``fn(*args)`` for a caller inside the job's own code (its optimizer step, backward(), a batch,
+        mark_step()): an error in eroica goes to ``on_error`` (the runtime switches itself off on this
+        rank), never into the training. Without ``on_error`` (a bare clock) it is raised."""
+        try:
+            fn(*args)
+        except Exception as exc:
+            if self.on_error is None:
+                raise
+            self.on_error(f"internal error in the step clock: {type(exc).__name__}: {exc}")
 
     def skipped(self, optimizer: Any) -> None:
         """A GradScaler skipped ``optimizer``'s step (inf/NaN gradients): the iteration ended all the same."""

@@ -122,6 +122,32 @@ def test_mark_step_after_steps_counted_elsewhere_switches_as_any_change_of_where
         assert clock.long_from > before and max(ms for _, ms in clock.durations) < 40, clock.durations
 
 
+def test_an_error_in_the_step_clock_never_reaches_the_jobs_optimizer_step_backward_or_batch() -> None:
+    """The clock runs inside the job's optimizer step, its backward() and its DataLoader's next(): an
+    error there (a telemetry reading that fails) goes to the runtime (which switches eroica off on the
+    rank), and the job's call returns as if eroica were not there."""
+    def broken() -> float:
+        raise OSError("cgroup file gone")
+
+    for where in ("optimizer", "backward", "batch"):
+        errors: list[str] = []
+        clock = StepClock(lambda step, ms: None, gc_ms=broken)
+        clock.on_error = errors.append
+        clock.install()
+        try:
+            model = _model()
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            loader = torch.utils.data.DataLoader(list(range(ADOPT_AFTER + 2)))
+            for _ in loader if where == "batch" else range(ADOPT_AFTER + 2):
+                if where != "batch":
+                    model(torch.randn(3, 4)).sum().backward()
+                if where == "optimizer":
+                    opt.step()
+        finally:
+            clock.uninstall()
+        assert errors and all("OSError: cgroup file gone" in e for e in errors), (where, errors)
+
+
 def test_a_step_the_grad_scaler_skipped_still_ends_its_iteration() -> None:
     """A mixed-precision loop whose GradScaler skips the optimizer step when the gradients overflow (the
     first 3 iterations, while the loss scale settles, and every 5th after): one step per iteration, the
