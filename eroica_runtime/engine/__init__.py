@@ -76,6 +76,8 @@ from eroica_runtime.engine.quota import (
 from eroica_runtime.engine.stalls import STOPPED_FUNCTION, stall_finding, stalls
 from eroica_runtime.engine.stalls import action as stall_action
 from eroica_runtime.engine.table import Table, TableBuilder, build_table
+from eroica_runtime.engine.turns import by_chance
+from eroica_runtime.engine.turns import note as chance_note
 
 __all__ = ["CATEGORIES", "Diagnosis", "Finding", "Table", "TableBuilder", "Thresholds", "build_table", "consolidate",
            "diagnose", "finding_key", "first_named", "parse_topology"]
@@ -309,6 +311,13 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
                                  if c.alone is None else max(c.alone["mean_step_ms"] - c.cost_ms, 0.0),
                                  stopped.get(c.row))
                 for i, c in enumerate(culprits)]
+    # a lead within what the ranks' step-to-step variation gives the busiest by chance: turns, no culprit
+    chance = [by_chance(table, peers.groups, f, c.group) for f, c in zip(findings, culprits, strict=True)]
+    for f, ev in zip(findings, chance, strict=True):
+        if ev is not None:
+            notes.append(chance_note(int(f.rank), ev))
+    findings = [f for f, ev in zip(findings, chance, strict=True) if ev is None]
+    culprits = [c for c, ev in zip(culprits, chance, strict=True) if ev is None]
     excesses = [c.excess_ms for c in culprits]
     named = {c.row for c in culprits}
     findings.extend(stall_finding(table, row, ev, step_med) for row, ev in stopped.items() if row not in named)

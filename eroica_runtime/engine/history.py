@@ -36,6 +36,8 @@ from eroica_runtime.engine.quota import (
     steps_throttled_ms,
 )
 from eroica_runtime.engine.table import HISTORY_RECENT, Table
+from eroica_runtime.engine.turns import CHANCE_CATEGORIES, chance_lead
+from eroica_runtime.engine.turns import note as chance_note
 
 TRIGGERED = ("spike", "drift", "throughput")
 HISTORY_FUNCTION = "(steps before the window)"   # a finding's function when no profiled step showed the fault
@@ -92,6 +94,12 @@ def history_culprits(table: Table, peers: Peers, th: Thresholds, trigger: str,
                                  f"{HISTORY_RECENT} steps before the window, but {average:.1f} ms more on average over "
                                  f"the {f.evidence.get('average_steps')} steps before it: once, not a fault of the "
                                  "job's, not reported")
+                continue
+            by_chance = chance_lead(table, row, rows, excess, HISTORY_RECENT) \
+                if f.category in CHANCE_CATEGORIES else None
+            if by_chance is not None:
+                if notes is not None:
+                    notes.append(chance_note(int(f.rank), by_chance))
                 continue
             out.append(f)
     return out

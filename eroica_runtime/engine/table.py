@@ -42,9 +42,12 @@ TELEMETRY_KEYS = _HOST_COUNTERS + _HOST_GAUGES + _GPU_GAUGES
 # steps in which the process was stopped and continued ("stops"), their ms beyond the rank's median
 # step ("stop_ms", total) and the steps seen; the same means as "hist_*" over every step of the history
 # shipped (up to 32, not only the recent ones: "span_*", what a burst costs on average) and how many
-# steps that is ("span_steps"); NaN for ranks that did not record it
+# steps that is ("span_steps"), and how much the rank's busy time (CPU + run-queue + batch wait) varied from
+# step to step over them, less a pause ("span_busy_sd", the sample standard deviation: engine/turns.py);
+# NaN for ranks that did not record it
 SCHED_COLUMNS = ("cpu", "runq", "hist_ms", "hist_cpu", "hist_runq", "hist_data", "hist_gc", "stops", "stop_ms",
-                 "steps_seen", "hist_thr", "span_ms", "span_cpu", "span_runq", "span_thr", "span_data", "span_steps")
+                 "steps_seen", "hist_thr", "span_ms", "span_cpu", "span_runq", "span_thr", "span_data", "span_steps",
+                 "span_busy_sd")
 SPAN_OF = ("ms", "cpu", "runq", "thr", "data")   # the "span_*" columns, in order
 SCHED_INDEX = {c: i for i, c in enumerate(SCHED_COLUMNS)}
 HISTORY_RECENT = 8     # a burst is seen by the vote 6-7 steps before the window opens
@@ -858,6 +861,31 @@ def _kept_mean(cols: list[np.ndarray], pause: list[np.ndarray], m: int) -> np.nd
     return np.where(n > 0, total / np.maximum(n, 1.0), np.nan)
 
 
+def _busy_sd(cpu: list[np.ndarray], runq: list[np.ndarray], data: list[np.ndarray], pause: list[np.ndarray],
+             m: int) -> np.ndarray:
+    """Row-wise sample standard deviation of the history's busy ms a step (CPU + run-queue + batch wait; no
+    batch wait shipped counts 0), less the steps ``pause`` marks (aligned from the end, as ``_kept_mean``),
+    to the µs; NaN with fewer than 2 steps. The block path and the one-summary path (one row) both call
+    this, so they agree to the bit."""
+    n_hist = len(cpu)
+    if n_hist < 2 or len(runq) != n_hist or len(data) not in (0, n_hist):
+        return np.full(m, np.nan)
+    data = data or [np.zeros(m)] * n_hist
+    marks = pause[len(pause) - n_hist:] if n_hist <= len(pause) else \
+        [np.zeros(m, dtype=bool)] * (n_hist - len(pause)) + pause
+    busy = [c + r + d for c, r, d in zip(cpu, runq, data, strict=True)]
+    total, n = np.zeros(m), np.zeros(m)
+    for b, out in zip(busy, marks, strict=True):
+        total = total + np.where(out, 0.0, b)
+        n = n + ~out
+    mean = total / np.maximum(n, 1.0)
+    sq = np.zeros(m)
+    for b, out in zip(busy, marks, strict=True):
+        d = np.where(out, 0.0, b - mean)
+        sq = sq + d * d
+    return np.where(n >= 2, _span_round(np.sqrt(sq / np.maximum(n - 1.0, 1.0))), np.nan)
+
+
 def _pauses(ms: list[float]) -> list[bool]:
     """Which step of a rank's history is a pause: the only one above ``PAUSE_RATIO`` x its median step
     (the upper median), if there is exactly one."""
@@ -914,6 +942,7 @@ def _sched_block(doc: dict[str, Any], col: Any, m: int) -> np.ndarray:
         cols = hist_cols(c) or ([np.zeros(m)] * n_hist if c == "thr" else [])
         out[:, SCHED_INDEX[f"span_{c}"]] = _span_round(_seq_mean(cols, m))
     out[:, SCHED_INDEX["span_steps"]] = float(n_hist) if n_hist else np.nan
+    out[:, SCHED_INDEX["span_busy_sd"]] = _busy_sd(hist_cols("cpu"), hist_cols("runq"), hist_cols("data"), pause, m)
     if win:
         if t:
             vals = np.stack(ms[:t], axis=1)
@@ -953,12 +982,14 @@ def _sched_row(s: dict[str, Any]) -> list[float]:
     stop_ms = sum(max(m - typical, 0.0) for m, st in zip(ms, stops, strict=False) if st) if normal else math.nan
     n_hist = len(hist.get("cpu") or [])
     span = [list(hist.get(c) or ([0.0] * n_hist if c == "thr" else [])) for c in SPAN_OF]
+    busy_sd = float(_busy_sd(*([np.array([float(x)]) for x in hist.get(c) or []] for c in ("cpu", "runq", "data")),
+                             [np.array([x]) for x in pause], 1)[0])
     return [_mean([x["cpu"] for x in win]), _mean([x["runq"] for x in win]),
             _mean(recent["ms"]), _mean(recent["cpu"]), _mean(recent["runq"]), _mean(recent["data"]),
             _mean(recent["gc"]),
             float(sum(stops)) if win else math.nan, stop_ms if win else math.nan, float(len(ms)) if win else math.nan,
             _mean(recent["thr"]), *(float(_span_round(_mean(xs))) for xs in span),
-            float(n_hist) if n_hist else math.nan]
+            float(n_hist) if n_hist else math.nan, busy_sd]
 
 
 def _ragged(rows: list[list[float]]) -> np.ndarray:
