@@ -109,7 +109,7 @@ def test_mark_step_after_steps_counted_elsewhere_switches_as_any_change_of_where
                 if opt_steps:
                     opt.step()
             before = clock.step
-            time.sleep(0.05)   # no step spans this
+            time.sleep(0.3)    # no step spans this
             for _ in range(3):
                 clock.mark()
                 model(torch.randn(3, 4)).sum().backward()
@@ -119,7 +119,7 @@ def test_mark_step_after_steps_counted_elsewhere_switches_as_any_change_of_where
         want = ["mark_step"] if opt_steps else ["backward", "mark_step"]
         assert told == want and clock.counted_at == "mark_step", told
         assert seen == list(range(before + 2)) and clock.counted_from == before, (seen, before)
-        assert clock.long_from > before and max(ms for _, ms in clock.durations) < 40, clock.durations
+        assert clock.long_from > before and max(ms for _, ms in clock.durations) < 250, clock.durations
 
 
 def test_an_error_in_the_step_clock_never_reaches_the_jobs_optimizer_step_backward_or_batch() -> None:
@@ -174,7 +174,8 @@ def test_a_step_the_grad_scaler_skipped_still_ends_its_iteration() -> None:
     assert seen == list(range(30)), seen
     assert clock.skips == 3 + 6 and clock.optimizer_steps == 30 - 9 and clock.counted_at == "optimizer"
     ms = sorted(ms for _, ms in clock.durations)
-    assert ms[-1] < 1.5 * ms[len(ms) // 2], clock.durations   # two iterations: 2x
+    # two iterations merged are a 2x step (6 of them before); one or two preempted steps on a busy host are not
+    assert ms[-3] < 1.8 * ms[len(ms) // 2], clock.durations
     assert not getattr(torch.amp.GradScaler.step, "__eroica_counted__", False)
 
 
