@@ -3,12 +3,28 @@ step also records the training thread's CPU, run-queue and batch-wait time."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
+from collections.abc import Iterator
 
 import torch
 
 from eroica_runtime.stepclock import ADOPT_AFTER, LONGEST, SWITCH_AFTER, StepClock
+
+
+@contextlib.contextmanager
+def _counting() -> Iterator[tuple[StepClock, list[int], list[str]]]:
+    """An installed clock, the steps it ended and where it was told steps are counted, uninstalled after."""
+    seen: list[int] = []
+    told: list[str] = []
+    clock = StepClock(lambda step, ms: seen.append(step))
+    clock.on_counted_at = told.append
+    clock.install()
+    try:
+        yield clock, seen, told
+    finally:
+        clock.uninstall()
 
 
 def _opt() -> torch.optim.Optimizer:
@@ -96,12 +112,7 @@ def test_mark_step_after_steps_counted_elsewhere_switches_as_any_change_of_where
     mark_step() later: one step a mark from then on, no step spanning the switch, its warm-up no
     stall, and the runtime told (rank 0 says so, the detectors learn the new steps afresh)."""
     for opt_steps in (False, True):
-        seen: list[int] = []
-        told: list[str] = []
-        clock = StepClock(lambda step, ms, seen=seen: seen.append(step))
-        clock.on_counted_at = told.append
-        clock.install()
-        try:
+        with _counting() as (clock, seen, told):
             model = _model()
             opt = torch.optim.SGD(model.parameters(), lr=0.01)
             for _ in range(ADOPT_AFTER + 4):
@@ -114,8 +125,6 @@ def test_mark_step_after_steps_counted_elsewhere_switches_as_any_change_of_where
                 clock.mark()
                 model(torch.randn(3, 4)).sum().backward()
                 opt.step()     # ignored from the first mark on
-        finally:
-            clock.uninstall()
         want = ["mark_step"] if opt_steps else ["backward", "mark_step"]
         assert told == want and clock.counted_at == "mark_step", told
         assert seen == list(range(before + 2)) and clock.counted_from == before, (seen, before)
@@ -347,17 +356,10 @@ def _manual_step(model: torch.nn.Module) -> None:
 def test_a_loop_without_an_optimizer_has_its_steps_counted_at_each_backward() -> None:
     """A manual-SGD loop: after ADOPT_AFTER backward()s with no optimizer step, each backward() ends a
     step (the adopting one is step 0, the start-up), and the clock says so once."""
-    seen: list[int] = []
-    told: list[str] = []
-    clock = StepClock(lambda step, ms: seen.append(step))
-    clock.on_counted_at = told.append
-    clock.install()
-    try:
+    with _counting() as (clock, seen, told):
         model = _model()
         for _ in range(ADOPT_AFTER + 9):
             _manual_step(model)
-    finally:
-        clock.uninstall()
     assert clock.counted_at == "backward" and told == ["backward"]
     assert seen == list(range(10))
     assert not hasattr(torch.autograd.backward, "__eroica_counted__")   # uninstalled: the original again
@@ -370,12 +372,7 @@ def test_an_optimizer_after_a_long_first_accumulation_takes_the_count_over() -> 
     the optimizer's first step on, backward() is torch's own again (eroica's wrapper stood in every
     traceback through backward(): an out-of-memory error, a peer's lost connection)."""
     for micro, want in ((ADOPT_AFTER + 8, ["backward", "optimizer"]), (4, [])):
-        seen: list[int] = []
-        told: list[str] = []
-        clock = StepClock(lambda step, ms, seen=seen: seen.append(step))
-        clock.on_counted_at = told.append
-        clock.install()
-        try:
+        with _counting() as (clock, seen, told):
             model = _model()
             opt = torch.optim.SGD(model.parameters(), lr=0.01)
             for _ in range(3):
@@ -384,8 +381,6 @@ def test_an_optimizer_after_a_long_first_accumulation_takes_the_count_over() -> 
                 opt.step()
                 opt.zero_grad()
                 assert not hasattr(torch.autograd.backward, "__eroica_counted__")
-        finally:
-            clock.uninstall()
         assert told == want and clock.counted_at == "optimizer", (micro, told)
         if micro == 4:
             assert seen == [0, 1, 2]
