@@ -138,7 +138,7 @@ class Detector:
         # the latest lost shares judged (the level a throughput capture saw is their highest)
         self.lost_recent: deque[float] = deque(maxlen=max(1, cfg.lost_window // 8) + cfg.vote_lag + 1)
         self.lost_ack: float | None = None         # the lost share the last throughput capture saw, ...
-        self.lost_base = 0.0                       # ... the best window's before it, ...
+        self.lost_base: float | None = None        # ... the best window's before such captures, ...
         self.lost_normal = 0                       # ... and the steps judged back to normal since
         self.lost_retried = False                  # a capture of that level explained nothing once
         self.stops_acked = False                   # the last throughput capture saw this rank stopped
@@ -199,7 +199,11 @@ class Detector:
         if self.lost_recent:
             seen = max(self.lost_recent)
             if self.lost_ack is None:
-                self.lost_base = self.best_lost or 0.0
+                # the lowest over the job's throughput captures, not the best since the last capture: after
+                # another capture (a drift capture of noise) the best of the few windows since can hold one
+                # more of a periodic job's pauses, and ordinary windows then read as "back to normal"
+                best = self.best_lost or 0.0
+                self.lost_base = best if self.lost_base is None else min(self.lost_base, best)
             elif seen - self.lost_ack >= self.cfg.lost_pct / 100.0:
                 self.lost_retried = False   # a larger share than the one retried: it may be retried too
             self.lost_ack, self.lost_normal = max(self.lost_ack or 0.0, seen), 0
@@ -408,7 +412,7 @@ class Detector:
         the low end, so it fired soon after every capture's cooldown: 6 captures found healthy in
         600 steps, which spent the capture budget a real slowdown would need."""
         assert self.lost_ack is not None
-        self.lost_normal = self.lost_normal + 1 if lost < 0.5 * (self.lost_base + self.lost_ack) else 0
+        self.lost_normal = self.lost_normal + 1 if lost < 0.5 * ((self.lost_base or 0.0) + self.lost_ack) else 0
         if self.lost_normal >= max(self.cfg.lost_window, 4):
             self.lost_ack, self.lost_retried = None, False
         return self.lost_ack is not None
