@@ -15,12 +15,14 @@ busy time (CPU + run-queue + batch wait) varies from step to step: ``span_busy_s
 in those jobs against 1-6 ms in healthy ones and in the demo's steady straggler's peers. If each
 rank's busy time a step were drawn alike, the mean of k steps of the busiest of n ranks would lie
 about ``sqrt(2 ln n)`` standard errors (``sd / sqrt(k)``) above the rest. A compute or input-pipeline
-culprit whose excess stays within CHANCE times that, with the group's median sd, in its window or the
-steps it was named from (for work alone in window steps, the average it costs over the steps seen), in the last HISTORY_RECENT steps before the window, and over all the history
-shipped, is the luck of the draw there: a note, not a finding. A real straggler clears at least one
-of the three: a steady one the 32-step bar (0.74 sd with 4 ranks), one that has just begun the
-window's (2.4 sd over 3 steps), one in bursts its peers' small sd. Extra calls (``work: more``), GPU ranks (the host's busy time is not the device's), ranks compared with their own
-baseline and CPU contention or quota findings are never judged here.
+culprit whose lead stays within CHANCE times that, with the group's median sd, over the steps it was
+named from (its window; the steps before it; for work alone in window steps, the average that work
+costs over the steps seen), over the last HISTORY_RECENT steps before the window and over all the
+history shipped, is the luck of the draw: a note, not a finding. A real straggler clears at least one
+of the three bars: a steady one the 32-step bar (0.74 sd with 4 ranks), one that has just begun the
+window's (2.4 sd over 3 steps), one in bursts its peers' small sd. Extra calls (``work: more``), GPU
+ranks (compared on the device: the host's busy time is not the device's), ranks compared with their
+own baseline, and CPU contention, quota or stop findings are never judged here.
 """
 
 from __future__ import annotations
@@ -42,9 +44,10 @@ CHANCE_CATEGORIES = ("compute", "dataloader")   # what a rank's share of the dra
 
 
 def by_chance(table: Table, groups: list[np.ndarray], finding: Finding, group: int) -> dict[str, Any] | None:
-    """``chance_lead`` for a finding named from the window (a culprit's, from ``diagnose``), None for one
-    this module never judges: not compute or input pipeline, extra calls, work alone in a step, compared
-    on the device or with its own baseline, starved of CPU or stopped."""
+    """``chance_lead`` for a culprit's finding from the window (``diagnose``): its lead over the window's
+    steps, or for work alone in window steps that recurs, its average over the steps seen. None for a
+    finding this module never judges: not compute or input pipeline, extra calls, compared on the
+    device or with its own baseline, starved of CPU or stopped."""
     ev = finding.evidence
     if finding.category not in CHANCE_CATEGORIES or finding.rank is None or ev.get("work") == "more" or \
             any(k in ev for k in ("compared_with", "cpu_starved", "stopped", "compared_on")):
