@@ -260,10 +260,13 @@ def _count_skipped_steps(clock: StepClock) -> Callable[[], None] | None:
     two iterations were counted as one step: a CPU job with a skip every 20 steps (2026-12-05) was told
     "282 steps" for 300, its p99 step was the merged steps' 31 ms against a median of 8.8, and the
     throughput rule took the doubled steps for lost time and opened a capture that found it healthy.
-    ``torch.cuda.amp.GradScaler`` and FSDP's ``ShardedGradScaler`` inherit this ``step``.
+    ``torch.cuda.amp.GradScaler`` and FSDP's ``ShardedGradScaler`` inherit this ``step``. Only a
+    torch.optim optimizer's step always runs the post-hook; another object with ``param_groups`` and
+    ``step()`` (which GradScaler drives as well) ends its iteration here but is no skip.
     """
     try:
         from torch.amp import GradScaler
+        from torch.optim import Optimizer
     except Exception:
         return None
     original = GradScaler.step
@@ -275,7 +278,7 @@ def _count_skipped_steps(clock: StepClock) -> Callable[[], None] | None:
         stepped = clock.optimizer_steps
         got = original(self, optimizer, *args, **kwargs)
         if clock.optimizer_steps == stepped:
-            clock.safely(clock.skipped, optimizer)
+            clock.safely(clock.skipped, optimizer, isinstance(optimizer, Optimizer))
         return got
 
     step.__eroica_counted__ = True  # type: ignore[attr-defined]
@@ -405,9 +408,11 @@ class StepClock:
                 raise
             self.on_error(f"internal error in the step clock: {type(exc).__name__}: {exc}")
 
-    def skipped(self, optimizer: Any) -> None:
-        """A GradScaler skipped ``optimizer``'s step (inf/NaN gradients): the iteration ended all the same."""
-        self.skips += 1
+    def skipped(self, optimizer: Any, skip: bool = True) -> None:
+        """A GradScaler's step() ran no torch.optim post-hook: it skipped ``optimizer``'s step (inf/NaN
+        gradients), or with ``skip`` False, the optimizer is none of torch.optim's. The iteration ended
+        all the same."""
+        self.skips += int(skip)
         self._optimizer_stepped(optimizer)
 
     def _optimizer_stepped(self, optimizer: Any) -> None:

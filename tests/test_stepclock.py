@@ -188,6 +188,35 @@ def test_a_step_the_grad_scaler_skipped_still_ends_its_iteration() -> None:
     assert not getattr(torch.amp.GradScaler.step, "__eroica_counted__", False)
 
 
+def test_an_optimizer_from_outside_torch_optim_driven_by_a_grad_scaler_is_counted_and_never_a_skip() -> None:
+    """GradScaler drives any object with ``param_groups`` and ``step()``; such a step runs no torch.optim
+    post-hook, so every one of them looked skipped ("skipped 30 of 30"). Its steps are counted at the
+    scaler's step(), one an iteration, and none is said to be skipped."""
+    class Plain:   # an update rule of one's own, no torch.optim base class
+        def __init__(self, params: list[torch.nn.Parameter]) -> None:
+            self.param_groups = [{"params": params}]
+
+        def step(self) -> None:
+            with torch.no_grad():
+                for p in self.param_groups[0]["params"]:
+                    p -= 0.1 * p.grad
+
+        def zero_grad(self) -> None:
+            for p in self.param_groups[0]["params"]:
+                p.grad = None
+
+    with _counting() as (clock, seen, _told):
+        model = torch.nn.Linear(4, 4)
+        opt = Plain(list(model.parameters()))
+        scaler = torch.amp.GradScaler("cpu")
+        for _ in range(30):
+            opt.zero_grad()
+            scaler.scale(model(torch.ones(2, 4)).sum()).backward()
+            scaler.step(opt)
+            scaler.update()
+    assert seen == list(range(30)) and clock.skips == 0 and clock.counted_at == "optimizer", (seen, clock.skips)
+
+
 class _SlowData(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return 64
