@@ -96,6 +96,28 @@ def check_cpu_quota() -> list[Check]:
                   f"throttled {throttled / 1e3:.1f} s so far (eroica reports ranks it throttles)")]
 
 
+def check_memory_limit() -> list[Check]:
+    """The memory limit of this process's cgroup (a container's), which the ranks launched from here share
+    or inherit: a rank short of memory waits for storage to read back what the kernel evicted, and
+    eroica names it (engine/memory.py) from its page faults and the cgroup's refaults."""
+    from eroica_runtime.telemetry import cgroup_memory, memory_sample
+
+    try:
+        limit, usage, refaults = cgroup_memory()
+    except (OSError, ValueError, IndexError, KeyError) as exc:
+        return [Check("memory limit (cgroup)", True, f"cannot read the cgroup files ({type(exc).__name__}): "
+                      "eroica sees the host's memory and page faults only")]
+    host = memory_sample()
+    seen = f"; {refaults:,} pages read back after eviction so far" if refaults else ""
+    if limit is None:
+        room = (f" (the host's {host['mem_limit_mb'] / 1024:.1f} GiB, {host['mem_free_mb'] / 1024:.1f} available)"
+                if host.get("mem_limit_mb") and host.get("mem_free_mb") is not None else "")
+        return [Check("memory limit (cgroup)", True, f"none{room}{seen}")]
+    used = f", {usage / 1024:.1f} GiB used with the page cache" if usage is not None else ""
+    return [Check("memory limit (cgroup)", True, f"{limit / 1024:.1f} GiB{used}{seen} (eroica reports ranks "
+                  "short of memory)")]
+
+
 def check_slurm() -> list[Check]:
     job = os.environ.get("SLURM_JOB_ID")
     srun = shutil.which("srun")
@@ -128,7 +150,7 @@ def check_injection() -> list[Check]:
 
 
 def run_checks() -> list[Check]:
-    return [*check_mpi(), *check_torch(), *check_nvml(), *check_cpu_quota(), *check_slurm(), *check_injection()]
+    return [*check_mpi(), *check_torch(), *check_nvml(), *check_cpu_quota(), *check_memory_limit(), *check_slurm(), *check_injection()]
 
 
 def render(checks: list[Check]) -> tuple[str, int]:

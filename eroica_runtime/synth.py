@@ -183,8 +183,9 @@ def _summary_layout(v: Vocab, top: np.ndarray, world: int, stages: int, host_w: 
                                                           "max", "std")}})
     host0 = {k: 0.0 for k in ("cpu_s", "wall_s", "ctx_vol", "ctx_invol", "load1", "cpu_mhz", "mem_rss_mb",
                                "mem_avail_mb", "tcp_retrans", "net_bytes_sent", "net_bytes_recv", "net_drops",
-                               "cpu_throttled_ms")}
+                               "cpu_throttled_ms", "majflt", "refaults")}
     host0["cpu_quota"] = None    # no CPU limit: never throttled (telemetry.cgroup_cpu)
+    host0["mem_limit_mb"], host0["mem_free_mb"] = 2.0**20, 614400.0   # a 1 TiB host with 600 GiB free
     host1 = dict(host0, cpu_s=_Slot("cpu_s", "f8"), wall_s=_Slot("wall_s", "f8"),
                  ctx_invol=_Slot("ctx_invol", "f8"), tcp_retrans=_Slot("tcp_retrans", "f8"))
     groups = [{"name": "pp", "ranks": [_Slot(f"pp{s}", "u4") for s in range(stages)]}] if stages > 1 else []

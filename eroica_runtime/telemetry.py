@@ -9,13 +9,22 @@ The host side includes the process's CPU quota (cgroup v1 ``cpu.cfs_quota_us`` o
 and how long the kernel held its cgroup throttled: a container CPU limit stops every thread of the
 rank, its collective threads too, so the training thread's own clock cannot tell a rank throttled
 while its gloo thread was due from a rank waiting for its peers. Only the cgroup's counter can.
+
+It also says whether the rank was short of memory (``memory_sample``): its major page faults (its
+own and its DataLoader workers'), and its memory cgroup's limit, headroom and workingset refaults
+(pages read back soon after the kernel evicted them). Without swap, a host or container short of
+memory evicts file pages: a memory-mapped dataset, the libraries' code. The rank then waits for
+storage inside whatever touched them (a batch, an op), which by phase alone reads as a slow input
+pipeline or slow compute.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import multiprocessing
 import os
+import resource
 import sys
 import threading
 import time
@@ -34,7 +43,8 @@ _THROTTLE_BITS: tuple[tuple[int, str], ...] = (
 )
 
 _PROC: psutil.Process | None = None
-_CGROUP_MOUNTS: dict[str, Path] | None = None   # "v1" (the hierarchy with the cpu controller) / "v2"
+# "v1" (the hierarchy with the cpu controller), "v1-memory" (the one with the memory controller), "v2"
+_CGROUP_MOUNTS: dict[str, Path] | None = None
 PROC_CGROUP = "/proc/self/cgroup"
 PROC_CGROUP_MAX = 1 << 16   # bytes read of it per step: a v1 host lists a dozen hierarchies, ~1-2 KB
 MAX_CGROUP_DEPTH = 16
@@ -66,15 +76,18 @@ def _read_tcp_retrans() -> int | None:
 
 
 def _cgroup_mounts() -> dict[str, Path]:
-    """Mount points of the cgroup v1 hierarchy that holds the cpu controller and of cgroup v2 (psutil
-    lists every mount with its options); cached once found."""
+    """Mount points of the cgroup v1 hierarchies that hold the cpu and the memory controllers and of
+    cgroup v2 (psutil lists every mount with its options); cached once found."""
     global _CGROUP_MOUNTS
     if _CGROUP_MOUNTS:
         return _CGROUP_MOUNTS
     found: dict[str, Path] = {}
     for part in psutil.disk_partitions(all=True):
-        if part.fstype == "cgroup" and "cpu" in part.opts.split(",") and "v1" not in found:
+        opts = part.opts.split(",")
+        if part.fstype == "cgroup" and "cpu" in opts and "v1" not in found:
             found["v1"] = Path(part.mountpoint)
+        if part.fstype == "cgroup" and "memory" in opts and "v1-memory" not in found:
+            found["v1-memory"] = Path(part.mountpoint)
         elif part.fstype == "cgroup2" and "v2" not in found:
             found["v2"] = Path(part.mountpoint)
     _CGROUP_MOUNTS = found
@@ -163,6 +176,110 @@ def cgroup_cpu() -> tuple[float | None, float | None]:
         return None, 0.0
     with open(counter, "rb") as fh:
         return quota, _throttled_ms(fh.read())
+
+
+NO_LIMIT = 1 << 60   # v1 reports "no limit" as the largest page-aligned counter (~8 EiB)
+
+
+def _memory_cgroup(proc_cgroup: str) -> tuple[Path, str] | None:
+    """(directory, "v1"|"v2") of the memory cgroup the ``/proc/<pid>/cgroup`` text names, or None."""
+    mounts = _cgroup_mounts()
+    for line in proc_cgroup.splitlines():
+        hid, ctrls, path = line.split(":", 2)
+        if "v1-memory" in mounts and "memory" in ctrls.split(","):
+            root, version = mounts["v1-memory"], "v1"
+        elif hid == "0" and ctrls == "" and "v2" in mounts and "v1-memory" not in mounts:
+            root, version = mounts["v2"], "v2"
+        else:
+            continue
+        leaf = root / path.lstrip("/")
+        return (leaf if leaf.is_dir() else root), version   # in a cgroup namespace: the mount is ours
+    return None
+
+
+def _stat_words(path: Path) -> dict[str, int]:
+    with open(path, encoding="ascii") as fh:
+        return {k: int(v) for k, v in (line.split() for line in fh if line.count(" ") == 1)}
+
+
+def cgroup_memory() -> tuple[float | None, float | None, int | None]:
+    """(limit MB, usage MB, workingset refaults) of this process's memory cgroup.
+
+    The limit is the one that binds: the smallest on the way up (v1 reports it as
+    ``hierarchical_memory_limit``); None without any. Usage counts the page cache, which fills up to
+    the limit in any container that reads files, so only the refaults tell a working set that no
+    longer fits: pages read back in shortly after the kernel evicted them (``workingset_refault_*``,
+    file and anonymous). Each is None when it cannot be read (no cgroup files, an old kernel)."""
+    with open(PROC_CGROUP, encoding="utf-8") as fh:
+        found = _memory_cgroup(fh.read())
+    if found is None:
+        return None, None, None
+    d, version = found
+    stat = _stat_words(d / "memory.stat")
+    prefix = "total_" if version == "v1" else ""
+    refaults = [stat.get(f"{prefix}workingset_refault_{k}") for k in ("file", "anon")]
+    refault = sum(v for v in refaults if v is not None) if any(v is not None for v in refaults) else None
+    limit: float | None = None
+    if version == "v1":
+        raw = stat.get("hierarchical_memory_limit")
+        limit = raw / 2**20 if raw is not None and raw < NO_LIMIT else None
+        usage = int(_read_words(d / "memory.usage_in_bytes")[0]) / 2**20
+    else:
+        usage = int(_read_words(d / "memory.current")[0]) / 2**20
+        root = _cgroup_mounts()["v2"]
+        e = d
+        for _ in range(MAX_CGROUP_DEPTH):
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                word = _read_words(e / "memory.max")[0]
+                if word != "max" and (limit is None or int(word) / 2**20 < limit):
+                    limit = int(word) / 2**20
+            if e == root or root not in e.parents:
+                break
+            e = e.parent
+    return limit, usage, refault
+
+
+def _majflt_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        return int(fh.read().rsplit(b")", 1)[1].split()[9])
+
+
+def major_faults() -> int:
+    """Major page faults of this process, its live multiprocessing children (DataLoader workers read
+    the batches) and the children it reaped: a worker that exits between two samples moves from the
+    one sum to the other, so the total only grows."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_majflt + resource.getrusage(resource.RUSAGE_CHILDREN).ru_majflt
+    for child in multiprocessing.active_children():
+        pid = child.pid
+        if pid is not None:
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                own += _majflt_of(pid)
+    return own
+
+
+def memory_sample(vm: Any = None) -> dict[str, Any]:
+    """Major faults (counter), the memory that binds this rank (its cgroup's limit, else the host's RAM:
+    ``mem_limit_mb``), what is left of it (``mem_free_mb``: the limit less the cgroup's usage, or the
+    host's available memory if that is less) and its cgroup's workingset refaults (counter, the host's
+    from /proc/vmstat without a readable cgroup); each None when unreadable. Never raises."""
+    out: dict[str, Any] = {"majflt": _guard(major_faults)}
+    limit, usage, refault = _guard(cgroup_memory) or (None, None, None)
+    if refault is None:
+        refault = _guard(_host_refaults)
+    vm = vm if vm is not None else _guard(psutil.virtual_memory)
+    avail = vm.available / 2**20 if vm is not None else None
+    free = (limit - usage) if limit is not None and usage is not None else None
+    if avail is not None and (free is None or avail < free):
+        free = avail
+    out["mem_limit_mb"] = limit if limit is not None else (vm.total / 2**20 if vm is not None else None)
+    out["mem_free_mb"] = max(free, 0.0) if free is not None else None
+    out["refaults"] = refault
+    return out
+
+
+def _host_refaults() -> int:
+    stat = _stat_words(Path("/proc/vmstat"))
+    return stat["workingset_refault_file"] + stat.get("workingset_refault_anon", 0)
 
 
 class ThrottleClock:
@@ -256,6 +373,7 @@ def host_sample() -> dict[str, Any]:
     out["mem_rss_mb"] = mem.rss / 2**20 if mem is not None else None
     vm = _guard(psutil.virtual_memory)
     out["mem_avail_mb"] = vm.available / 2**20 if vm is not None else None
+    out.update(memory_sample(vm))
     io = _guard(proc.io_counters)  # storage traffic of this process (not in the schema's list: extra)
     out["io_read_bytes"] = io.read_bytes if io is not None else None
     out["io_write_bytes"] = io.write_bytes if io is not None else None

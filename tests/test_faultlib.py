@@ -171,6 +171,17 @@ def test_io_fault_blkio_throttles_direct_reads() -> None:
     assert r["read_ms"] >= 0.7 * r["expected_ms"], r
 
 
+@pytest.mark.root
+@pytest.mark.skipif(not IS_ROOT or faults.hierarchy("memory") is None, reason="needs root and a cgroup memory controller")
+def test_memory_fault_makes_mapped_items_fault_in_from_storage_and_removes_cgroup() -> None:
+    r = measure.measure_memory(mb=64, cache=8)
+    assert r["same_items"], r          # the mapped dataset serves the items it wraps
+    # cached before (the file was just written), read back from storage while the cgroup squeezes it
+    assert r["faults_off"] <= 2 and r["faults_on"] >= 50, r
+    assert r["read_ms_on"] > 5 * r["read_ms_off"], r
+    assert not r["jail_left"] and not r["cgroup_left"], r
+
+
 def test_external_apply_cli_undoes_on_exit() -> None:
     with measure.spinner() as p:
         subprocess.run([sys.executable, str(ROOT / "scripts/faultlib/faults.py"), "apply", "--pid", str(p.pid),

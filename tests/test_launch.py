@@ -177,4 +177,5 @@ def test_doctor_reports_and_exits_zero_here() -> None:
     proc = launch([str(BIN / "eroica"), "doctor"], timeout=120)
     assert proc.returncode == 0, explain(proc)
     assert "mpiexec" in proc.stdout and "injection" in proc.stdout and "CPU quota (cgroup)" in proc.stdout
+    assert "memory limit (cgroup)" in proc.stdout
     assert sys.executable

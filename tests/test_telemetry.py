@@ -19,7 +19,8 @@ import pytest
 from eroica_runtime import telemetry
 
 HOST_KEYS = {"cpu_s", "wall_s", "ctx_vol", "ctx_invol", "load1", "cpu_mhz", "mem_rss_mb", "mem_avail_mb",
-             "tcp_retrans", "net_bytes_sent", "net_bytes_recv", "net_drops", "cpu_quota", "cpu_throttled_ms"}
+             "tcp_retrans", "net_bytes_sent", "net_bytes_recv", "net_drops", "cpu_quota", "cpu_throttled_ms",
+             "majflt", "refaults", "mem_limit_mb", "mem_free_mb"}
 GPU_KEYS = {"sm_mhz", "sm_max_mhz", "mem_mhz", "mem_max_mhz", "throttle", "temp_c", "power_w", "power_limit_w",
             "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max", "nvlink_crc", "nvlink_replay",
             "ecc_corrected", "ecc_uncorrected"}
@@ -266,3 +267,144 @@ def test_cgroup_quota_is_the_smallest_up_the_tree_and_throttling_the_nearest(
         if layout == "v2":
             (tmp_path / "system" / "cpu.max").write_text("max 100000\n")
         assert telemetry.cgroup_cpu() == (None, 0.0)
+
+
+@pytest.mark.parametrize("layout", ["v2", "v2-namespaced", "v1"])
+def test_memory_limit_is_the_smallest_up_the_tree_with_the_cgroups_usage_and_refaults(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str) -> None:
+    """A pod's 8 GiB memory limit above a container's 6 GiB, the container's usage and workingset refaults,
+    in the layouts a rank meets (v1's memory hierarchy reports the binding limit itself)."""
+    if layout == "v1":
+        _cgroup_tree(tmp_path, {"kubepods/c1/memory.stat": f"cache 5\nhierarchical_memory_limit {6 << 30}\n"
+                                "total_workingset_refault_anon 0\ntotal_workingset_refault_file 4096\n",
+                                "kubepods/c1/memory.usage_in_bytes": f"{5 << 30}\n"})
+        proc = "11:memory:/kubepods/c1\n1:cpu,cpuacct:/\n0::/\n"
+    else:
+        _cgroup_tree(tmp_path, {"kubepods/memory.max": f"{8 << 30}\n", "kubepods/c1/memory.max": f"{6 << 30}\n",
+                                "kubepods/c1/memory.current": f"{5 << 30}\n",
+                                "kubepods/c1/memory.stat": "anon 1\nworkingset_refault_anon 96\n"
+                                                            "workingset_refault_file 4000\n"})
+        proc = "0::/kubepods/c1\n"
+    root = tmp_path
+    if layout == "v2-namespaced":
+        root = tmp_path / "kubepods" / "c1"
+        proc = "0::/\n"
+    (tmp_path / "proc-cgroup").write_text(proc)
+    monkeypatch.setattr(telemetry, "PROC_CGROUP", str(tmp_path / "proc-cgroup"))
+    monkeypatch.setattr(telemetry, "_CGROUP_MOUNTS", {"v1-memory" if layout == "v1" else "v2": root})
+    limit, usage, refaults = telemetry.cgroup_memory()
+    assert (limit, usage, refaults) == (6144.0, 5120.0, 4096)
+    if layout == "v2":   # the pod's limit below the container's binds
+        (tmp_path / "kubepods" / "memory.max").write_text(f"{4 << 30}\n")
+        assert telemetry.cgroup_memory()[0] == 4096.0
+    limit = 4096.0 if layout == "v2" else 6144.0
+    sample = telemetry.memory_sample(types.SimpleNamespace(total=64 << 30, available=32 << 30))
+    # what is left is the limit less the cgroup's usage (page cache included), none once it is over
+    assert sample == {"majflt": sample["majflt"], "mem_limit_mb": limit, "mem_free_mb": max(limit - 5120.0, 0.0),
+                      "refaults": 4096}
+    # no limit anywhere: the host's memory binds, and what is left of it is what the host has available
+    if layout == "v1":
+        (tmp_path / "kubepods" / "c1" / "memory.stat").write_text(f"hierarchical_memory_limit {1 << 63}\n")
+    else:
+        for d in (tmp_path / "kubepods", tmp_path / "kubepods" / "c1"):
+            (d / "memory.max").write_text("max\n")
+    sample = telemetry.memory_sample(types.SimpleNamespace(total=64 << 30, available=32 << 30))
+    assert (sample["mem_limit_mb"], sample["mem_free_mb"]) == (65536.0, 32768.0)
+
+
+def _fault_in(path: str, conn: Any) -> None:
+    """A DataLoader worker's work, in short: fault a cold memory-mapped file's pages in, one a fault."""
+    import mmap
+    import resource
+
+    with open(path, "rb") as fh:
+        m = mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ)
+    m.madvise(mmap.MADV_RANDOM)                # no readahead: one page a fault
+    sum(m[i] for i in range(0, len(m), 1 << 16))
+    conn.send(resource.getrusage(resource.RUSAGE_SELF).ru_majflt)
+    conn.recv()
+
+
+def _cold_file(path: Path, mb: int) -> None:
+    with open(path, "wb") as fh:
+        fh.write(os.urandom(mb << 20))
+        fh.flush()
+        os.fsync(fh.fileno())
+        os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)   # clean pages leave the page cache
+
+
+def test_major_faults_count_a_dataloader_workers_faults_while_it_lives_and_after(tmp_path: Path) -> None:
+    """A DataLoader's workers read the batches: a worker (a multiprocessing child) that faults pages of a
+    cold memory-mapped file in counts toward the rank's major faults, and still does once it exited."""
+    import multiprocessing
+
+    data = tmp_path / "data.bin"
+    _cold_file(data, 8)
+    before = telemetry.major_faults()
+    ctx = multiprocessing.get_context("fork")
+    ours, theirs = ctx.Pipe()
+    child = ctx.Process(target=_fault_in, args=(str(data), theirs))
+    child.start()
+    try:
+        assert ours.poll(60), "the child did not report"
+        its_own = ours.recv()
+        if its_own == 0:
+            pytest.skip("this filesystem serves a cold file without major faults (tmpfs?)")
+        assert telemetry.major_faults() - before >= its_own
+    finally:
+        ours.send("go")
+        child.join(30)
+    assert child.exitcode == 0
+    assert telemetry.major_faults() - before >= its_own
+
+
+_SHORT_OF_MEMORY = """
+import json, mmap, os, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from faultlib import faults
+from eroica_runtime import telemetry
+jail = faults.CgroupJail("memory", f"eroica-test-memory-{os.getpid()}")
+d = jail.create()
+jail.add(os.getpid())
+try:
+    v1 = jail.mode == "v1"
+    (d / ("memory.limit_in_bytes" if v1 else "memory.max")).write_text(str(24 << 20))
+    path = Path(sys.argv[2])
+    with open(path, "wb") as fh:             # written inside the cgroup: its page cache is the cgroup's
+        for _ in range(64):
+            fh.write(os.urandom(1 << 20))
+        fh.flush()
+        os.fsync(fh.fileno())
+    before = telemetry.memory_sample()
+    with open(path, "rb") as fh:
+        m = mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ)
+    for _ in range(2):                       # the second pass reads back what the first one lost
+        sum(m[i] for i in range(0, len(m), 4096))
+    after = telemetry.memory_sample()
+    print(json.dumps({"before": before, "after": after}), flush=True)
+finally:
+    jail.release()
+"""
+
+
+@pytest.mark.root
+def test_a_process_whose_memory_cgroup_is_too_small_for_its_mapped_file_shows_refaults(tmp_path: Path) -> None:
+    """A real memory cgroup of 24 MB and a 64 MB memory-mapped file read twice: the process takes major
+    faults, its cgroup reads evicted pages back (refaults), and the limit is the cgroup's with little of
+    it left (the evidence engine/memory.py names a rank short of memory from)."""
+    scripts = Path(__file__).resolve().parent.parent / "scripts"
+    sys.path.insert(0, str(scripts))
+    from faultlib import faults
+
+    if os.geteuid() != 0 or faults.hierarchy("memory") is None:
+        pytest.skip("needs root and a cgroup memory controller")
+    out = subprocess.run([sys.executable, "-c", _SHORT_OF_MEMORY, str(scripts), str(tmp_path / "data.bin")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    before, after = got["before"], got["after"]
+    assert after["majflt"] - before["majflt"] > 0
+    assert after["refaults"] - before["refaults"] >= 1024, got     # 4 MB and more read back
+    assert after["mem_limit_mb"] == pytest.approx(24.0)
+    assert after["mem_free_mb"] < 0.25 * 24.0, got

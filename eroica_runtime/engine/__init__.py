@@ -63,6 +63,7 @@ from eroica_runtime.engine.commonmode import comm_before_window, common_mode, ha
 from eroica_runtime.engine.history import HISTORY_FUNCTION, history_culprits
 from eroica_runtime.engine.impact import culprit_what_if
 from eroica_runtime.engine.lonework import describe, lone_steps
+from eroica_runtime.engine.memory import memory_action, memory_evidence
 from eroica_runtime.engine.model import CATEGORIES, Diagnosis, Finding, in_function, ranks_waiting
 from eroica_runtime.engine.ownbaseline import lone_culprits
 from eroica_runtime.engine.peers import Peers, form_peers, parse_topology
@@ -103,10 +104,19 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float,
         c = replace(c, function=STOPPED_FUNCTION, phase="host_gap")
     if quota:   # held by its CPU quota: whichever op the throttling fell in is incidental
         c = replace(c, category="host", function=QUOTA_FUNCTION, phase="host_gap")
+    # waited for pages: memory it lost (whichever op the faults fell in), or files storage supplied
+    memory = {} if quota or stopped or contended else memory_evidence(table, row, peers.groups[c.group])
+    if memory.get("memory_short"):
+        c = replace(c, category="memory")
+    elif memory and c.category == "host":
+        c = replace(c, category="io")
     tele_ev, hint = telemetry_refinement(table, row, peers.groups[c.group], c.category, quota_named=bool(quota))
     if quota:
         tele_ev.update(quota)
         hint = (quota_action(quota, c.step) + " " + hint).strip()
+    if memory:
+        tele_ev.update(memory)
+        hint = (memory_action(memory) + " " + hint).strip()
     elif contended and c.sched:
         rq, rq_ref = c.sched["runq_ms"]
         hint = (f"Runnable but waiting for a CPU {rq:.1f} ms/step vs peers' {rq_ref:.1f} (run queue), in the "
@@ -143,7 +153,7 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float,
         (ACTIONS.get(c.category, "") + (" Also: " + hint if hint else ""))
     if "throttling" in hint and "hardware_throttle" in tele_ev:
         action = hint + " " + ACTIONS.get(c.category, "")
-    if quota:
+    if quota or memory.get("memory_short"):
         action = hint
     if c.baseline_step is not None:   # no peers: compared with itself in the baseline capture
         ev["compared_with"] = f"its own baseline capture (step {c.baseline_step})"

@@ -25,10 +25,11 @@ ROLE_DIMS = frozenset({"pp", "pipe", "pipeline", "stage", "pp_group", "pipeline_
 ALIKE_DIMS = frozenset({"dp", "tp", "cp", "sp", "ep", "fsdp", "ddp", "shard", "replicate", "data",
                         "tensor", "dp_shard", "dp_replicate", "dp_cp", "context", "expert", "world",
                         "default", "mp", "model"})
-# telemetry counters (delta end-start) and gauges (value at the end of the window)
+# telemetry counters (delta end-start) and gauges (value at the end of the window); the memory ones
+# (major faults, the memory cgroup's refaults, limit and headroom) are engine/memory.py's evidence
 _HOST_COUNTERS = ("cpu_s", "wall_s", "ctx_vol", "ctx_invol", "tcp_retrans", "net_drops", "io_read_bytes",
-                  "io_write_bytes", "cpu_throttled_ms")
-_HOST_GAUGES = ("cpu_quota",)
+                  "io_write_bytes", "cpu_throttled_ms", "majflt", "refaults")
+_HOST_GAUGES = ("cpu_quota", "mem_limit_mb", "mem_free_mb")
 _GPU_GAUGES = ("sm_mhz", "sm_max_mhz", "temp_c", "power_w", "power_limit_w", "pcie_gen", "pcie_gen_max",
                "pcie_width", "pcie_width_max")
 # the device timeline (summary "device_phases", ms or MB per step); NaN for ranks without one

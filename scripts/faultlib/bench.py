@@ -97,6 +97,8 @@ CASES: list[Case] = [
     Case("gc-int", "gc:rank={rank}:start={start}:{int}", ("gc",)),
     Case("io", "io:rank={rank}:start={start}:kb=2048:mbps=8", ("io",), note="blkio when root, else a paced pipe"),
     Case("io-int", "io:rank={rank}:start={start}:kb=2048:mbps=8:{int}", ("io",)),
+    Case("memory", "memory:rank={rank}:start={start}", ("memory",),
+         note="root: the rank's memory cgroup leaves its page cache 32 MB; its mmap-read items fault in from storage"),
     # the same matmul count everywhere (~100 ms at 0.44 ms each, one thread here): calibrating on
     # every rank at once on shared cores gave one rank twice the work of the others
     Case("everyone-slower", "compute:rank=*:start={start}:n=230", ("regression",), None,

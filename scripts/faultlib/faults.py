@@ -29,6 +29,10 @@ Spec (``EROICA_BENCH_FAULT``; several separated by ``;``)::
   (root, block device), else through a pipe fed at ``mbps`` by a helper process
 - ``link``     mbit=100 — tbf on this rank's own interface (egress); only inside a fake host; root
 - ``hang``     seconds=inf — the rank stops inside its first faulty step (peers block in a collective)
+- ``memory``   mb=256 cache=32 — memory pressure: every rank reads its items from a memory-mapped file
+  of ``mb`` MB (one page each, as token datasets are read); this rank's memory cgroup (v1
+  memory.limit_in_bytes, v2 memory.max) then leaves its page cache ``cache`` MB above its anonymous
+  memory (set again every step), so most items are read back from storage in major page faults; root
 
 From outside a running process: ``python faults.py apply --pid P --kind throttle quota=0.3 --seconds 10``
 (kinds throttle, contend, freeze); cleanup runs on exit, Ctrl-C and SIGTERM.
@@ -312,6 +316,108 @@ class ThrottleFault(Fault):
                     (d / "cpu.cfs_quota_us").write_text("-1")
                 else:
                     (d / "cpu.max").write_text("max 100000")
+            self.jail.release()
+            self.jail = None  # type: ignore[assignment]
+
+
+# ---------------------------------------------------------------------------------------------- memory
+class MappedDataset:
+    """The wrapped dataset's items served from a memory-mapped file, as token datasets are read (Megatron's
+    indexed .bin, a numpy memmap): item i sits alone on a page spread over ``mb`` MB, so a batch touches
+    as many pages as it has items. Written once at start; while memory is plentiful every page stays
+    in the page cache and a read costs what copying the item does."""
+
+    PAGE = 4096
+
+    def __init__(self, base: Any, mb: float) -> None:
+        self.base = base
+        first = base[0]
+        self.shape, self.dtype = tuple(first.shape), first.numpy().dtype
+        self.nbytes = first.numpy().nbytes
+        if self.nbytes > self.PAGE:
+            raise ValueError(f"items of {self.nbytes} bytes do not fit one page")
+        self.pages = 1 << max(4, int(mb * 2**20 // self.PAGE).bit_length() - 1)   # a power of two
+        if len(base) > self.pages:
+            raise ValueError(f"{len(base)} items need more than {self.pages} pages: raise mb")
+        self._inv = pow(self.STRIDE, -1, self.pages)
+        fd, path = tempfile.mkstemp(prefix="eroica-fault-mapped-", dir=os.environ.get("EROICA_FAULT_TMP"))
+        try:
+            chunk = bytearray(2**20)
+            per = len(chunk) // self.PAGE
+            for first_page in range(0, self.pages, per):
+                for k in range(per):
+                    i = self._item_at(first_page + k)
+                    if i is not None:
+                        chunk[k * self.PAGE:k * self.PAGE + self.nbytes] = base[i].numpy().tobytes()
+                os.write(fd, chunk)
+            os.fsync(fd)   # clean pages, cached: reclaim drops them at once, and the next read faults them in
+            self.map = mmap.mmap(fd, self.pages * self.PAGE, prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+            os.unlink(path)
+
+    # item i lives on page (i * STRIDE) mod pages: an odd stride walks every page of a power of two
+    STRIDE = 40503
+
+    def _page(self, idx: int) -> int:
+        return (idx * self.STRIDE) % self.pages
+
+    def _item_at(self, page: int) -> int | None:
+        i = (page * self._inv) % self.pages
+        return i if i < len(self.base) else None
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, idx: int) -> Any:
+        import numpy as np
+        import torch
+        off = self._page(idx) * self.PAGE
+        item = np.frombuffer(self.map, dtype=self.dtype, count=self.nbytes // self.dtype.itemsize, offset=off)
+        return torch.from_numpy(item.reshape(self.shape).copy())
+
+
+class MemoryFault(Fault):
+    """Memory pressure on one rank: its memory cgroup leaves its page cache ``cache`` MB.
+
+    The rank's process joins a fresh memory cgroup before its mapped dataset is written (page cache is
+    charged to whoever brought it in: only pages read after the move count against the limit). From
+    start the limit is the cgroup's anonymous memory plus ``cache`` MB, set again at every step, so
+    the kernel reclaims the mapped file's pages and the job's next reads fault them back in from
+    storage, as a host short of memory does. Its anonymous memory (no swap here) cannot be reclaimed:
+    one that grows by more than ``cache`` MB within a step (a profiler capture allocates tens of MB)
+    would meet the cgroup's OOM killer, hence the margin and the per-step update. Stop lifts the
+    limit and moves the process back."""
+
+    needs_root = True
+
+    @classmethod
+    def unavailable_reason(cls, spec: FaultSpec) -> str | None:
+        return super().unavailable_reason(spec) or (None if hierarchy("memory") else "no cgroup memory controller")
+
+    def prepare(self) -> None:
+        """Join the cgroup (before the mapped dataset is written)."""
+        self.jail = CgroupJail("memory", f"eroica-fault-memory-{self.pid}")
+        self.jail.create()
+        self.jail.add(self.pid)
+
+    def _limit_file(self) -> Path:
+        return self.jail.dir / ("memory.limit_in_bytes" if self.jail.mode == "v1" else "memory.max")
+
+    def start(self) -> None:
+        if getattr(self, "jail", None) is None:
+            raise RuntimeError("memory fault needs FaultController.wrap_dataset(...) before the job's first step")
+        self.tick(0)
+
+    def tick(self, step: int) -> None:
+        stat = dict(line.split() for line in (self.jail.dir / "memory.stat").read_text().splitlines())
+        anon = int(stat.get("rss", stat.get("anon", 0)))
+        self._limit_file().write_text(str(anon + int(self.spec.num("cache", 32) * 2**20)))
+
+    def stop(self) -> None:
+        if getattr(self, "jail", None) is not None:
+            with contextlib.suppress(OSError):
+                self._limit_file().write_text("-1" if self.jail.mode == "v1" else "max")
             self.jail.release()
             self.jail = None  # type: ignore[assignment]
 
@@ -685,6 +791,7 @@ KINDS: dict[str, type[Fault]] = {
     "link": LinkFault,
     "hang": HangFault,
     "mark": MarkFault,
+    "memory": MemoryFault,
 }
 
 
@@ -698,6 +805,7 @@ class FaultController:
         self.faults: list[tuple[FaultSpec, Fault]] = []
         self.active: set[int] = set()
         self.broken: set[int] = set()
+        self.mapped_mb = max((s.num("mb", 256) for s in specs if s.kind == "memory"), default=0.0)
         self.events: list[tuple[int, str, str]] = []  # (step, kind, 'on'|'off') for the bench's ground truth
         self.event_wall: list[float] = []  # time.time() of each event: the bench's time-to-diagnosis origin
         for spec in specs:
@@ -716,7 +824,15 @@ class FaultController:
         return cls(parse_specs(os.environ.get(env_var, "")), rank)
 
     def wrap_dataset(self, dataset: Any, batch_size: int = 1) -> Any:
-        """Return the dataset, wrapped in a SlowDataset when a 'data' fault is planned on this rank."""
+        """Return the dataset, wrapped in a SlowDataset when a 'data' fault is planned on this rank, and
+        read from a memory-mapped file on every rank when a 'memory' fault is planned on any (the rank
+        it is planted on joins its cgroup first)."""
+        for s, f in self.faults:
+            if s.kind == "memory":
+                assert isinstance(f, MemoryFault)
+                f.prepare()
+        if self.mapped_mb:
+            dataset = MappedDataset(dataset, self.mapped_mb)
         data = [f for s, f in self.faults if s.kind == "data"]
         if not data:
             return dataset

@@ -2,7 +2,7 @@
 
 Why one module: the doc's numbers, the tests and a person checking a new machine should all run the
 same measurement. ``python scripts/faultlib/measure.py [all|compute|throttle|contend|freeze|data|gc|io|
-net|mpi]`` prints one JSON object per measurement. Root-only ones report ``{"skipped": reason}``.
+net|mpi|memory]`` prints one JSON object per measurement. Root-only ones report ``{"skipped": reason}``.
 """
 
 from __future__ import annotations
@@ -175,6 +175,48 @@ def measure_data(ms: float = 50) -> dict[str, Any]:
     return {"target_ms": ms, "batch_ms_off": round(off, 2), "batch_ms_on": round(on, 1), "batch_ms_after": round(after, 2)}
 
 
+_MEMORY_CHILD = """
+import json, random, resource, sys, time
+sys.path.insert(0, sys.argv[1])
+import torch
+from faultlib import faults
+mb, cache = float(sys.argv[2]), float(sys.argv[3])
+ctl = faults.FaultController(faults.parse_specs(f"memory:rank=0:start=1:stop=2:mb={mb}:cache={cache}"), 0,
+                             log=lambda m: None)
+items = [torch.arange(33) + i for i in range(4000)]
+ds = ctl.wrap_dataset(items, batch_size=8)
+order = list(range(len(items)))
+random.Random(0).shuffle(order)
+out = {}
+for step in range(2):                            # 100 items not read before in each step
+    ctl.step(step)
+    f0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_majflt, time.perf_counter()
+    ok = all(bool((ds[i] == items[i]).all()) for i in order[100 * step:100 * step + 100])
+    out[step] = ok, resource.getrusage(resource.RUSAGE_SELF).ru_majflt - f0, (time.perf_counter() - t0) * 1e3
+fault = next(f for _, f in ctl.faults)
+ctl.close()
+print(json.dumps({"same_items": all(v[0] for v in out.values()), "faults_off": out[0][1], "faults_on": out[1][1],
+                  "read_ms_off": round(out[0][2], 1), "read_ms_on": round(out[1][2], 1),
+                  "jail_left": getattr(fault, "jail", None) is not None}))
+"""
+
+
+def measure_memory(mb: float = 64, cache: float = 8) -> dict[str, Any]:
+    """Major faults and read time of 100 items of a memory-mapped dataset (each on its own page) before,
+    and 100 others while, its rank's memory cgroup leaves it ``cache`` MB of page cache (in a child
+    process: the fault moves its own process into the cgroup)."""
+    reason = faults.KINDS["memory"].unavailable_reason(faults.FaultSpec("memory", 0))
+    if reason:
+        return {"skipped": reason}
+    r = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, str(HERE.parent), str(mb), str(cache)],
+                       capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        raise RuntimeError(f"memory measurement failed: {r.stderr[-2000:]}")
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out["cgroup_left"] = any(faults.hierarchy("memory")[0].glob("eroica-fault-memory-*"))  # type: ignore[index]
+    return out
+
+
 def measure_gc(live: int = 300_000, cycles: int = 50_000) -> dict[str, Any]:
     """Step time added by the gc fault, and the longest gen-2 pause seen through gc.callbacks."""
     pauses: list[float] = []
@@ -315,7 +357,7 @@ def measure_mpi(n: int = 4, mbit: float = 200, slow_host: int = 2) -> dict[str, 
 MEASUREMENTS: dict[str, Callable[[], dict[str, Any]]] = {
     "compute": measure_compute, "throttle": measure_throttle, "contend": measure_contend,
     "freeze": measure_freeze, "data": measure_data, "gc": measure_gc, "io": measure_io,
-    "net": measure_net, "mpi": measure_mpi,
+    "net": measure_net, "mpi": measure_mpi, "memory": measure_memory,
 }
 
 
