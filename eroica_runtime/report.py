@@ -309,7 +309,7 @@ def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
     ev = f.get("evidence") or {}
     who = f"rank {_text(f['rank'])}" if f.get("rank") is not None else "no single rank"
     where = f" on {_text(f['host'])}" if f.get("host") else ""
-    if f.get("category") == "regression":
+    if f.get("category") == "regression" or ev.get("all_ranks"):
         who, where = "all ranks", ""
     what_if = f.get("what_if_step_ms")
     head = (f"  #{index} {_text(f.get('category', '?')).upper()}: {who}{where} — "
@@ -318,7 +318,7 @@ def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
             + (f" (step → {_ms(what_if)} ms if fixed)" if isinstance(what_if, (int, float)) else ""))
     lines = [head]
     facts = []
-    if f.get("category") == "regression" or "baseline_step" in ev:
+    if f.get("category") == "regression" or ev.get("all_ranks") or "baseline_step" in ev:
         for key, label in (("own_work_ms", "own work"), ("comm_wait_ms", "comm wait"), ("step_ms", "step")):
             v = ev.get(key)
             if isinstance(v, list) and len(v) == 2:

@@ -1,12 +1,17 @@
-"""A rank short of memory is named for it (engine/memory.py), not for the op its page faults fell in.
+"""A rank short of memory is named for it (engine/memory.py), not for the op its page faults fell in; ranks
+short of memory alike are one job-wide memory finding, not a regression of their input pipeline.
 
 Fixtures: the fault bench's memory case (`scripts/fault-bench --cases memory`, 2026-12-06, this 2-core
 machine, root): 4 DDP ranks read their items from a memory-mapped file, and from step 50 rank 1's
 memory cgroup leaves its page cache 32 MB. ``short-rank1.msgpack`` is the spike capture at step 56
 (rank 1: 32 major faults and 65,518 refaulted pages in its 3-step window, 0 MB left of its 68 MB
-limit; its peers none: 8 MB of readahead a fault on this disk), ``baseline.msgpack`` the job's baseline capture at step 13. Before this rule
-the same capture read "dataloader ... check its storage/network path to the dataset, num_workers ...
-CPU contention".
+limit; its peers none: 8 MB of readahead a fault on this disk). Before this rule it read "dataloader
+... check its storage/network path to the dataset, num_workers ... CPU contention".
+
+``short-all.msgpack``: the bench's memory-all case, every rank's cgroup squeezed alike from step 50
+(spike capture at step 57: each rank 32 major faults and ~65,000 refaulted pages in its window, 0 MB
+left of its 65-70 MB), and ``short-all-baseline.msgpack`` that job's baseline capture at step 13; it
+read "REGRESSION ... most often the storage or network path to the dataset".
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eroica_runtime import summary
+from eroica_runtime import report, summary
 from eroica_runtime.engine import diagnose
 from eroica_runtime.engine.memory import memory_evidence
 from eroica_runtime.engine.table import build_table
@@ -101,8 +106,30 @@ def test_a_capture_from_before_the_memory_telemetry_is_judged_as_before() -> Non
     assert "major_faults" not in d.findings[0].evidence
 
 
+def test_ranks_short_of_memory_alike_are_one_job_wide_memory_finding() -> None:
+    meta, sums = _capture("short-all.msgpack")
+    _, base = _capture("short-all-baseline.msgpack")
+    d = diagnose(sums, step=meta["step"], trigger=meta["trigger"], world_size=meta["world_size"], baseline=base)
+    assert [(f.rank, f.category) for f in d.findings] == [(None, "memory")], [f.title for f in d.findings]
+    f = d.findings[0]
+    assert f.evidence["all_ranks"] and f.evidence["ranks_faulting_share"] == 1.0
+    now, was = f.evidence["major_faults"]
+    assert now >= 4.0 and was == 0.0 and f.evidence["refaults"] > now
+    assert f.action.startswith("The ranks are short of memory alike: every rank took")
+    assert "storage or network path" not in f.action
+    assert report.format_finding(f)[0].startswith("  #1 MEMORY: all ranks — ")
+    # without the memory telemetry it is the regression it was
+    old = copy.deepcopy(sums)
+    for s in old:
+        for edge in ("start", "end"):
+            for key in ("majflt", "refaults", "mem_limit_mb", "mem_free_mb"):
+                del _host(s, edge)[key]
+    d = diagnose(old, step=meta["step"], trigger=meta["trigger"], world_size=meta["world_size"], baseline=base)
+    assert [(f.rank, f.category) for f in d.findings] == [(None, "regression")]
+
+
 def test_the_same_jobs_healthy_baseline_shows_no_fault_and_no_finding() -> None:
-    meta, sums = _capture("baseline.msgpack")
+    meta, sums = _capture("short-all-baseline.msgpack")
     assert meta["trigger"] == "baseline"
     d = _diagnose(meta, sums)
     assert not d.findings

@@ -18,6 +18,7 @@ import numpy as np
 from eroica_runtime.engine.baseline import Thresholds, center, group_bars
 from eroica_runtime.engine.categories import ACTIONS, COMPUTE_PHASES, regression_action, regression_work
 from eroica_runtime.engine.history import TRIGGERED
+from eroica_runtime.engine.memory import memory_action, regression_memory
 from eroica_runtime.engine.model import Finding
 from eroica_runtime.engine.peers import Peers
 from eroica_runtime.engine.table import HISTORY_RECENT, Table
@@ -325,14 +326,21 @@ def common_mode(cur: Table, base: Table, th: Thresholds, culprit_excess: float,
         top = fns[0]["name"] if fns else f"({phase})"
         if phase in COMPUTE_PHASES and fns and fns[0]["phase"] in COMPUTE_PHASES:
             phase = fns[0]["phase"]
+        action = (regression_work(fns[0]) + " " if fns else "") + regression_action(phase) \
+            + (" Grew most: " + ", ".join(f["name"] for f in fns[:3]) if fns else "")
+        memory = regression_memory(cur, base, rc, rb)   # every rank waited for pages it had lost
+        if memory:
+            ev.update(memory)
+            ev["all_ranks"] = True
+            action = memory_action(memory, all_ranks=True)
         findings.append(Finding(
-            category="regression", rank=None, host=None, function=top, phase=phase,
+            category="memory" if memory else "regression", rank=None, host=None, function=top, phase=phase,
             # fixed, the job steps about as in its baseline, not faster: own work that grew more than the
             # step did (its waits shrank) must not print "step -> 0.0 ms if fixed"
             impact_ms_per_step=m_own, what_if_step_ms=max(now_step - m_own, min(base_step, now_step)), evidence=ev,
-            action=(regression_work(fns[0]) + " " if fns else "") + regression_action(phase)
-            + (" Grew most: " + ", ".join(f["name"] for f in fns[:3]) if fns else ""),
-            title=f"All ranks slower than the baseline capture: own work +{m_own:.1f} ms/step"))
+            action=action,
+            title=f"All ranks slower than the baseline capture{', short of memory' if memory else ''}: own work "
+                  f"+{m_own:.1f} ms/step"))
     # with a culprit, the residual wait is a small difference of big numbers: judge it against the
     # current step as well (a 270 ms culprit on a 13 ms baseline step leaves a few ms of slack)
     comm_limit = max(limit, th.regression_rel * now_step) if culprit_excess > 0 else limit

@@ -17,6 +17,11 @@ REFAULT_SHARE of that many pages (a working set that no longer fits; without a r
 when less than FREE_SHARE of its limit was left): category memory, whatever op the faults fell in.
 Otherwise the pages were never cached (a memory-mapped file read from storage for the first time):
 the finding keeps its category and says so.
+
+Ranks short of memory alike (one container's limit over all of a node's ranks, a dataset that
+outgrew every node's page cache) have no peer to stand out from: the job-wide regression against the
+baseline capture (commonmode.py) is named memory when half the ranks or more took that many more
+major faults than in the baseline and were short by the same rule (``regression_memory``).
 """
 
 from __future__ import annotations
@@ -68,25 +73,77 @@ def memory_evidence(table: Table, row: int, peer_rows: np.ndarray) -> dict[str, 
         ev["refaults"] = refaults
     if free is not None and limit is not None and limit > 0:
         ev["mem_free_mb"], ev["mem_limit_mb"] = free, limit
-    if refaults is not None:
-        short = refaults >= REFAULT_SHARE * (mine - ref)
-    else:
-        short = free is not None and limit is not None and limit > 0 and free < FREE_SHARE * limit
-    ev["memory_short"] = bool(short)
+    ev["memory_short"] = _short(mine - ref, refaults, free, limit)
     return ev
 
 
-def memory_action(ev: dict[str, Any]) -> str:
-    """What to tell the user for ``memory_evidence``: memory it lacked, or pages storage had to supply."""
+def _short(faults: float, refaults: float | None, free: float | None, limit: float | None) -> bool:
+    """Memory it lacked, for ``faults`` more major faults a step than its reference: its cgroup read back
+    at least REFAULT_SHARE of that many pages, or (no refault counter) little of its limit was left."""
+    if refaults is not None:
+        return refaults >= REFAULT_SHARE * faults
+    return free is not None and limit is not None and limit > 0 and free < FREE_SHARE * limit
+
+
+def _median(values: np.ndarray) -> float | None:
+    vals = values[np.isfinite(values)]
+    return float(np.median(vals)) if vals.size else None
+
+
+def regression_memory(cur: Table, base: Table, rc: np.ndarray, rb: np.ndarray) -> dict[str, Any]:
+    """``memory_evidence`` for ranks short of memory alike: the medians over the aligned rows (``rc`` in this
+    capture, ``rb`` in the baseline capture) of those whose major faults grew by MIN_FAULTS a step and
+    FAULT_RATIO times over their own in the baseline, with "major_faults" [now, baseline] and
+    "ranks_faulting_share", when that is half the ranks or more and their memory was short; else {}."""
+    if not len(rc):
+        return {}
+    now, was = per_step(cur, "majflt")[rc], per_step(base, "majflt")[rb]
+    with np.errstate(invalid="ignore"):
+        grew = np.isfinite(now) & np.isfinite(was) & (now >= was + MIN_FAULTS) & (now >= FAULT_RATIO * was)
+    if grew.mean() < 0.5:
+        return {}
+    m_now, m_was = float(np.median(now[grew])), float(np.median(was[grew]))
+    refaults = _median(per_step(cur, "refaults")[rc][grew])
+    t = cur.telemetry
+    free = _median(t["mem_free_mb"][rc][grew]) if "mem_free_mb" in t else None
+    limit = _median(t["mem_limit_mb"][rc][grew]) if "mem_limit_mb" in t else None
+    if not _short(m_now - m_was, refaults, free, limit):
+        return {}
+    ev: dict[str, Any] = {"major_faults": [m_now, m_was], "ranks_faulting_share": float(grew.mean()),
+                          "memory_short": True}
+    if refaults is not None:
+        ev["refaults"] = refaults
+    if free is not None and limit is not None and limit > 0:
+        ev["mem_free_mb"], ev["mem_limit_mb"] = free, limit
+    return ev
+
+
+def memory_action(ev: dict[str, Any], all_ranks: bool = False) -> str:
+    """What to tell the user for ``memory_evidence``: memory it lacked, or pages storage had to supply;
+    ``all_ranks``: for ``regression_memory``, the ranks' medians against the baseline capture."""
     mine, ref = ev["major_faults"]
-    said = f"{mine:,.0f} major page faults a step vs peers' {ref:,.0f}"
-    left = (f"; {ev['mem_free_mb']:,.0f} MB left of the {ev['mem_limit_mb']:,.0f} MB it may use"
+    if all_ranks:
+        share = ev.get("ranks_faulting_share", 1.0)
+        said = (("every rank" if share >= 1.0 else f"{share:.0%} of the ranks") + f" took {mine:,.0f} major page "
+                f"faults a step (median) vs {ref:,.0f} in the baseline capture")
+    else:
+        said = f"{mine:,.0f} major page faults a step vs peers' {ref:,.0f}"
+    who = "each" if all_ranks else "it"
+    left = (f"; {ev['mem_free_mb']:,.0f} MB left of the {ev['mem_limit_mb']:,.0f} MB {who} may use"
             if "mem_free_mb" in ev else "")
     if not ev["memory_short"]:
         return (f"{said}: it reads memory-mapped files (a dataset, checkpoints) from storage, pages its peers "
                 "find in memory: check the storage path, or warm the page cache (read the files once first).")
-    again = (f"; its memory cgroup read back {ev['refaults']:,.0f} pages a step that the kernel had evicted shortly "
+    its = "their memory cgroups (median)" if all_ranks else "its memory cgroup"
+    again = (f"; {its} read back {ev['refaults']:,.0f} pages a step that the kernel had evicted shortly "
              "before (workingset refaults)" if ev.get("refaults") is not None else "")
+    if all_ranks:
+        return (f"The ranks are short of memory alike: {said}{again}{left}. Without swap the kernel evicts file "
+                "pages (memory-mapped data, library code) and every rank waits for storage to read them back. "
+                "Raise the memory limit of the ranks' containers or jobs (Kubernetes resources.limits.memory, "
+                "Slurm --mem) or use less on every rank: fewer DataLoader workers or a smaller prefetch_factor, "
+                "caches that grow; a dataset read through mmap that outgrew the page cache needs a smaller "
+                "working set or faster storage.")
     return (f"This rank is short of memory: {said}{again}{left}. Without swap the kernel evicts file pages "
             "(memory-mapped data, library code) and the rank waits for storage to read them back, inside "
             "whatever op touched them. Raise its memory limit (Kubernetes resources.limits.memory, Slurm "

@@ -99,6 +99,8 @@ CASES: list[Case] = [
     Case("io-int", "io:rank={rank}:start={start}:kb=2048:mbps=8:{int}", ("io",)),
     Case("memory", "memory:rank={rank}:start={start}", ("memory",),
          note="root: the rank's memory cgroup leaves its page cache 32 MB; its mmap-read items fault in from storage"),
+    Case("memory-all", "memory:rank=*:start={start}", ("memory",), None,
+         note="root: every rank's memory cgroup leaves its page cache 32 MB: short of memory alike, no culprit rank"),
     # the same matmul count everywhere (~100 ms at 0.44 ms each, one thread here): calibrating on
     # every rank at once on shared cores gave one rank twice the work of the others
     Case("everyone-slower", "compute:rank=*:start={start}:n=230", ("regression",), None,
