@@ -11,6 +11,7 @@ settings in ``EROICA_LAUNCH_SPEC`` (JSON).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -24,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
 
+from eroica_launch import oom
 from eroica_launch.output import Pump
 from eroica_launch.rankenv import Identity, RankEnvError, identity
 from eroica_runtime import reportdir
@@ -192,6 +194,7 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
             files[bit] = None
 
     started = time.time()
+    kills_before = oom.oom_kills()
     try:
         child = subprocess.Popen(command, env=env_out, stdout=pipes[1], stderr=pipes[2],
                                  preexec_fn=die_with_parent(), pass_fds=_pmi_fds(base))
@@ -233,8 +236,14 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
             signame = signal.Signals(-rc).name
         except ValueError:
             signame = f"signal {-rc}"
+    oom_said = oom.explain(child.pid, kills_before) if rc == -signal.SIGKILL else ""
+    if rc > 0 and not message:   # its error may name DataLoader workers the kernel killed
+        with contextlib.suppress(OSError):
+            oom_said = oom.explain_workers((attempt_dir / "error.json").read_text(errors="replace")[:1 << 20])
+    if oom_said:
+        print(f"eroica-run: rank {ident.rank} (pid {child.pid}): {oom_said}", file=sys.stderr, flush=True)
     _write_status(attempt_dir, ident, pid=child.pid, exitcode=rc, signame=signame, started=started, ended=ended,
-                  message=message)
+                  message=message, oom=oom_said)
     return rc if rc >= 0 else 128 - rc
 
 
@@ -284,12 +293,14 @@ def wait_with_exit_guard(child: subprocess.Popen, marker: Path, grace_s: float,
 
 
 def _write_status(attempt_dir: Path, ident: Identity, *, pid: int | None, exitcode: int,
-                  signame: str | None, started: float, message: str = "", ended: float | None = None) -> None:
-    """Record how this rank ended (read by the launcher's failure summary)."""
+                  signame: str | None, started: float, message: str = "", ended: float | None = None,
+                  oom: str = "") -> None:
+    """Record how this rank ended (read by the launcher's failure summary); ``oom``: what oom.explain said
+    of a SIGKILL death."""
     doc = {"rank": ident.rank, "local_rank": ident.local_rank, "host": socket.gethostname(),
            "pid": pid, "exitcode": exitcode, "signal": signame, "started": started,
            "ended": ended if ended is not None else time.time(),
-           "error_file": str(attempt_dir / "error.json"), "message": message}
+           "error_file": str(attempt_dir / "error.json"), "message": message, "oom": oom}
     reportdir.atomic_write(attempt_dir / "status.json", json.dumps(doc))
 
 

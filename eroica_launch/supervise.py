@@ -213,14 +213,14 @@ def _traceback(status: dict[str, Any]) -> str:
         try:
             doc = json.loads(Path(path).read_text())
             msg = doc.get("message", {})
-            if isinstance(msg, dict):
-                extra = msg.get("extraInfo", {})
-                return str(extra.get("py_callstack") or msg.get("message") or "")
-            return str(msg)
+            said = str(msg.get("extraInfo", {}).get("py_callstack") or msg.get("message") or "") \
+                if isinstance(msg, dict) else str(msg)
+            return said + (f"\n{status['oom']}" if status.get("oom") else "")
         except (OSError, ValueError):
             pass
     if status.get("signal"):
-        return f"Signal {-status['exitcode']} ({status['signal']}) received by PID {status.get('pid')}"
+        said = f"Signal {-status['exitcode']} ({status['signal']}) received by PID {status.get('pid')}"
+        return said + (f": {status['oom']}" if status.get("oom") else "")
     if status.get("message"):
         return str(status["message"])
     return "To see the traceback, let the rank's exception reach the top level (eroica records it)."

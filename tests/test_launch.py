@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from conftest import BIN, DATA, RANK_ENV, eroica_run, explain, launch
@@ -73,6 +75,55 @@ def test_rank_killed_by_signal_is_reported_with_signal_name(tmp_path) -> None:
     assert proc.returncode == 128 + signal.SIGKILL, explain(proc)
     root = proc.stderr[proc.stderr.index("Root Cause"):]
     assert re.search(r"rank\s+: 1 ", root) and "SIGKILL" in root, explain(proc)
+    assert "OOM" not in proc.stderr, explain(proc)     # it killed itself: no OOM kill to speak of
+
+
+@pytest.mark.root
+def test_a_rank_the_oom_killer_ended_is_said_to_have_run_out_of_memory(tmp_path) -> None:
+    """Rank 1 outgrows its 64 MB memory cgroup and the kernel's OOM killer ends it (SIGKILL, no traceback):
+    the failure summary says so, from the kernel's log or the host's OOM-kill count, with what to do."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from faultlib import faults
+
+    if os.geteuid() != 0 or faults.hierarchy("memory") is None:
+        pytest.skip("needs root and a cgroup memory controller")
+    name = f"eroica-test-oom-{os.getpid()}"
+    try:
+        proc = eroica_run("--nproc-per-node", "2", "--report-dir", tmp_path, SCRIPTS / "fail.py",
+                          env={"FAIL_RANK": "1", "FAIL_MODE": "oom", "FAIL_CGROUP": name}, timeout=150)
+    finally:
+        with contextlib.suppress(OSError):
+            (faults.hierarchy("memory")[0] / name).rmdir()   # type: ignore[index]
+    assert proc.returncode == 128 + signal.SIGKILL, explain(proc)
+    root = proc.stderr[proc.stderr.index("Root Cause"):]
+    assert re.search(r"rank\s+: 1 ", root) and "SIGKILL" in root, explain(proc)
+    assert "OOM killer" in root and "ran out of memory" in root and "raise the memory limit" in root, explain(proc)
+    said = [ln for ln in proc.stderr.splitlines() if ln.startswith("eroica-run: rank 1 (pid ")]
+    assert said and "OOM killer" in said[0], explain(proc)
+
+
+@pytest.mark.root
+def test_a_rank_whose_dataloader_worker_the_oom_killer_ended_is_said_to_have_run_out_of_memory(tmp_path) -> None:
+    """torch's "DataLoader worker (pid N) is killed by signal: Killed." names no cause: the kernel's log does."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from faultlib import faults
+
+    if os.geteuid() != 0 or faults.hierarchy("memory") is None:
+        pytest.skip("needs root and a cgroup memory controller")
+    if not os.access("/dev/kmsg", os.R_OK):
+        pytest.skip("the kernel's log is not readable here")
+    name = f"eroica-test-worker-oom-{os.getpid()}"
+    try:
+        proc = eroica_run("--nproc-per-node", "2", "--report-dir", tmp_path, SCRIPTS / "fail.py",
+                          env={"FAIL_RANK": "1", "FAIL_MODE": "worker-oom", "FAIL_CGROUP": name}, timeout=150)
+    finally:
+        with contextlib.suppress(OSError):
+            (faults.hierarchy("memory")[0] / name).rmdir()   # type: ignore[index]
+    assert proc.returncode == 1, explain(proc)
+    root = proc.stderr[proc.stderr.index("Root Cause"):]
+    assert "is killed by signal: Killed" in root, explain(proc)
+    assert re.search(r"its DataLoader worker \(pid \d+\) was killed by the kernel's OOM killer", root), explain(proc)
+    assert "raise the memory limit" in root, explain(proc)
 
 
 def test_max_restarts_relaunches_the_job(tmp_path) -> None:

@@ -1,14 +1,43 @@
 """One rank (FAIL_RANK, default 2) fails while the others keep waiting.
 
-FAIL_MODE=raise: it raises ValueError. FAIL_MODE=kill: it SIGKILLs itself.
+FAIL_MODE=raise: it raises ValueError. FAIL_MODE=kill: it SIGKILLs itself. FAIL_MODE=oom (root): it joins a
+memory cgroup of 64 MB (named FAIL_CGROUP) and fills 512 MB, so the kernel's OOM killer ends it.
+FAIL_MODE=worker-oom (root): its DataLoader worker does that, and the rank raises torch's "DataLoader
+worker (pid N) is killed by signal: Killed."
 FAIL_ATTEMPTS=N: it fails only in the first N attempts (TORCHELASTIC_RESTART_COUNT < N), after which
 every rank finishes normally (for --max-restarts).
 """
 import os
 import signal
+import sys
 import time
+from pathlib import Path
 
 import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset
+
+
+def outgrow_memory() -> None:
+    """Join a 64 MB memory cgroup and fill 512 MB: the kernel's OOM killer ends this process."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
+    from faultlib import faults
+
+    jail = faults.CgroupJail("memory", os.environ["FAIL_CGROUP"])
+    limit = jail.create() / ("memory.limit_in_bytes" if jail.mode == "v1" else "memory.max")
+    limit.write_text(str(64 << 20))
+    jail.add(os.getpid())
+    hog = b"\x01" * (512 << 20)
+    raise SystemExit(f"not killed with {len(hog)} bytes in a 64 MB cgroup")
+
+
+class Hog(Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, idx: int) -> int:
+        outgrow_memory()
+        return idx
+
 
 dist.init_process_group("gloo")
 dist.barrier()
@@ -16,8 +45,13 @@ attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 failing = attempt < int(os.environ.get("FAIL_ATTEMPTS", "1000"))
 if failing:
     if dist.get_rank() == int(os.environ.get("FAIL_RANK", "2")):
-        if os.environ.get("FAIL_MODE", "raise") == "kill":
+        mode = os.environ.get("FAIL_MODE", "raise")
+        if mode == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "oom":
+            outgrow_memory()
+        if mode == "worker-oom":
+            next(iter(DataLoader(Hog(), num_workers=1)))
         raise ValueError(f"planted failure on rank {dist.get_rank()}")
     time.sleep(120)  # the launcher must stop the survivors long before this
 print(f"rank {dist.get_rank()} finished attempt {attempt}", flush=True)

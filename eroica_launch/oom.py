@@ -1,0 +1,104 @@
+"""Whether the kernel's OOM killer ended a rank that died of SIGKILL.
+
+A rank killed outright leaves no error file and no traceback: torchrun's summary says "Signal 9
+(SIGKILL) received by PID 15835", and whoever reads it at 3 a.m. is left to guess who sent it. Most
+often it was the kernel's OOM killer: the host, or the memory cgroup of the rank's container or
+Slurm step, ran out of memory (the fault bench's memory case met it once, when the rank's anonymous
+memory outgrew its squeezed cgroup). The wrapper that reaped the rank (rank.py) runs on its host and
+can tell: the kernel's log names every process its OOM killer ends ("Killed process 15835 (python)"
+in ``/dev/kmsg``, readable by root, or by anyone where kernel.dmesg_restrict is 0), and failing that,
+the host's count of OOM kills (``/proc/vmstat`` oom_kill) grew while the rank ran.
+
+A DataLoader worker the OOM killer ends takes its rank down with "RuntimeError: DataLoader worker (pid
+23810) is killed by signal: Killed." (or "... exited unexpectedly"), which names no cause either: the
+same log says whether it was the OOM killer (``explain_workers``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+VMSTAT = "/proc/vmstat"
+KMSG = "/dev/kmsg"
+MAX_RECORDS = 200_000      # the kernel's ring buffer holds far fewer; a bound on a pathological reader
+ACTION = ("raise the memory limit of the ranks' container or job (Kubernetes resources.limits.memory, Slurm "
+          "--mem) or use less: fewer DataLoader workers or a smaller prefetch_factor, pinned-memory buffers, "
+          "caches and tensors kept for logging")
+
+
+def oom_kills() -> int | None:
+    """The host's OOM kills since boot (None where the kernel does not count them or the file is unreadable)."""
+    try:
+        with open(VMSTAT, encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def killed_by_kernel(pid: int, path: str | None = None) -> str | None:
+    """The kernel log's record of its OOM killer ending ``pid`` ("Memory cgroup out of memory: Killed
+    process 15835 (python) total-vm:..., anon-rss:272352kB, ..."), trimmed; None when the log cannot be
+    read here or holds no such record."""
+    want = re.compile(rf"Killed process {pid} \(")
+    found = None
+    try:
+        fd = os.open(path or KMSG, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        for _ in range(MAX_RECORDS):
+            try:
+                record = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError:        # EPIPE: records overwritten while reading; go on with the next
+                continue
+            if not record:
+                break
+            text = record.decode("utf-8", "replace")
+            message = text.split(";", 1)[1].strip() if ";" in text else text.strip()
+            if want.search(message):
+                found = message
+    finally:
+        os.close(fd)
+    if found is None:
+        return None
+    # the kernel's own words up to the process's sizes: the rest (page tables, UID, oom_score_adj) is noise
+    head, _, sizes = found.partition(" total-vm:")
+    rss = re.search(r"anon-rss:(\d+)kB", sizes)
+    return head + (f" (anon-rss {int(rss.group(1)) / 1024:.0f} MB)" if rss else "")
+
+
+def explain(pid: int | None, kills_before: int | None) -> str:
+    """What to add to a SIGKILL death of ``pid``: the kernel's OOM kill of it, or OOM kills on the host while
+    it ran, with what to do; "" when neither can be said."""
+    record = killed_by_kernel(pid) if pid is not None else None
+    if record:
+        return f"killed by the kernel's OOM killer, which logged \"{record}\": the rank ran out of memory; {ACTION}"
+    after = oom_kills()
+    if kills_before is not None and after is not None and after > kills_before:
+        n = after - kills_before
+        return (f"the kernel's OOM killer ended {n} process{'es' if n > 1 else ''} on this host while the rank ran "
+                f"(/proc/vmstat oom_kill; `dmesg` names them): most likely the rank ran out of memory; {ACTION}")
+    return ""
+
+
+# torch's words for a dead worker: "DataLoader worker (pid 23810) is killed by signal: Killed." (its SIGCHLD
+# handler) and "DataLoader worker (pid(s) 23810, 23811) exited unexpectedly" (the loader's own check)
+_WORKERS = re.compile(r"DataLoader worker \(pid(?:\(s\))? ([\d, ]+)\)")
+
+
+def explain_workers(error_text: str) -> str:
+    """What to add to a rank's error that names dead DataLoader workers the kernel's OOM killer ended; ""
+    when it names none, or the kernel's log cannot say."""
+    pids = sorted({int(p) for m in _WORKERS.finditer(error_text) for p in re.findall(r"\d+", m.group(1))})
+    for pid in pids[:16]:
+        record = killed_by_kernel(pid)
+        if record:
+            return (f"its DataLoader worker (pid {pid}) was killed by the kernel's OOM killer, which logged "
+                    f"\"{record}\": the rank ran out of memory; {ACTION}")
+    return ""
