@@ -100,6 +100,7 @@ def check_memory_limit() -> list[Check]:
     """The memory limit of this process's cgroup (a container's), which the ranks launched from here share
     or inherit: a rank short of memory waits for storage to read back what the kernel evicted, and
     eroica names it (engine/memory.py) from its page faults and the cgroup's refaults."""
+    from eroica_launch import oom
     from eroica_runtime.telemetry import cgroup_memory, memory_sample
 
     try:
@@ -109,6 +110,9 @@ def check_memory_limit() -> list[Check]:
                       "eroica sees the host's memory and page faults only")]
     host = memory_sample()
     seen = f"; {refaults:,} pages read back after eviction so far" if refaults else ""
+    # how eroica-run tells a rank the OOM killer ended (eroica_launch/oom.py)
+    seen += ("; OOM kills: named from the kernel's log" if os.access(oom.KMSG, os.R_OK) else
+             "; OOM kills: inferred from the host's count (the kernel's log needs root or kernel.dmesg_restrict=0)")
     if limit is None:
         room = (f" (the host's {host['mem_limit_mb'] / 1024:.1f} GiB, {host['mem_free_mb'] / 1024:.1f} available)"
                 if host.get("mem_limit_mb") and host.get("mem_free_mb") is not None else "")

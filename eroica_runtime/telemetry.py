@@ -244,16 +244,27 @@ def _majflt_of(pid: int) -> int:
         return int(fh.read().rsplit(b")", 1)[1].split()[9])
 
 
+def _children_pids() -> list[int]:
+    """Pids of the processes this one started through multiprocessing (DataLoader workers), read without
+    reaping any: ``multiprocessing.active_children()`` would wait() for a dead worker, and torch learns
+    of a worker's death (its "DataLoader worker (pid N) is killed by signal" error) by waitid() on it."""
+    children = getattr(multiprocessing.process, "_children", None)
+    for _ in range(3):   # another thread may start a worker meanwhile
+        try:
+            return [p.pid for p in list(children or ()) if getattr(p, "pid", None) is not None]
+        except RuntimeError:
+            continue
+    return []
+
+
 def major_faults() -> int:
     """Major page faults of this process, its live multiprocessing children (DataLoader workers read
     the batches) and the children it reaped: a worker that exits between two samples moves from the
     one sum to the other, so the total only grows."""
     own = resource.getrusage(resource.RUSAGE_SELF).ru_majflt + resource.getrusage(resource.RUSAGE_CHILDREN).ru_majflt
-    for child in multiprocessing.active_children():
-        pid = child.pid
-        if pid is not None:
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                own += _majflt_of(pid)
+    for pid in _children_pids():
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            own += _majflt_of(pid)
     return own
 
 

@@ -351,11 +351,33 @@ def test_major_faults_count_a_dataloader_workers_faults_while_it_lives_and_after
         if its_own == 0:
             pytest.skip("this filesystem serves a cold file without major faults (tmpfs?)")
         assert telemetry.major_faults() - before >= its_own
+        assert child.pid in telemetry._children_pids()
     finally:
         ours.send("go")
         child.join(30)
     assert child.exitcode == 0
     assert telemetry.major_faults() - before >= its_own
+
+
+def test_counting_a_workers_faults_never_reaps_it() -> None:
+    """A dead worker stays for torch to find (its waitid() names how the worker died): sampling the faults
+    must not wait() for it, as multiprocessing.active_children() would."""
+    import multiprocessing
+
+    child = multiprocessing.get_context("fork").Process(target=os._exit, args=(3,))
+    child.start()
+    try:
+        deadline = time.monotonic() + 30
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        telemetry.major_faults()
+        telemetry.memory_sample()
+        assert psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE   # still there to be waited for
+        assert os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    finally:
+        child.join(10)
+    assert child.exitcode == 3
 
 
 _SHORT_OF_MEMORY = """
