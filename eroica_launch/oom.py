@@ -39,16 +39,19 @@ def oom_kills() -> int | None:
     return None
 
 
+NOT_READABLE = "not readable"   # killed_by_kernel's answer where the kernel's log cannot be read
+
+
 def killed_by_kernel(pid: int, path: str | None = None) -> str | None:
     """The kernel log's record of its OOM killer ending ``pid`` ("Memory cgroup out of memory: Killed
-    process 15835 (python) total-vm:..., anon-rss:272352kB, ..."), trimmed; None when the log cannot be
-    read here or holds no such record."""
+    process 15835 (python) total-vm:..., anon-rss:272352kB, ..."), trimmed; None when the log holds no
+    such record; NOT_READABLE when it cannot be read here."""
     want = re.compile(rf"Killed process {pid} \(")
     found = None
     try:
         fd = os.open(path or KMSG, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
-        return None
+        return NOT_READABLE
     try:
         for _ in range(MAX_RECORDS):
             try:
@@ -73,18 +76,22 @@ def killed_by_kernel(pid: int, path: str | None = None) -> str | None:
     return head + (f" (anon-rss {int(rss.group(1)) / 1024:.0f} MB)" if rss else "")
 
 
-def explain(pid: int | None, kills_before: int | None) -> str:
-    """What to add to a SIGKILL death of ``pid``: the kernel's OOM kill of it, or OOM kills on the host while
-    it ran, with what to do; "" when neither can be said."""
-    record = killed_by_kernel(pid) if pid is not None else None
-    if record:
-        return f"killed by the kernel's OOM killer, which logged \"{record}\": the rank ran out of memory; {ACTION}"
+def explain(pid: int | None, kills_before: int | None) -> tuple[str, bool]:
+    """What to add to a SIGKILL death of ``pid``, and whether it is certain: the kernel's log naming it
+    (certain); where that log cannot be read, OOM kills on the host while it ran (not certain: a rank
+    the launcher killed after a peer's OOM kill counts them too); ("", False) when neither can be said.
+    A readable log without a record of it is the answer: someone else killed it."""
+    record = killed_by_kernel(pid) if pid is not None else NOT_READABLE
+    if record not in (None, NOT_READABLE):
+        return (f"killed by the kernel's OOM killer, which logged \"{record}\": the rank ran out of memory; "
+                f"{ACTION}"), True
     after = oom_kills()
-    if kills_before is not None and after is not None and after > kills_before:
+    if record == NOT_READABLE and kills_before is not None and after is not None and after > kills_before:
         n = after - kills_before
         return (f"the kernel's OOM killer ended {n} process{'es' if n > 1 else ''} on this host while the rank ran "
-                f"(/proc/vmstat oom_kill; `dmesg` names them): most likely the rank ran out of memory; {ACTION}")
-    return ""
+                f"(/proc/vmstat oom_kill; `dmesg` names them): if this rank was one, it ran out of memory; "
+                f"{ACTION}"), False
+    return "", False
 
 
 # torch's words for a dead worker: "DataLoader worker (pid 23810) is killed by signal: Killed." (its SIGCHLD
@@ -98,6 +105,8 @@ def explain_workers(error_text: str) -> str:
     pids = sorted({int(p) for m in _WORKERS.finditer(error_text) for p in re.findall(r"\d+", m.group(1))})
     for pid in pids[:16]:
         record = killed_by_kernel(pid)
+        if record == NOT_READABLE:
+            return ""
         if record:
             return (f"its DataLoader worker (pid {pid}) was killed by the kernel's OOM killer, which logged "
                     f"\"{record}\": the rank ran out of memory; {ACTION}")
