@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from eroica_runtime import engine, report, reportdir, retention, stepclock
-from eroica_runtime.engine import epochs, imbalance, longsteps, steadywork, timelost
+from eroica_runtime.engine import epochs, imbalance, longsteps, memgrowth, steadywork, timelost
 from eroica_runtime.engine.hang import HANG_TRIGGER, hang_diagnosis
 from eroica_runtime.engine.model import count_ranks
 from eroica_runtime.gather import Gathered
@@ -258,8 +258,11 @@ def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int,
     (``own``) one ``steady_work`` when a rank was busier than its peers over the job (engine/steadywork.py),
     not a map a rank. ``busy``: the ranks' last steps as the node leaders reduced them (jobend.py), one
     ``imbalance`` when the ranks took turns being the slowest (engine/imbalance.py)."""
-    ranks = [{k: v for k, v in per_rank[r].items() if k not in ("long_steps", "loader", "own", "steps_at", "busy_steps")}
+    ranks = [{k: v for k, v in per_rank[r].items()
+              if k not in ("long_steps", "loader", "own", "steps_at", "busy_steps", "memory")}
              for r in sorted(per_rank)]
+    # ranks whose anonymous memory kept growing (memwatch.py's series, engine/memgrowth.py)
+    grown = memgrowth.summarize({r: memgrowth.Growth.from_json(d.get("memory")) for r, d in per_rank.items()})
     # where the ranks counted their steps (stepclock.COUNTED_AT): the same on every rank of one script
     steps_at = Counter(d.get("steps_at") for d in per_rank.values()
                        if d.get("steps_at") in stepclock.COUNTED_AT).most_common(1)
@@ -289,6 +292,7 @@ def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int,
             if seen is None else seen, per_rank, median)],
         **({"steps_at": steps_at[0][0]} if steps_at else {}),
         **({"skipped_steps": skips} if skips else {}),
+        **({"memory_growth": grown} if grown is not None else {}),
         **({"epoch_starts": starts.to_json()} if starts is not None else {}),
         **({"steady_work": steady.to_json()} if steady is not None else {}),
         **({"imbalance": turns.to_json()} if turns is not None else {}),
@@ -373,6 +377,9 @@ def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]]) -> s
     skipped = skipped_text(stats)
     if skipped:
         lines.append(skipped)
+    leak = memgrowth.format_summary(stats.get("memory_growth"))
+    if leak:
+        lines.append(leak)
     held = report.job_profiler_text(stats.get("job_profiler"))
     if held:
         lines.append(held)

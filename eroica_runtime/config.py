@@ -98,6 +98,8 @@ class Config:
                                          "are a pause, said in one line, not a hang.", metavar="S",
                                     lo=0.0, hi=DAY_S)
     hang_factor: float = setting(5.0, lo=1.0, lo_open=True, hi=1e6)
+    # seconds between samples of each rank's anonymous memory (memwatch.py)
+    memory_sample_s: float = setting(2.0, lo=0.0, lo_open=True, hi=DAY_S)
     hang_action: str = setting("report", "On a diagnosed hang: report (keep waiting) or abort the job.",
                                metavar="report|abort", choices=("report", "abort"))
     exit_grace_s: float = setting(60.0, "Seconds a rank that finished may spend in interpreter teardown "

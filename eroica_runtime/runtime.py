@@ -37,6 +37,7 @@ from eroica_runtime.capture import Capture, JobProfilers
 from eroica_runtime.config import Config
 from eroica_runtime.engine import imbalance, longsteps, timelost
 from eroica_runtime.gather import gather_capture, gather_job_end
+from eroica_runtime.memwatch import MemoryWatch
 from eroica_runtime.pgkeeper import REFRESH_EVERY, GroupKeeper
 from eroica_runtime.sidechannel import DeadlineMissed, SideChannel, leave_mpi
 from eroica_runtime.signals import Signals, describe
@@ -114,6 +115,8 @@ class Runtime:
         self.clock = StepClock(self._on_boundary, gc_ms=lambda: self.gc.snapshot()[1] - self._own_gc_ms,
                                throttled_ms=self.throttle.read, long_from=cfg.warmup_steps + 1)
         self.trigger = Trigger(cfg)
+        # this rank's anonymous memory every few seconds: a leak is said before the OOM killer ends it
+        self.memwatch = MemoryWatch(cfg.warmup_steps, telemetry.memory_room_mb, cfg.memory_sample_s)
         self.job_profilers = JobProfilers()
         self.capture = Capture(self.job_profilers)
         # steps the job's own profiler was on somewhere (voted), the first of them and on which ranks
@@ -230,6 +233,7 @@ class Runtime:
         self.job_profilers.uninstall()
         self.clock.uninstall()
         self.throttle.close()
+        self.memwatch.close()
         if self.watchdog is not None:
             self.watchdog.stop()
 
@@ -260,6 +264,9 @@ class Runtime:
         try:
             self.capture.own_begin()   # in a window: this time is eroica's, not the step's (capture.py)
             self._boundary(step, ms, t0)
+            leak = self.memwatch.sample(step, time.monotonic(), self._typical_step_ms)
+            if leak:
+                self._warn(leak)
             self.capture.own_end()
         except DeadlineMissed as exc:
             self._world_broken = True
@@ -268,6 +275,10 @@ class Runtime:
             self._disable(f"internal error at step {step}: {type(exc).__name__}: {exc}")
         self._own_gc_ms += self.gc.snapshot()[1] - gc0
         self._own_s += time.perf_counter() - t0
+
+    def _typical_step_ms(self) -> float | None:
+        recent = list(self.clock.all_ms[-64:])
+        return statistics.median(recent) if recent else None
 
     def _disturbed(self, step: int) -> bool:
         """Eroica's own work held step ``step`` up on some rank, so none of its times are the job's
@@ -728,8 +739,9 @@ class Runtime:
         # drift_held: the drift captures found healthy whose level this rank's drift rule took as its
         # least reference (report.json: why a level was not captured again; the same list on every rank)
         stats = _step_stats(self.clock.all_ms, self.cfg)
+        grown = self.memwatch.growth()
         mine = {"rank": self.rank, "host": socket.gethostname(), **stats, "steps_at": self.clock.counted_at,
-                "skips": self.clock.skips,
+                "skips": self.clock.skips, "memory": grown.to_json() if grown is not None else None,
                 "eroica_ms": round(self._own_s * 1e3, 3), "drift_held": list(self.trigger.held),
                 "loader": self.clock.loader.to_json(self.clock.data_ms),
                 "own": self.clock.own_work(),

@@ -288,6 +288,26 @@ def memory_sample(vm: Any = None) -> dict[str, Any]:
     return out
 
 
+def memory_room_mb() -> float | None:
+    """Memory this process may still take before its cgroup's limit or the host runs out: the host's
+    available memory, or the cgroup's limit less what it holds beyond its inactive page cache (the
+    kernel reclaims that first), if less; None when neither can be read. Never raises."""
+    vm = _guard(psutil.virtual_memory)
+    room = vm.available / 2**20 if vm is not None else None
+    try:
+        with open(PROC_CGROUP, encoding="utf-8") as fh:
+            found = _memory_cgroup(fh.read())
+        limit, usage, _ = cgroup_memory()
+        if found is not None and limit is not None and usage is not None:
+            stat = _stat_words(found[0] / "memory.stat")
+            cache = stat.get("total_inactive_file" if found[1] == "v1" else "inactive_file", 0) / 2**20
+            left = limit - usage + cache
+            room = left if room is None else min(room, left)
+    except (OSError, ValueError, IndexError, KeyError):
+        pass
+    return room
+
+
 def _host_refaults() -> int:
     stat = _stat_words(Path("/proc/vmstat"))
     return stat["workingset_refault_file"] + stat.get("workingset_refault_anon", 0)

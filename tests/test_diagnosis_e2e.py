@@ -169,3 +169,16 @@ def test_ranks_whose_batches_differ_in_length_are_said_to_take_turns_not_named(t
     assert turns is not None and turns["turns"] >= 3 and turns["top_share"] < 0.5, explain(proc)
     assert turns["busiest_ms"] - turns["mean_ms"] >= 0.1 * turns["step_ms"], turns
     assert "ranks took turns being the slowest" in proc.stderr
+
+
+def test_a_rank_whose_memory_keeps_growing_is_named_in_the_job_summary(tmp_path) -> None:
+    """Rank 2 keeps 4 MB more of tensors every step from step 20 (a loop holding what it should drop): the
+    job summary names it and how fast it grew, the others are said to have stayed flat."""
+    proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, TRAIN,
+                      env={"FAULT": "leak", "FAULT_RANK": "2", "FAULT_FROM": "20", "LEAK_MB": "4", "STEPS": "200",
+                           "EROICA_MEMORY_SAMPLE_S": "0.1"}, timeout=240)
+    assert proc.returncode == 0 and "trained 200 steps" in proc.stdout, explain(proc)
+    grown = json.loads((tmp_path / "report.json").read_text())["job"].get("memory_growth")
+    assert grown is not None and grown["count"] == 1 and grown["ranks"][0][0] == 2, explain(proc)
+    assert grown["others_mb"][1] < 128, grown
+    assert "memory kept growing: rank 2's anonymous memory grew" in proc.stderr, explain(proc)

@@ -1,6 +1,6 @@
 """A small, unmodified torchrun-style DDP job with an optional real fault on one rank.
 
-FAULT=compute|data|gc|none on FAULT_RANK from step FAULT_FROM (optimizer steps); STEPS steps.
+FAULT=compute|data|gc|leak|none on FAULT_RANK from step FAULT_FROM (optimizer steps); STEPS steps.
 LOOP=closure runs forward and backward inside ``optimizer.step(closure)``, as PyTorch Lightning does;
 LOOP=manual updates the weights itself (``p -= lr * p.grad``), with no torch.optim optimizer;
 LOOP=inference only runs forward under no_grad and all-reduces the outputs (no backward, no step).
@@ -8,7 +8,8 @@ LOOP=amp scales the loss with a torch.amp.GradScaler, whose step() skips the opt
 gradients hold an inf (the loss is made inf at the first 3 steps, as a mixed-precision job's first
 steps overflow while the scale settles, and then every AMP_SKIP_EVERY steps).
 compute: extra matmuls inside forward; data: the Dataset's __getitem__ sleeps; gc: cyclic garbage and
-forced collections each step. Writes nothing itself; eroica (if injected) does the watching.
+forced collections each step; leak: keeps LEAK_MB more MB of tensors every step, as a loop that holds
+what it should drop. Writes nothing itself; eroica (if injected) does the watching.
 """
 import gc
 import os
@@ -48,6 +49,7 @@ OWN_USR1_AT = int(os.environ.get("OWN_USR1_AT", "-1"))
 LOOP = os.environ.get("LOOP", "plain")
 AMP_SKIP_EVERY = int(os.environ.get("AMP_SKIP_EVERY", "0"))
 DIM = int(os.environ.get("DIM", "256"))
+LEAK_MB = float(os.environ.get("LEAK_MB", "4"))
 state = {"step": 0, "usr1": 0}
 
 
@@ -132,6 +134,7 @@ def main() -> None:
     data = Data(16 * EPOCH_STEPS if EPOCH_STEPS else 64 * STEPS)
     loader = DataLoader(data, batch_size=16, num_workers=WORKERS, persistent_workers=PERSISTENT and WORKERS > 0)
     junk = []
+    kept = []
     for x, y in (batch for _ in range(STEPS) for batch in loader):   # epochs until STEPS steps
         if state["step"] >= STEPS:
             break
@@ -143,6 +146,8 @@ def main() -> None:
                 junk.append(a)
             gc.collect()
             junk.clear()
+        if faulty("leak"):
+            kept.append(torch.ones(int(LEAK_MB * 2**18)))
         if dist.get_rank() == KILL_RANK and state["step"] == KILL_AT:
             os.kill(os.getpid(), signal.SIGKILL)
         if dist.get_rank() == STALL_RANK and state["step"] == STALL_AT:

@@ -1,0 +1,143 @@
+"""Memory a rank keeps taking: a leak, said before the OOM killer ends the job.
+
+A training loop that keeps what it should drop (losses appended for logging with their autograd
+graph, a list or cache that grows every step, tensors held by a hook) grows its process's anonymous
+memory step after step, until hours in the kernel's OOM killer ends the rank with nothing in the log
+but "Signal 9 (SIGKILL)". Each rank samples its anonymous resident memory every few seconds
+(memwatch.py, at the step boundary) into a series thinned to at most MAX_SAMPLES; this module judges
+it, for the rank's own warning while there is time and for rank 0's job summary alike.
+
+A rank's memory grows by GROWTH_MB or more, and by GROWTH_SHARE of what it held at the first sample
+after warm-up, steadily: over the series' second half at STEADY or more of its rate over the whole (a
+cache or pool that filled early and stopped is no leak). It is warned about when at that rate the
+memory it may still take (its cgroup's limit less what the cgroup holds, or what the host has
+available) runs out before the job has run as long again as it has.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+MAX_SAMPLES = 64
+GROWTH_MB = 256.0
+GROWTH_SHARE = 0.25
+STEADY = 0.5
+
+
+@dataclass(frozen=True)
+class Growth:
+    """How a rank's anonymous memory grew over its samples (step, MB)."""
+
+    first_step: int
+    first_mb: float
+    last_step: int
+    last_mb: float
+    recent_mb_per_step: float     # the rate over the series' second half
+
+    @property
+    def grown_mb(self) -> float:
+        return self.last_mb - self.first_mb
+
+    @property
+    def mb_per_step(self) -> float:
+        return self.grown_mb / max(self.last_step - self.first_step, 1)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"first": [self.first_step, round(self.first_mb, 1)], "last": [self.last_step, round(self.last_mb, 1)],
+                "recent_mb_per_step": round(self.recent_mb_per_step, 4)}
+
+    @classmethod
+    def from_json(cls, doc: Any) -> Growth | None:
+        try:
+            (s0, m0), (s1, m1) = doc["first"], doc["last"]
+            g = cls(int(s0), float(m0), int(s1), float(m1), float(doc["recent_mb_per_step"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+        return g if all(math.isfinite(v) for v in (g.first_mb, g.last_mb, g.recent_mb_per_step)) else None
+
+
+def growth(samples: Sequence[tuple[int, float]]) -> Growth | None:
+    """The series' growth (None with fewer than 4 samples or not over at least 2 steps)."""
+    if len(samples) < 4 or samples[-1][0] - samples[0][0] < 2:
+        return None
+    mid = samples[len(samples) // 2]
+    (s0, m0), (s1, m1) = samples[0], samples[-1]
+    recent = (m1 - mid[1]) / max(s1 - mid[0], 1)
+    return Growth(int(s0), float(m0), int(s1), float(m1), recent)
+
+
+def leaking(g: Growth | None) -> bool:
+    """Grown enough, and still growing at the end."""
+    return (g is not None and g.grown_mb >= max(GROWTH_MB, GROWTH_SHARE * g.first_mb)
+            and g.recent_mb_per_step >= STEADY * g.mb_per_step > 0)
+
+
+def steps_left(g: Growth, room_mb: float | None) -> float | None:
+    """Steps until ``room_mb`` more is taken at the recent rate (None without a room or a rate)."""
+    if room_mb is None or not math.isfinite(room_mb) or g.recent_mb_per_step <= 0:
+        return None
+    return max(room_mb, 0.0) / g.recent_mb_per_step
+
+
+def _mb(v: float) -> str:
+    return f"{v / 1024:.1f} GB" if abs(v) >= 1024 else f"{v:.0f} MB"
+
+
+def _rate(g: Growth) -> str:
+    per = g.recent_mb_per_step
+    return f"{per * 1000:.0f} MB per 1,000 steps" if per < 1 else f"{per:.1f} MB a step"
+
+
+LEAK_HINT = ("a leak? (tensors kept with their autograd graph, such as losses appended for logging without "
+             ".item() or .detach(); a list, dict or cache that grows every step; tensors held by hooks)")
+
+
+def warning(g: Growth | None, room_mb: float | None, step_ms: float | None) -> str | None:
+    """The rank's warning when it leaks and at this rate runs out of room before the job has run as long
+    again as it has since the first sample; None otherwise."""
+    if g is None or not leaking(g):
+        return None
+    left = steps_left(g, room_mb)
+    if left is None or left > g.last_step - g.first_step:
+        return None
+    when = f" (~{left * step_ms / 60e3:.0f} min at {step_ms:.0f} ms a step)" if step_ms and step_ms > 0 else ""
+    return (f"memory: this rank's anonymous memory grew {_mb(g.grown_mb)} in steps {g.first_step:,}-{g.last_step:,} "
+            f"({_mb(g.first_mb)} -> {_mb(g.last_mb)}), {_rate(g)} lately; at this rate the {_mb(room_mb or 0)} it may "
+            f"still take runs out in ~{left:,.0f} steps{when} and the kernel's OOM killer ends it: {LEAK_HINT}")
+
+
+SHOWN = 8   # leaking ranks a job summary keeps (the most grown)
+
+
+def summarize(per_rank: Mapping[int, Growth | None]) -> dict[str, Any] | None:
+    """The job summary's record of ranks whose memory kept growing: the SHOWN most grown, how many in all,
+    and how much the others grew (min, max MB); None when none leaked."""
+    grew = {r: g for r, g in per_rank.items() if g is not None and leaking(g)}
+    if not grew:
+        return None
+    others = [g.grown_mb for r, g in per_rank.items() if g is not None and r not in grew]
+    top = sorted(grew, key=lambda r: -grew[r].grown_mb)[:SHOWN]
+    return {"ranks": [[r, grew[r].to_json()] for r in top], "count": len(grew),
+            **({"others_mb": [round(min(others), 1), round(max(others), 1)]} if others else {})}
+
+
+def format_summary(doc: Any) -> str | None:
+    """The job summary's line for ``summarize``'s record (None for none, or a record it cannot read)."""
+    try:
+        rank, g = int(doc["ranks"][0][0]), Growth.from_json(doc["ranks"][0][1])
+        count = int(doc["count"])
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+    if g is None:
+        return None
+    said = (f"rank {rank}'s anonymous memory grew {_mb(g.grown_mb)} in steps {g.first_step:,}-{g.last_step:,} "
+            f"({_mb(g.first_mb)} -> {_mb(g.last_mb)}), still {_rate(g)} at the end")
+    if count > 1:
+        said += f"; {count - 1} other rank(s) grew too"
+    others = doc.get("others_mb")
+    if isinstance(others, list) and len(others) == 2:
+        said += f"; the other ranks {_mb(float(others[0]))} to {_mb(float(others[1]))}"
+    return f"  memory kept growing: {said}: {LEAK_HINT}"
