@@ -412,7 +412,8 @@ class MemoryFault(Fault):
     def tick(self, step: int) -> None:
         stat = dict(line.split() for line in (self.jail.dir / "memory.stat").read_text().splitlines())
         anon = int(stat.get("rss", stat.get("anon", 0)))
-        self._limit_file().write_text(str(anon + int(self.spec.num("cache", 32) * 2**20)))
+        with contextlib.suppress(OSError):   # EBUSY: pages it could not reclaim yet; the next step sets it again
+            self._limit_file().write_text(str(anon + int(self.spec.num("cache", 32) * 2**20)))
 
     def stop(self) -> None:
         if getattr(self, "jail", None) is not None:
