@@ -104,11 +104,12 @@ def check_memory_limit() -> list[Check]:
     from eroica_runtime.telemetry import cgroup_memory, memory_sample
 
     try:
-        limit, usage, refaults = cgroup_memory()
+        cg = cgroup_memory()
     except (OSError, ValueError, IndexError, KeyError) as exc:
         return [Check("memory limit (cgroup)", True, f"cannot read the cgroup files ({type(exc).__name__}): "
                       "eroica sees the host's memory and page faults only")]
     host = memory_sample()
+    limit, usage, refaults = (cg.limit_mb, cg.usage_mb, cg.refaults) if cg is not None else (None, None, None)
     seen = f"; {refaults:,} pages read back after eviction so far" if refaults else ""
     # how eroica-run tells a rank the OOM killer ended (eroica_launch/oom.py)
     seen += ("; OOM kills: named from the kernel's log" if os.access(oom.KMSG, os.R_OK) else

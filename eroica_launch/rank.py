@@ -296,8 +296,8 @@ def wait_with_exit_guard(child: subprocess.Popen, marker: Path, grace_s: float,
 def _write_status(attempt_dir: Path, ident: Identity, *, pid: int | None, exitcode: int,
                   signame: str | None, started: float, message: str = "", ended: float | None = None,
                   oom: str = "") -> None:
-    """Record how this rank ended (read by the launcher's failure summary); ``oom``: what oom.explain said
-    of a SIGKILL death."""
+    """Record how this rank ended (read by the launcher's failure summary); ``oom``: what eroica_launch/oom.py
+    said of its SIGKILL death or of the DataLoader workers its error names."""
     doc = {"rank": ident.rank, "local_rank": ident.local_rank, "host": socket.gethostname(),
            "pid": pid, "exitcode": exitcode, "signal": signame, "started": started,
            "ended": ended if ended is not None else time.time(),

@@ -28,6 +28,7 @@ import resource
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -202,23 +203,35 @@ def _stat_words(path: Path) -> dict[str, int]:
         return {k: int(v) for k, v in (line.split() for line in fh if line.count(" ") == 1)}
 
 
-def cgroup_memory() -> tuple[float | None, float | None, int | None]:
-    """(limit MB, usage MB, workingset refaults) of this process's memory cgroup.
+@dataclass(frozen=True)
+class CgroupMemory:
+    """This process's memory cgroup: the limit that binds (MB, None without any), its usage (MB, page cache
+    included), its workingset refaults (None on a kernel without them) and its inactive page cache (MB)."""
+
+    limit_mb: float | None
+    usage_mb: float
+    refaults: int | None
+    inactive_file_mb: float
+
+
+def cgroup_memory() -> CgroupMemory | None:
+    """This process's memory cgroup (None when no memory cgroup is found).
 
     The limit is the one that binds: the smallest on the way up (v1 reports it as
-    ``hierarchical_memory_limit``); None without any. Usage counts the page cache, which fills up to
-    the limit in any container that reads files, so only the refaults tell a working set that no
-    longer fits: pages read back in shortly after the kernel evicted them (``workingset_refault_*``,
-    file and anonymous). Each is None when it cannot be read (no cgroup files, an old kernel)."""
+    ``hierarchical_memory_limit``). Usage counts the page cache, which fills up to the limit in any
+    container that reads files, so only the refaults tell a working set that no longer fits: pages
+    read back in shortly after the kernel evicted them (``workingset_refault_*``, file and anonymous).
+    Raises OSError/ValueError when its files cannot be read."""
     with open(PROC_CGROUP, encoding="utf-8") as fh:
         found = _memory_cgroup(fh.read())
     if found is None:
-        return None, None, None
+        return None
     d, version = found
     stat = _stat_words(d / "memory.stat")
     prefix = "total_" if version == "v1" else ""
     refaults = [stat.get(f"{prefix}workingset_refault_{k}") for k in ("file", "anon")]
     refault = sum(v for v in refaults if v is not None) if any(v is not None for v in refaults) else None
+    inactive = stat.get(f"{prefix}inactive_file", 0) / 2**20
     limit: float | None = None
     if version == "v1":
         raw = stat.get("hierarchical_memory_limit")
@@ -236,7 +249,7 @@ def cgroup_memory() -> tuple[float | None, float | None, int | None]:
             if e == root or root not in e.parents:
                 break
             e = e.parent
-    return limit, usage, refault
+    return CgroupMemory(limit, usage, refault, inactive)
 
 
 def _majflt_of(pid: int) -> int:
@@ -274,12 +287,14 @@ def memory_sample(vm: Any = None) -> dict[str, Any]:
     host's available memory if that is less) and its cgroup's workingset refaults (counter, the host's
     from /proc/vmstat without a readable cgroup); each None when unreadable. Never raises."""
     out: dict[str, Any] = {"majflt": _guard(major_faults)}
-    limit, usage, refault = _guard(cgroup_memory) or (None, None, None)
+    cg = _guard(cgroup_memory)
+    limit = cg.limit_mb if cg is not None else None
+    refault = cg.refaults if cg is not None else None
     if refault is None:
         refault = _guard(_host_refaults)
     vm = vm if vm is not None else _guard(psutil.virtual_memory)
     avail = vm.available / 2**20 if vm is not None else None
-    free = (limit - usage) if limit is not None and usage is not None else None
+    free = (limit - cg.usage_mb) if cg is not None and limit is not None else None
     if avail is not None and (free is None or avail < free):
         free = avail
     out["mem_limit_mb"] = limit if limit is not None else (vm.total / 2**20 if vm is not None else None)
@@ -294,17 +309,10 @@ def memory_room_mb() -> float | None:
     kernel reclaims that first), if less; None when neither can be read. Never raises."""
     vm = _guard(psutil.virtual_memory)
     room = vm.available / 2**20 if vm is not None else None
-    try:
-        with open(PROC_CGROUP, encoding="utf-8") as fh:
-            found = _memory_cgroup(fh.read())
-        limit, usage, _ = cgroup_memory()
-        if found is not None and limit is not None and usage is not None:
-            stat = _stat_words(found[0] / "memory.stat")
-            cache = stat.get("total_inactive_file" if found[1] == "v1" else "inactive_file", 0) / 2**20
-            left = limit - usage + cache
-            room = left if room is None else min(room, left)
-    except (OSError, ValueError, IndexError, KeyError):
-        pass
+    cg = _guard(cgroup_memory)
+    if cg is not None and cg.limit_mb is not None:
+        left = cg.limit_mb - cg.usage_mb + cg.inactive_file_mb
+        room = left if room is None else min(room, left)
     return room
 
 

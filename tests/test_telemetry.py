@@ -276,14 +276,15 @@ def test_memory_limit_is_the_smallest_up_the_tree_with_the_cgroups_usage_and_ref
     in the layouts a rank meets (v1's memory hierarchy reports the binding limit itself)."""
     if layout == "v1":
         _cgroup_tree(tmp_path, {"kubepods/c1/memory.stat": f"cache 5\nhierarchical_memory_limit {6 << 30}\n"
-                                "total_workingset_refault_anon 0\ntotal_workingset_refault_file 4096\n",
+                                "total_workingset_refault_anon 0\ntotal_workingset_refault_file 4096\n"
+                                                            f"total_inactive_file {512 << 20}\n",
                                 "kubepods/c1/memory.usage_in_bytes": f"{5 << 30}\n"})
         proc = "11:memory:/kubepods/c1\n1:cpu,cpuacct:/\n0::/\n"
     else:
         _cgroup_tree(tmp_path, {"kubepods/memory.max": f"{8 << 30}\n", "kubepods/c1/memory.max": f"{6 << 30}\n",
                                 "kubepods/c1/memory.current": f"{5 << 30}\n",
                                 "kubepods/c1/memory.stat": "anon 1\nworkingset_refault_anon 96\n"
-                                                            "workingset_refault_file 4000\n"})
+                                                            f"workingset_refault_file 4000\ninactive_file {512 << 20}\n"})
         proc = "0::/kubepods/c1\n"
     root = tmp_path
     if layout == "v2-namespaced":
@@ -292,16 +293,18 @@ def test_memory_limit_is_the_smallest_up_the_tree_with_the_cgroups_usage_and_ref
     (tmp_path / "proc-cgroup").write_text(proc)
     monkeypatch.setattr(telemetry, "PROC_CGROUP", str(tmp_path / "proc-cgroup"))
     monkeypatch.setattr(telemetry, "_CGROUP_MOUNTS", {"v1-memory" if layout == "v1" else "v2": root})
-    limit, usage, refaults = telemetry.cgroup_memory()
-    assert (limit, usage, refaults) == (6144.0, 5120.0, 4096)
+    cg = telemetry.cgroup_memory()
+    assert cg is not None and (cg.limit_mb, cg.usage_mb, cg.refaults) == (6144.0, 5120.0, 4096)
     if layout == "v2":   # the pod's limit below the container's binds
         (tmp_path / "kubepods" / "memory.max").write_text(f"{4 << 30}\n")
-        assert telemetry.cgroup_memory()[0] == 4096.0
+        assert telemetry.cgroup_memory().limit_mb == 4096.0   # type: ignore[union-attr]
     limit = 4096.0 if layout == "v2" else 6144.0
     sample = telemetry.memory_sample(types.SimpleNamespace(total=64 << 30, available=32 << 30))
     # what is left is the limit less the cgroup's usage (page cache included), none once it is over
     assert sample == {"majflt": sample["majflt"], "mem_limit_mb": limit, "mem_free_mb": max(limit - 5120.0, 0.0),
                       "refaults": 4096}
+    # what it may still take: the limit less what the cgroup holds beyond its inactive page cache
+    assert telemetry.memory_room_mb() == limit - 5120.0 + 512.0
     # no limit anywhere: the host's memory binds, and what is left of it is what the host has available
     if layout == "v1":
         (tmp_path / "kubepods" / "c1" / "memory.stat").write_text(f"hierarchical_memory_limit {1 << 63}\n")

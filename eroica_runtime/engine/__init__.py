@@ -114,7 +114,7 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float,
     if quota:
         tele_ev.update(quota)
         hint = (quota_action(quota, c.step) + " " + hint).strip()
-    if memory:
+    elif memory:
         tele_ev.update(memory)
         hint = (memory_action(memory) + " " + hint).strip()
     elif contended and c.sched:

@@ -3,8 +3,8 @@
 Training hosts run without swap, so a host or container short of memory evicts file pages: a
 memory-mapped dataset's (Megatron's indexed .bin, a numpy memmap), the libraries' code. The rank
 then waits for storage inside whatever touched them, and its phases say only where: the fault
-bench's memory case (rank 1's cgroup leaves its page cache 8 MB; its items are read through mmap)
-was "dataloader ... __next__ +57.7 ms/step: check its storage/network path to the dataset,
+bench's memory case (rank 1's cgroup leaves its page cache a few MB; its items are read through
+mmap) was "dataloader ... __next__ +57.7 ms/step: check its storage/network path to the dataset,
 num_workers ... 7704 involuntary context switches per CPU-second: CPU contention", while neither
 the storage, the loader nor the CPUs were at fault, and more memory was the fix.
 
@@ -66,14 +66,19 @@ def memory_evidence(table: Table, row: int, peer_rows: np.ndarray) -> dict[str, 
     ref = float(np.median(vals)) if vals.size else 0.0
     if not math.isfinite(mine) or mine < ref + MIN_FAULTS or mine < FAULT_RATIO * ref:
         return {}
-    ev: dict[str, Any] = {"major_faults": [mine, ref]}
     refaults = _at(per_step(table, "refaults"), row)
     free, limit = _at(table.telemetry.get("mem_free_mb"), row), _at(table.telemetry.get("mem_limit_mb"), row)
+    return _evidence([mine, ref], refaults, free, limit)
+
+
+def _evidence(faults: list[float], refaults: float | None, free: float | None, limit: float | None) -> dict[str, Any]:
+    """The evidence map for ``faults`` [now, reference] a step and what the memory telemetry said."""
+    ev: dict[str, Any] = {"major_faults": faults}
     if refaults is not None:
         ev["refaults"] = refaults
     if free is not None and limit is not None and limit > 0:
         ev["mem_free_mb"], ev["mem_limit_mb"] = free, limit
-    ev["memory_short"] = _short(mine - ref, refaults, free, limit)
+    ev["memory_short"] = _short(faults[0] - faults[1], refaults, free, limit)
     return ev
 
 
@@ -107,15 +112,8 @@ def regression_memory(cur: Table, base: Table, rc: np.ndarray, rb: np.ndarray) -
     t = cur.telemetry
     free = _median(t["mem_free_mb"][rc][grew]) if "mem_free_mb" in t else None
     limit = _median(t["mem_limit_mb"][rc][grew]) if "mem_limit_mb" in t else None
-    if not _short(m_now - m_was, refaults, free, limit):
-        return {}
-    ev: dict[str, Any] = {"major_faults": [m_now, m_was], "ranks_faulting_share": float(grew.mean()),
-                          "memory_short": True}
-    if refaults is not None:
-        ev["refaults"] = refaults
-    if free is not None and limit is not None and limit > 0:
-        ev["mem_free_mb"], ev["mem_limit_mb"] = free, limit
-    return ev
+    ev = _evidence([m_now, m_was], refaults, free, limit)
+    return {**ev, "ranks_faulting_share": float(grew.mean())} if ev["memory_short"] else {}
 
 
 def memory_action(ev: dict[str, Any], all_ranks: bool = False) -> str:
