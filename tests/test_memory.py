@@ -12,6 +12,12 @@ limit; its peers none: 8 MB of readahead a fault on this disk). Before this rule
 (spike capture at step 57: each rank 32 major faults and ~65,000 refaulted pages in its window, 0 MB
 left of its 65-70 MB), and ``short-all-baseline.msgpack`` that job's baseline capture at step 13; it
 read "REGRESSION ... most often the storage or network path to the dataset".
+
+``workers-rank1.msgpack``: the memory case with 2 DataLoader workers a rank (`--workers 2`, 300 steps),
+its drift capture at step 111: rank 1's workers took 7.3 major faults a step and its cgroup read back
+15,355 pages a step, but their prefetch hid its waits from the window and the 8 steps before it (5.7
+and 4.3 ms vs its peers' 3.6-10.3); over the 32 steps before the window it waited 17.8 ms a step
+against 5.6-6.1. It read "healthy — 4/4 ranks agree, no culprit".
 """
 
 from __future__ import annotations
@@ -135,3 +141,21 @@ def test_the_same_jobs_healthy_baseline_shows_no_fault_and_no_finding() -> None:
     assert not d.findings
     table = build_table(sums)
     assert all(memory_evidence(table, r, np.arange(table.n)) == {} for r in range(4))
+
+
+def test_a_rank_short_of_memory_whose_workers_hid_its_waits_is_named_from_the_steps_before_the_window() -> None:
+    meta, sums = _capture("workers-rank1.msgpack")
+    assert meta["trigger"] == "drift"
+    d = _diagnose(meta, sums)
+    assert [(f.rank, f.category) for f in d.findings] == [(1, "memory")], ([f.title for f in d.findings], d.notes)
+    f = d.findings[0]
+    assert f.evidence["seen_in"] == "the 32 steps before the window (step clock)" and f.evidence["memory_short"]
+    assert 0.1 * f.evidence["step_ms"][0] <= f.impact_ms_per_step <= 15.0
+    assert f.action.startswith("Over the 32 steps before the window this rank waited for its next batch 17.8")
+    assert "This rank is short of memory" in f.action
+    # only a capture a detector asked for claims that something was slow
+    assert not diagnose(sums, step=meta["step"], trigger="baseline", world_size=meta["world_size"]).findings
+    # the same waits without the window's evidence of a memory shortage: no culprit, as before
+    healthy = copy.deepcopy(sums)
+    _host(healthy[1], "end")["majflt"] = _host(healthy[1], "start")["majflt"]
+    assert not _diagnose(meta, healthy).findings

@@ -63,7 +63,7 @@ from eroica_runtime.engine.commonmode import comm_before_window, common_mode, ha
 from eroica_runtime.engine.history import HISTORY_FUNCTION, history_culprits
 from eroica_runtime.engine.impact import culprit_what_if
 from eroica_runtime.engine.lonework import describe, lone_steps
-from eroica_runtime.engine.memory import memory_action, memory_evidence
+from eroica_runtime.engine.memory import memory_action, memory_evidence, span_culprits
 from eroica_runtime.engine.model import CATEGORIES, Diagnosis, Finding, in_function, ranks_waiting
 from eroica_runtime.engine.ownbaseline import lone_culprits
 from eroica_runtime.engine.peers import Peers, form_peers, parse_topology
@@ -338,6 +338,11 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
         # common-mode check below weighs against the step's growth
         excesses += [float(f.evidence.get("excess_ms", f.impact_ms_per_step)) for f in earlier]
         named |= {int(r) for r in table.rows_of([int(f.rank) for f in earlier if f.rank is not None])}
+    if not findings:   # short of memory, its waits hidden by its workers' prefetch: seen over the span
+        short = span_culprits(table, peers, th, trigger, named)
+        findings.extend(short)
+        excesses += [f.impact_ms_per_step for f in short]
+        named |= {int(r) for r in table.rows_of([int(f.rank) for f in short if f.rank is not None])}
     findings = _merge_hosts(table, findings)
     # ranks their CPU quota held throttled, alike or not: no peer needs to stand out for that time to be lost
     findings.extend(quota_findings(table, th, named))

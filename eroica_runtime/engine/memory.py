@@ -18,6 +18,10 @@ when less than FREE_SHARE of its limit was left): category memory, whatever op t
 Otherwise the pages were never cached (a memory-mapped file read from storage for the first time):
 the finding keeps its category and says so.
 
+A rank whose DataLoader workers fault the pages back in waits only when their prefetch runs dry, in
+bursts a 3-step window can miss: with the window's evidence that it is short, it is named from the
+steps before the window (``span_culprits``).
+
 Ranks short of memory alike (one container's limit over all of a node's ranks, a dataset that
 outgrew every node's page cache) have no peer to stand out from: the job-wide regression against the
 baseline capture (commonmode.py) is named memory when half the ranks or more took that many more
@@ -31,6 +35,11 @@ from typing import Any
 
 import numpy as np
 
+from eroica_runtime.engine.baseline import Thresholds
+from eroica_runtime.engine.history import HISTORY_FUNCTION, TRIGGERED
+from eroica_runtime.engine.model import Finding, ranks_waiting
+from eroica_runtime.engine.peers import Peers
+from eroica_runtime.engine.quota import busy
 from eroica_runtime.engine.table import Table
 
 MIN_FAULTS = 4.0        # major faults a step more than the peers' median ...
@@ -147,3 +156,60 @@ def memory_action(ev: dict[str, Any], all_ranks: bool = False) -> str:
             "whatever op touched them. Raise its memory limit (Kubernetes resources.limits.memory, Slurm "
             "--mem) or use less: fewer DataLoader workers or a smaller prefetch_factor (each worker holds "
             "what it touches), caches that grow, other processes on the host.")
+
+
+SPAN_SHARE = 0.1   # a rank short of memory named from its span: busy at least this share of the step above its peers
+
+
+def span_culprits(table: Table, peers: Peers, th: Thresholds, trigger: str, named: set[int]) -> list[Finding]:
+    """Ranks short of memory whose waits the window and the 8 steps before it missed, named from every step
+    the summaries ship before the window (up to 32).
+
+    A rank whose DataLoader workers fault evicted pages back in waits for a batch only when its workers'
+    prefetch runs dry: in bursts. The fault bench's memory case with 2 workers a rank (2026-12-06, 300
+    steps) ran 18% slower from the onset (median step 64 -> 75.5 ms) and its drift capture read "healthy
+    — 4/4 ranks agree, no culprit": rank 1 waited for its batches 5.7 ms a step in the window and 4.3 in
+    the 8 steps before (its peers 3.6-10.3), while its workers took 7.3 major faults a step and its
+    cgroup read back 15,355 pages a step (its peers none), and over the 32 steps before the window it
+    waited 17.8 ms a step against its peers' 5.6-6.1. A rank whose window shows it short of memory
+    (``memory_evidence``) and whose busy time (on a CPU, waiting for one or for a batch) over those
+    steps is SPAN_SHARE of the step and th.abs_ms above its peers' median is named for it; only in a
+    capture a detector asked for, and not a rank already named."""
+    if trigger not in TRIGGERED:
+        return []
+    total = busy(table, "span") + np.nan_to_num(table.sch("span_data"))
+    out: list[Finding] = []
+    for rows in peers.groups:
+        if len(rows) < 2:
+            continue
+        for row in rows:
+            if int(row) in named or not np.isfinite(total[row]):
+                continue
+            ev = memory_evidence(table, row, rows)
+            if not ev.get("memory_short"):
+                continue
+            others = rows[rows != row]
+            ref = float(np.nanmedian(total[others]))
+            step = float(np.nanmedian(table.sch("span_ms")[rows]))
+            excess = float(total[row]) - ref
+            if not (math.isfinite(excess) and excess >= max(th.abs_ms, SPAN_SHARE * step)):
+                continue
+            data, data_ref = float(table.sch("span_data")[row]), float(np.nanmedian(table.sch("span_data")[others]))
+            n = int(table.sch("span_steps")[row]) if np.isfinite(table.sch("span_steps")[row]) else 0
+            rank, host = int(table.rank[row]), table.hosts[int(table.host_idx[row])]
+            victims = tuple(int(r) for r in table.rank[others].tolist())
+            waited = (f"waited for its next batch {data:.1f} ms/step vs peers' {data_ref:.1f}"
+                      if math.isfinite(data) and data - data_ref >= 0.5 * excess else
+                      f"was busy {float(total[row]):.1f} ms/step vs peers' {ref:.1f}")
+            out.append(Finding(
+                category="memory", rank=rank, host=host, function=HISTORY_FUNCTION,
+                phase="data" if waited.startswith("waited") else "host_gap",
+                impact_ms_per_step=excess, what_if_step_ms=max(step - excess, 0.0), victims=victims,
+                evidence={**ev, "excess_ms": excess, "seen_in": f"the {n} steps before the window (step clock)",
+                          "span_busy_ms": [float(total[row]), ref], "data_ms": [data, data_ref],
+                          "step_ms": [step, step], "victims_count": len(victims)},
+                action=(f"Over the {n} steps before the window this rank {waited}, in bursts the window "
+                        "missed (its DataLoader workers' prefetch hides the rest). " + memory_action(ev)),
+                title=(f"rank {rank} on {host}: memory in the {n} steps before the window (+{excess:.1f} "
+                       f"ms/step busy, {ranks_waiting(len(victims))})")))
+    return out
