@@ -138,6 +138,27 @@ def test_every_ranks_input_slowing_alike_is_a_regression_with_the_input_pipeline
                                                                                        f.what_if_step_ms, now, base_step)
 
 
+def test_a_detector_window_too_noisy_to_call_is_slower_when_the_steps_before_it_were() -> None:
+    """The fault bench's memory case with 2 DataLoader workers a rank (tests/data/faultbench/memory-workers):
+    rank 1's thrashing slowed every rank of the 2-core host alike, and its drift capture's 3-step window
+    (62.9 ms against the baseline's 48.7) was within its noise: "healthy". The 8 steps before it ran 55.9 ms
+    against 42.6 before the baseline's: slower than the baseline, no culprit found, never "healthy"; with
+    those steps as fast as the baseline's, healthy as before."""
+    (_, base, _), (meta, drift, _) = (summary.decode_capture(p.read_bytes()) for p in sorted(
+        (DATA.parent / "faultbench" / "memory-workers" / "captures").glob("*.msgpack"), key=lambda p: int(p.stem)))
+    assert meta["trigger"] == "drift"
+    d = diagnose(drift, step=meta["step"], trigger="drift", world_size=4, baseline=base)
+    assert d.findings == () and d.step_ms.get("unexplained_ms", 0) > 0, (d.notes, d.step_ms)
+    assert any("steps before it" in n and "slower than the baseline" in n for n in d.notes), d.notes
+    assert "healthy" not in format_capture(d), format_capture(d)
+    calm = copy.deepcopy(drift)
+    for s, b in zip(calm, base, strict=True):   # every step before the window at the baseline's recent mean
+        recent = b["history"]["ms"][-8:]
+        s["history"]["ms"] = [sum(recent) / len(recent)] * len(s["history"]["ms"])
+    d = diagnose(calm, step=meta["step"], trigger="drift", world_size=4, baseline=base)
+    assert d.findings == () and "unexplained_ms" not in d.step_ms, (d.notes, d.step_ms)
+
+
 def test_a_persons_capture_of_slow_steps_the_job_did_not_have_before_is_a_passing_slowdown(tmp_path: Path) -> None:
     """A capture a person asked for can land on three steps another process slowed: a healthy CI job's
     manual window of three 35 ms steps among 19-27 ms ones read "COMMUNICATION ... +8.3 ms/step". The

@@ -55,7 +55,10 @@ def findings(dirs: list[str], job: bool = False) -> dict[str, list[str]]:
                 diag = got.diagnosis
                 diagnoses.append(diag)
                 key = f"{Path(d).name}/{case.name}@{diag.step} {diag.trigger}"
-                out[key] = [_text(f.to_json()) for f in diag.findings]
+                # a capture slower than the baseline that nothing explains is a verdict of its own (rank 0 then
+                # lets the detector capture again), not "healthy"
+                slower = ["slower than the baseline, no culprit"] if "unexplained_ms" in (diag.step_ms or {}) else []
+                out[key] = [_text(f.to_json()) for f in diag.findings] + slower
             if job:
                 for key in [k for k in out if k.startswith(f"{Path(d).name}/{case.name}@")]:
                     del out[key]
