@@ -461,15 +461,23 @@ def _slower_before(cur: Table, base: Table, rc: np.ndarray, rb: np.ndarray, th: 
     window at 62.9 ms against the baseline's 48.7, under the noise bar (28 ms), and read "healthy", while the
     8 steps before it ran 55.9 ms against 42.6 before the baseline's. Steps before a window against steps
     before the baseline's, as ``_passing`` compares them (a profiled window's steps run slower)."""
-    if trigger not in TRIGGERED or not len(rc) or window_growth < th.regression_rel * base_step:
+    if trigger not in TRIGGERED or window_growth < th.regression_rel * base_step:
+        return None
+    before = _steps_before(cur, base, rc, rb)
+    if before is None or before[0] - before[1] < max(th.abs_ms, BEFORE_GROWTH * th.regression_rel * before[1]):
+        return None
+    return before
+
+
+def _steps_before(cur: Table, base: Table, rc: np.ndarray, rb: np.ndarray) -> tuple[float, float] | None:
+    """(median step of the HISTORY_RECENT steps before the window, the same before the baseline's), None
+    without rows or for summaries without a step history."""
+    if not len(rc):
         return None
     now, was = cur.sch("hist_ms")[rc], base.sch("hist_ms")[rb]
     if not (np.isfinite(now).all() and np.isfinite(was).all()):
         return None
-    m_now, m_was = float(np.median(now)), float(np.median(was))
-    if m_now - m_was < max(th.abs_ms, BEFORE_GROWTH * th.regression_rel * m_was):
-        return None
-    return m_now, m_was
+    return float(np.median(now)), float(np.median(was))
 
 
 def _passing(cur: Table, base: Table, rc: np.ndarray, rb: np.ndarray, bar: float,
@@ -482,13 +490,10 @@ def _passing(cur: Table, base: Table, rc: np.ndarray, rb: np.ndarray, bar: float
     median is no reference for them. ``bar``: half the window's growth, as a slowdown that lasts
     shows before the window about as much as in it (a rank's 15 ms of extra matmuls a step: the
     window +34 ms, the steps before it +21)."""
-    if trigger in TRIGGERED or not len(rc):
+    if trigger in TRIGGERED:
         return None
-    now, was = cur.sch("hist_ms")[rc], base.sch("hist_ms")[rb]
-    if not (np.isfinite(now).all() and np.isfinite(was).all()):
-        return None
-    before = (float(np.median(now)), float(np.median(was)))
-    return before if before[0] - before[1] < bar else None
+    before = _steps_before(cur, base, rc, rb)
+    return before if before is not None and before[0] - before[1] < bar else None
 
 
 def _shares_hosts(table: Table, rows: np.ndarray, culprit_rows: np.ndarray | None) -> bool:
