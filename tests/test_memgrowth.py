@@ -36,6 +36,9 @@ def test_the_rank_is_warned_when_its_room_runs_out_before_the_job_has_run_as_lon
     assert "runs out in ~750 steps (~2 min at 120 ms a step)" in said and "OOM killer" in said
     assert memgrowth.warning(g, room_mb=50_000.0, step_ms=120.0) is None   # 25,000 steps away
     assert memgrowth.warning(g, room_mb=None, step_ms=120.0) is None
+    # a cgroup already over its limit (usage above it for a moment) has no room left, not a negative one
+    over = memgrowth.warning(g, room_mb=-512.0, step_ms=120.0)
+    assert over is not None and "the 0 MB it may still take runs out in ~0 steps" in over, over
 
 
 def test_the_job_summary_names_the_rank_that_kept_growing_and_what_the_others_did() -> None:

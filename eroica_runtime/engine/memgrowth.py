@@ -105,7 +105,7 @@ def warning(g: Growth | None, room_mb: float | None, step_ms: float | None) -> s
         return None
     when = f" (~{left * step_ms / 60e3:.0f} min at {step_ms:.0f} ms a step)" if step_ms and step_ms > 0 else ""
     return (f"memory: this rank's anonymous memory grew {_mb(g.grown_mb)} in steps {g.first_step:,}-{g.last_step:,} "
-            f"({_mb(g.first_mb)} -> {_mb(g.last_mb)}), {_rate(g)} lately; at this rate the {_mb(room_mb or 0)} it may "
+            f"({_mb(g.first_mb)} -> {_mb(g.last_mb)}), {_rate(g)} lately; at this rate the {_mb(max(room_mb or 0.0, 0.0))} it may "
             f"still take runs out in ~{left:,.0f} steps{when} and the kernel's OOM killer ends it: {LEAK_HINT}")
 
 
