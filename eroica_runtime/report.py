@@ -303,6 +303,19 @@ def _ranks(ranks: Sequence[int], limit: int = 8) -> str:
     return shown + (f", … (+{len(ranks) - limit})" if len(ranks) > limit else "")
 
 
+def if_fixed_text(f: dict[str, Any]) -> str:
+    """"step → 41.2 ms if fixed" ("" without a what-if); with another culprit, which one holds the step
+    then, or holds it longer now (engine._what_ifs): the order to fix them in."""
+    what_if, ev = f.get("what_if_step_ms"), f.get("evidence") or {}
+    if not isinstance(what_if, (int, float)):
+        return ""
+    if isinstance(ev.get("held_by"), int):
+        return f"fixed alone, the step stays {_ms(what_if)} ms: rank {ev['held_by']} holds it longer"
+    if isinstance(ev.get("then_held_by"), int):
+        return f"step → {_ms(what_if)} ms if fixed, then rank {ev['then_held_by']} holds it"
+    return f"step → {_ms(what_if)} ms if fixed"
+
+
 def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
     """A few lines for one finding: answer first, then evidence, then what to do."""
     f = f.to_json() if isinstance(f, Finding) else f
@@ -311,11 +324,9 @@ def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
     where = f" on {_text(f['host'])}" if f.get("host") else ""
     if f.get("category") == "regression" or ev.get("all_ranks"):
         who, where = "all ranks", ""
-    what_if = f.get("what_if_step_ms")
     head = (f"  #{index} {_text(f.get('category', '?')).upper()}: {who}{where} — "
             f"{_text(f.get('function') or '?')} [{_text(f.get('phase') or '-')}], "
-            f"+{_ms(f.get('impact_ms_per_step'))} ms/step"
-            + (f" (step → {_ms(what_if)} ms if fixed)" if isinstance(what_if, (int, float)) else ""))
+            f"+{_ms(f.get('impact_ms_per_step'))} ms/step" + (f" ({if_fixed_text(f)})" if if_fixed_text(f) else ""))
     lines = [head]
     facts = []
     if f.get("category") == "regression" or ev.get("all_ranks") or "baseline_step" in ev:

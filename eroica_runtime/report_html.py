@@ -13,6 +13,7 @@ from eroica_runtime.report import (
     calls_text,
     capture_label,
     format_time_lost,
+    if_fixed_text,
     is_healthy,
     job_profiler_text,
     passing_text,
@@ -150,12 +151,13 @@ def _finding_rows(findings: list[dict[str, Any]]) -> str:
     if not findings:
         return '<p class="ok">No findings: ranks behaved like their peers.</p>'
     rows = ["<table><tr><th>#</th><th>category</th><th>rank</th><th>host</th><th>function</th>"
-            "<th>impact ms/step</th><th>victims</th><th>action</th></tr>"]
+            "<th>impact ms/step</th><th>if fixed</th><th>victims</th><th>action</th></tr>"]
     for i, f in enumerate(findings, 1):
         rows.append(f"<tr><td>{i}</td><td class=cat>{_e(f.get('category'))}</td>"
                     f"<td>{_e(f.get('rank') if f.get('rank') is not None else '–')}</td>"
                     f"<td>{_e(f.get('host') or '–')}</td><td>{_e(f.get('function') or '–')}</td>"
-                    f"<td>{_num(f.get('impact_ms_per_step'))}</td><td>{len(f.get('victims') or [])}</td>"
+                    f"<td>{_num(f.get('impact_ms_per_step'))}</td><td>{_e(if_fixed_text(f) or '–')}</td>"
+                    f"<td>{len(f.get('victims') or [])}</td>"
                     f"<td>{_e(f.get('action', ''))}</td></tr>")
     rows.append("</table>")
     return "".join(rows)

@@ -138,6 +138,32 @@ def test_every_ranks_input_slowing_alike_is_a_regression_with_the_input_pipeline
                                                                                        f.what_if_step_ms, now, base_step)
 
 
+def test_fixing_the_worse_of_two_culprits_brings_the_step_down_to_the_other_ones_level() -> None:
+    """Two faults at once in a real 4-rank job (tests/data/faultbench/two-culprits): rank 3 runs 150 ms
+    of extra matmuls a step and rank 1's dataset sleeps 80 ms a batch. Both are named, rank 3 first.
+    Fixed alone, rank 3 leaves the step where rank 1's own work holds it (the same job with rank 1's
+    fault alone stepped at 62% of this one's step), not the step less the difference of the two costs,
+    which said 164 of 195 ms and sent a reader to the wrong rank first; fixing rank 1 alone leaves the
+    step as it is. Each says which rank holds the step after or before it: the order to fix them in."""
+    (_, base, _), (meta, spike, errors) = (summary.decode_capture(p.read_bytes()) for p in sorted(
+        (DATA.parent / "faultbench" / "two-culprits" / "captures").glob("*.msgpack"), key=lambda p: int(p.stem)))
+    assert not errors
+    d = diagnose(spike, step=meta["step"], trigger=meta["trigger"], world_size=4, baseline=base)
+    assert [(f.rank, f.category) for f in d.findings] == [(3, "compute"), (1, "dataloader")], \
+        [f.title for f in d.findings]
+    worse, other = d.findings
+    step = d.step_ms["median"]
+    own_other, ref = other.evidence["own_work_ms"]
+    assert other.impact_ms_per_step > own_other - ref + 20   # its batches grew more than its whole own work
+    assert worse.what_if_step_ms is not None and other.what_if_step_ms is not None
+    assert own_other <= worse.what_if_step_ms <= 0.75 * step, (worse.what_if_step_ms, own_other, step)
+    assert other.what_if_step_ms >= 0.95 * step, (other.what_if_step_ms, step)
+    # the order to fix them in, said where the step is
+    assert worse.evidence["then_held_by"] == 1 and other.evidence["held_by"] == 3
+    assert format_finding(worse)[0].endswith("ms if fixed, then rank 1 holds it)"), format_finding(worse)[0]
+    assert "fixed alone, the step stays" in format_finding(other)[0], format_finding(other)[0]
+
+
 def test_a_detector_window_too_noisy_to_call_is_slower_when_the_steps_before_it_were() -> None:
     """The fault bench's memory case with 2 DataLoader workers a rank (tests/data/faultbench/memory-workers):
     rank 1's thrashing slowed every rank of the 2-core host alike, and its drift capture's 3-step window

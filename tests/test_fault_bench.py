@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from eroica_launch import offline
 from eroica_runtime.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -208,6 +209,30 @@ def test_scoring_on_stored_reports(tmp_path: Path) -> None:
     body = doc.read_text()
     assert body.startswith("intro\n") and "second" in body and "| compute |" not in body
     assert json.dumps(s)  # serialisable into bench.json
+
+
+def test_a_case_with_two_culprits_is_right_only_when_both_are_named(tmp_path: Path) -> None:
+    """The two-culprits case scored on a real job's captures (tests/data/faultbench/two-culprits, analysed
+    as `eroica analyze` does): rank 3 is the top finding, rank 1's dataloader finding is no false one
+    and is needed for the rank to be right, and the bench's table and the report's say which rank holds
+    the step next."""
+    rdir = tmp_path / "report"
+    shutil.copytree(DATA / "two-culprits" / "captures", rdir / "captures")
+    offline.run_analysis(rdir)
+    case = _case("two-culprits")
+    fault = case.fault.format(rank=case.rank, start=50)
+    res = bench.CaseResult(case.name, fault, case.rank, None, list(case.categories), onset_step=50)
+    s = bench.score_case(case, res, rdir)
+    assert (s["detected"], s["rank_ok"], s["category_ok"], s["false_findings"]) == (True, True, True, 0), s
+    assert s["top"]["rank"] == 3 and s["top"]["then_held_by"] == 1 and s["also_named"] == [1]
+    res.score = s
+    assert "compute r3 `aten::matmul`, then r1; also r1 named |" in bench.table([res], None)
+    html = (rdir / "report.html").read_text()   # the order to fix them in, in the report's findings table too
+    assert "then rank 1 holds it</td>" in html and "rank 3 holds it longer</td>" in html
+    # a job whose report named rank 3 alone missed a culprit: the rank is not right
+    lone = bench.Case("x", fault, ("compute",), 3, also=((1, ("dataloader",)), (2, ("gc",))))
+    s2 = bench.score_case(lone, res, rdir)
+    assert s2["detected"] and not s2["rank_ok"] and s2["also_named"] == [1]
 
 
 @pytest.mark.multirank

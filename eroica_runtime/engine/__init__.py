@@ -61,7 +61,7 @@ from eroica_runtime.engine.categories import (
 )
 from eroica_runtime.engine.commonmode import comm_before_window, common_mode, hang_findings, local_comm_excess
 from eroica_runtime.engine.history import HISTORY_FUNCTION, history_culprits
-from eroica_runtime.engine.impact import culprit_what_if
+from eroica_runtime.engine.impact import all_fixed, culprit_what_if
 from eroica_runtime.engine.lonework import describe, lone_steps
 from eroica_runtime.engine.memory import memory_action, memory_evidence, span_culprits
 from eroica_runtime.engine.model import CATEGORIES, Diagnosis, Finding, in_function, ranks_waiting
@@ -88,8 +88,37 @@ HEAT_COLUMNS = ("step", "data", "forward", "backward", "optimizer", "host_gap", 
 HEAT_MAX_ROWS = 40
 
 
-def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float,
-                     stopped: dict[str, Any] | None = None) -> Finding:
+def _what_ifs(table: Table, findings: list[Finding], culprits: list[Culprit], step_ms: float) -> list[Finding]:
+    """The culprits' findings with the step each leaves if fixed alone. The step then falls to the
+    next-worst culprit's level (impact.culprit_what_if), and no lower than the culprit's peers' own work
+    plus the collective's own time (what the culprit, last to arrive, waited): on shared cores a
+    culprit's peers run faster while it stalls. Work alone in a window step that recurs: fixed, the
+    job's mean step over every step seen drops by its average cost (the window's median step holds the
+    lone step). With several culprits the evidence says which holds the step once this one is fixed
+    (``then_held_by``), or which holds it longer now (``held_by``): the order to fix them in."""
+    levels = [c.level_ms for c in culprits]
+    out = []
+    for i, (f, c) in enumerate(zip(findings, culprits, strict=True)):
+        if c.alone is not None:
+            out.append(replace(f, what_if_step_ms=max(c.alone["mean_step_ms"] - c.cost_ms, 0.0)))
+            continue
+        floor = min(step_ms, c.own_ref + max(c.comm, 0.0))
+        what_if = max(culprit_what_if(step_ms, levels, i), floor)
+        others = [j for j in range(len(culprits)) if j != i and levels[j] > 0]
+        ev = dict(f.evidence)
+        if others:
+            j = max(others, key=lambda k: levels[k])
+            rank_j = int(table.rank[culprits[j].row])
+            if levels[j] >= levels[i]:
+                ev["held_by"] = rank_j
+            elif what_if > floor:
+                ev["then_held_by"] = rank_j
+        out.append(replace(f, what_if_step_ms=what_if, evidence=ev))
+    return out
+
+
+def _culprit_finding(table: Table, peers: Peers, c: Culprit, stopped: dict[str, Any] | None = None) -> Finding:
+    """A culprit's finding; its what-if step is set once every culprit is known (_what_ifs)."""
     row = c.row
     rank = int(table.rank[row])
     host = table.hosts[int(table.host_idx[row])]
@@ -183,7 +212,7 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, what_if: float,
                  f"{stopped['steps_seen']} steps (~{stopped['stop_ms_each']:.0f} ms each, +{c.excess_ms:.1f} "
                  f"ms/step own work, {ranks_waiting(len(c.victims))})")
     return Finding(category=c.category, rank=rank, host=host, function=c.function, phase=c.phase,
-                   impact_ms_per_step=c.cost_ms, what_if_step_ms=what_if,
+                   impact_ms_per_step=c.cost_ms, what_if_step_ms=None,
                    victims=tuple(int(v) for v in c.victims), evidence=ev, action=action.strip(), title=title)
 
 
@@ -310,24 +339,16 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
             notes.append(f"{len(dropped)} rank(s) with extra own work that no rank waited on were not reported: "
                          + ", ".join(f"rank {int(table.rank[c.row])} +{c.excess_ms:.1f} ms" for c in dropped[:5]))
             culprits = [c for c in culprits if len(c.victims)]
-    costs = [c.cost_ms for c in culprits]
     stopped = stalls(table, th)
-    # if fixed, the step is no shorter than its peers' own work plus the collective's own time (what the
-    # culprit, last to arrive, waited): on shared cores a culprit's peers run faster while it stalls
-    # work alone in a window step that recurs: fixed, the job's mean step over every step seen drops by its
-    # average cost (the window's median step holds the lone step)
-    findings = [_culprit_finding(table, peers, c, max(culprit_what_if(step_med, costs, i),
-                                                     min(step_med, c.own_ref + max(c.comm, 0.0)))
-                                 if c.alone is None else max(c.alone["mean_step_ms"] - c.cost_ms, 0.0),
-                                 stopped.get(c.row))
-                for i, c in enumerate(culprits)]
+    findings = [_culprit_finding(table, peers, c, stopped.get(c.row)) for c in culprits]
     # a lead within what the ranks' step-to-step variation gives the busiest by chance: turns, no culprit
     chance = [by_chance(table, peers.groups, f, c.group) for f, c in zip(findings, culprits, strict=True)]
     for f, ev in zip(findings, chance, strict=True):
         if ev is not None:
             notes.append(chance_note(int(f.rank), ev))
-    findings = [f for f, ev in zip(findings, chance, strict=True) if ev is None]
     culprits = [c for c, ev in zip(culprits, chance, strict=True) if ev is None]
+    findings = _what_ifs(table, [f for f, ev in zip(findings, chance, strict=True) if ev is None], culprits,
+                         step_med)
     excesses = [c.excess_ms for c in culprits]
     named = {c.row for c in culprits}
     findings.extend(stall_finding(table, row, ev, step_med) for row, ev in stopped.items() if row not in named)
@@ -373,8 +394,8 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
 
     step_ms = {"median": step_med, "p99": float(np.percentile(step_col, 99)),
                "max": float(step_col.max()), "max_rank": int(table.rank[int(np.argmax(step_col))]),
-               "what_if_all_fixed": max(step_med - max((f.impact_ms_per_step for f in findings
-                                                        if f.category != "hang"), default=0.0), 0.0)}
+               "what_if_all_fixed": all_fixed(step_med, [f.impact_ms_per_step for f in findings
+                                                         if f.category != "hang"])}
     if base is not None and base.n:
         # what this capture was compared with (the runtime's analyst reads a capture with no finding
         # and no "unexplained_ms" as found healthy only when this is here: analyst.healthy_against_baseline)

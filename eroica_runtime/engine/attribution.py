@@ -92,6 +92,19 @@ class Culprit:
             return self.waited_ms
         return self.excess_ms
 
+    @property
+    def level_ms(self) -> float:
+        """How far above its peers' own work this rank holds the step: its cost, but no more than its
+        whole own work's excess. The two differ for a rank named on one part whose other parts ran
+        faster on the cores its waiting peers left free: with two culprits on 2 cores (2026-12-06), rank
+        1's batches took +81 ms a step but its own work stood 40 ms above its peers', while rank 3's
+        extra matmuls held the step 112 ms above them. Fixing rank 3 brings the step down to rank 1's
+        level (the job with rank 1's fault alone ran 121 ms a step), not by the 31 ms between their
+        costs (which said 164 ms of 195)."""
+        if self.alone is not None:
+            return self.cost_ms
+        return max(min(self.cost_ms, self.own - self.own_ref), 0.0)
+
 
 # On a GPU the host runs ahead and its phases do not show who made whom wait; the device does.
 # A rank's own work there is the step minus its exposed collective wait (an NCCL kernel spinning

@@ -69,6 +69,9 @@ class Case:
     # at least this many steps whatever --steps says: a case whose capture's summary is still being
     # built (a slower job) leaves no step eroica did not disturb to measure its time lost on
     min_steps: int = 0
+    # more culprits planted at once, (rank, accepted categories): the right diagnosis names each of them
+    # too (rank_ok), and a finding that does is not a false one
+    also: tuple[tuple[int, tuple[str, ...]], ...] = ()
 
     @property
     def healthy(self) -> bool:
@@ -105,6 +108,10 @@ CASES: list[Case] = [
     # every rank at once on shared cores gave one rank twice the work of the others
     Case("everyone-slower", "compute:rank=*:start={start}:n=230", ("regression",), None,
          note="every rank slower: no culprit rank"),
+    # two culprits at once: the worse first, and fixing it brings the step down to the other's level,
+    # which the top finding says ("then rank 1 holds it"); the other named too
+    Case("two-culprits", "compute:rank={rank}:start={start}:ms=150;data:rank=1:start={start}:ms=80", ("compute",), 3,
+         also=((1, ("dataloader",)),), note="rank 3 extra compute and rank 1 a slow dataset at once"),
     Case("hang", "hang:rank={rank}:start={start}:seconds=80", ("hang",),
          note="rank stops 80 s, then goes on (eroica's hang floor is 60 s; a 40 s stall is not reported)"),
     Case("link", "mark:rank={rank}:start={start}", ("communication",), needs_netns=True, link_mbit=100,
@@ -257,7 +264,8 @@ def score_case(case: Case, res: CaseResult, report_dir: Path) -> dict[str, Any]:
     ttd: from the onset to the first capture whose diagnosis names the culprit with an accepted category
     (else the culprit at all), in steps (capture step - onset step) and seconds (its printed line's
     time - the onset's wall time). false_findings: distinct (rank, host, category) blamed that are not
-    the culprit, or anything before the onset / on a healthy run.
+    the culprit, or anything before the onset / on a healthy run. A case with more culprits (``also``):
+    rank_ok also needs a finding at/after the onset naming each of them with an accepted category.
     """
     path = report_dir / "report.json"
     if not path.exists():
@@ -278,10 +286,15 @@ def score_case(case: Case, res: CaseResult, report_dir: Path) -> dict[str, Any]:
     false: set[tuple[Any, Any, Any]] = set()
     first_any: dict[str, Any] | None = None
     first_ok: dict[str, Any] | None = None
+    also = dict(case.also)
+    also_named: set[int] = set()
     for cap in caps:
         after = onset is not None and cap.get("step", 0) >= onset - 2  # a capture may open on the onset step
         for f in cap.get("findings", []):
             blame = (f.get("rank"), f.get("host"), f.get("category"))
+            if after and f.get("rank") in also and f.get("category") in also[f["rank"]]:
+                also_named.add(f["rank"])
+                continue
             if case.healthy or not after or not _names_culprit(case, f, host):
                 false.add(blame)
                 continue
@@ -300,8 +313,11 @@ def score_case(case: Case, res: CaseResult, report_dir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {
         "scored": True, "reported": top is not None,  # (for fault cases: at/after the onset)
         "captures": [(c.get("step"), c.get("trigger"), len(c.get("findings", []))) for c in caps],
-        "top": None if top is None else {k: top.get(k) for k in ("rank", "host", "category", "function", "phase",
-                                                                  "impact_ms_per_step", "victims")},
+        "top": None if top is None else {**{k: top.get(k) for k in ("rank", "host", "category", "function", "phase",
+                                                                     "impact_ms_per_step", "victims")},
+                                         # the culprit that holds the step once this one is fixed (engine._what_ifs)
+                                         **({"then_held_by": (top.get("evidence") or {}).get("then_held_by")}
+                                            if case.also else {})},
         "false_findings": len(false), "false_blamed": sorted(map(str, false)),
         "steps": rep.get("steps") if isinstance(rep.get("steps"), int) else None,
     }
@@ -313,7 +329,10 @@ def score_case(case: Case, res: CaseResult, report_dir: Path) -> dict[str, Any]:
         return out
     out["detected"] = first_any is not None
     out["rank_ok"] = top is not None and _names_culprit(case, top, host) and (
-        not case.needs_netns or case.rank is None or top.get("rank") in (case.rank, None))
+        not case.needs_netns or case.rank is None or top.get("rank") in (case.rank, None)) and (
+        also_named == set(also))
+    if case.also:
+        out["also_named"] = sorted(also_named)
     out["category_ok"] = top is not None and top.get("category") in case.categories
     out["host_ok"] = (top is not None and top.get("host") == host) if host else None
     hit = first_ok or first_any
@@ -579,6 +598,10 @@ def table(results: list[CaseResult], overhead: dict[str, Any] | None) -> str:
         topt = f"{top['category']} {who} `{fn}`" if top else "none"
         if r.expected_host and top:
             topt += " @" + ",".join(h.split("-")[-1] for h in _hosts(top))
+        if c and c.also and top:
+            then = top.get("then_held_by")
+            topt += (f", then r{then}" if then is not None else "") + "; also " + ", ".join(
+                f"r{rank} {'named' if rank in s.get('also_named', []) else 'missed'}" for rank, _ in c.also)
         ttd = (f"{s['ttd_steps']} steps, {s.get('ttd_s')} s" if s.get("ttd_steps") is not None else "–")
         cost = s.get("cost") or {}
         costs = "–" if cost.get("estimated_ms") is None else " / ".join(
