@@ -164,6 +164,21 @@ def test_fixing_the_worse_of_two_culprits_brings_the_step_down_to_the_other_ones
     assert "fixed alone, the step stays" in format_finding(other)[0], format_finding(other)[0]
 
 
+def test_two_culprits_merged_into_one_host_finding_are_fixed_together() -> None:
+    """Ranks 1 and 3 of a 4-rank host both run 150 ms of extra matmuls a step (tests/data/faultbench/
+    two-alike): one host finding for both. Fixed, it takes both away: its step is not held by rank 3,
+    one of its own ranks ("step -> 192.7 ms if fixed, then rank 3 holds it" of a 201 ms step before)."""
+    (_, base, _), (meta, spike, _) = (summary.decode_capture(p.read_bytes()) for p in sorted(
+        (DATA.parent / "faultbench" / "two-alike" / "captures").glob("*.msgpack"), key=lambda p: int(p.stem)))
+    d = diagnose(spike, step=meta["step"], trigger=meta["trigger"], world_size=4, baseline=base)
+    (f,) = d.findings
+    assert f.category == "compute" and f.evidence["ranks"] == [1, 3], f.title
+    assert "held_by" not in f.evidence and "then_held_by" not in f.evidence, f.evidence
+    assert f.what_if_step_ms is not None and f.what_if_step_ms <= 0.75 * d.step_ms["median"], (
+        f.what_if_step_ms, d.step_ms["median"])
+    assert format_finding(f)[0].endswith("ms if fixed)"), format_finding(f)[0]
+
+
 def test_a_detector_window_too_noisy_to_call_is_slower_when_the_steps_before_it_were() -> None:
     """The fault bench's memory case with 2 DataLoader workers a rank (tests/data/faultbench/memory-workers):
     rank 1's thrashing slowed every rank of the 2-core host alike, and its drift capture's 3-step window

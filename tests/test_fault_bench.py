@@ -228,7 +228,7 @@ def test_a_case_with_two_culprits_is_right_only_when_both_are_named(tmp_path: Pa
     res.score = s
     assert "compute r3 `aten::matmul`, then r1; also r1 named |" in bench.table([res], None)
     html = (rdir / "report.html").read_text()   # the order to fix them in, in the report's findings table too
-    assert "then rank 1 holds it</td>" in html and "rank 3 holds it longer</td>" in html
+    assert "then rank 1 holds it</td>" in html and "rank 3 holds it too</td>" in html
     # a job whose report named rank 3 alone missed a culprit: the rank is not right
     lone = bench.Case("x", fault, ("compute",), 3, also=((1, ("dataloader",)), (2, ("gc",))))
     s2 = bench.score_case(lone, res, rdir)

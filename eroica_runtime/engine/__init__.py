@@ -61,7 +61,7 @@ from eroica_runtime.engine.categories import (
 )
 from eroica_runtime.engine.commonmode import comm_before_window, common_mode, hang_findings, local_comm_excess
 from eroica_runtime.engine.history import HISTORY_FUNCTION, history_culprits
-from eroica_runtime.engine.impact import all_fixed, culprit_what_if
+from eroica_runtime.engine.impact import Gates, all_fixed
 from eroica_runtime.engine.lonework import describe, lone_steps
 from eroica_runtime.engine.memory import memory_action, memory_evidence, span_culprits
 from eroica_runtime.engine.model import CATEGORIES, Diagnosis, Finding, in_function, ranks_waiting
@@ -88,33 +88,24 @@ HEAT_COLUMNS = ("step", "data", "forward", "backward", "optimizer", "host_gap", 
 HEAT_MAX_ROWS = 40
 
 
-def _what_ifs(table: Table, findings: list[Finding], culprits: list[Culprit], step_ms: float) -> list[Finding]:
-    """The culprits' findings with the step each leaves if fixed alone. The step then falls to the
-    next-worst culprit's level (impact.culprit_what_if), and no lower than the culprit's peers' own work
-    plus the collective's own time (what the culprit, last to arrive, waited): on shared cores a
-    culprit's peers run faster while it stalls. Work alone in a window step that recurs: fixed, the
-    job's mean step over every step seen drops by its average cost (the window's median step holds the
-    lone step). With several culprits the evidence says which holds the step once this one is fixed
-    (``then_held_by``), or which holds it longer now (``held_by``): the order to fix them in."""
-    levels = [c.level_ms for c in culprits]
+def _what_ifs(table: Table, findings: list[Finding], culprits: list[Culprit], step_ms: float) -> tuple[list[Finding], Gates]:
+    """The culprits' findings with the step each leaves if fixed alone (impact.Gates: the next-worst
+    culprit's level, and no lower than the culprit's peers' own work plus the collective's own time, what
+    the culprit, last to arrive, waited: on shared cores a culprit's peers run faster while it stalls),
+    and the gates, for the host findings that merge several (_merge_hosts). Work alone in a window step
+    that recurs: fixed, the job's mean step over every step seen drops by its average cost (the window's
+    median step holds the lone step)."""
+    ranks = [int(table.rank[c.row]) for c in culprits]
+    gates = Gates(step_ms, {r: c.level_ms for r, c in zip(ranks, culprits, strict=True)},
+                  {r: min(step_ms, c.own_ref + max(c.comm, 0.0)) for r, c in zip(ranks, culprits, strict=True)})
     out = []
-    for i, (f, c) in enumerate(zip(findings, culprits, strict=True)):
+    for f, c, r in zip(findings, culprits, ranks, strict=True):
         if c.alone is not None:
             out.append(replace(f, what_if_step_ms=max(c.alone["mean_step_ms"] - c.cost_ms, 0.0)))
             continue
-        floor = min(step_ms, c.own_ref + max(c.comm, 0.0))
-        what_if = max(culprit_what_if(step_ms, levels, i), floor)
-        others = [j for j in range(len(culprits)) if j != i and levels[j] > 0]
-        ev = dict(f.evidence)
-        if others:
-            j = max(others, key=lambda k: levels[k])
-            rank_j = int(table.rank[culprits[j].row])
-            if levels[j] >= levels[i]:
-                ev["held_by"] = rank_j
-            elif what_if > floor:
-                ev["then_held_by"] = rank_j
-        out.append(replace(f, what_if_step_ms=what_if, evidence=ev))
-    return out
+        what_if, order = gates.fixed({r})
+        out.append(replace(f, what_if_step_ms=what_if, evidence={**f.evidence, **order}))
+    return out, gates
 
 
 def _culprit_finding(table: Table, peers: Peers, c: Culprit, stopped: dict[str, Any] | None = None) -> Finding:
@@ -230,8 +221,9 @@ def _not_while_held(table: Table, held: list[int], found: list[Finding], notes: 
     return kept
 
 
-def _merge_hosts(table: Table, findings: list[Finding]) -> list[Finding]:
-    """Several culprits of one category on one host, covering most of its ranks, are one host finding."""
+def _merge_hosts(table: Table, findings: list[Finding], gates: Gates) -> list[Finding]:
+    """Several culprits of one category on one host, covering most of its ranks, are one host finding;
+    fixed, the step loses all of them at once (``gates``)."""
     by_key: dict[tuple[str | None, str], list[Finding]] = {}
     for f in findings:
         by_key.setdefault((f.host, f.category), []).append(f)
@@ -245,10 +237,15 @@ def _merge_hosts(table: Table, findings: list[Finding]) -> list[Finding]:
         worst = max(fs, key=lambda f: f.impact_ms_per_step)
         ranks = sorted(int(f.rank) for f in fs if f.rank is not None)
         victims = tuple(sorted(set().union(*(f.victims for f in fs)) - set(ranks)))
-        ev = {**worst.evidence, "ranks": ranks, "ranks_on_host": on_host}
+        ev = {k: v for k, v in worst.evidence.items() if k not in ("held_by", "then_held_by")}
+        ev.update(ranks=ranks, ranks_on_host=on_host)
+        what_if = worst.what_if_step_ms
+        if all(r in gates.levels for r in ranks):
+            what_if, order = gates.fixed(ranks)
+            ev.update(order)
         out.append(Finding(category=cat, rank=worst.rank, host=host, function=worst.function,
                            phase=worst.phase, impact_ms_per_step=worst.impact_ms_per_step,
-                           what_if_step_ms=worst.what_if_step_ms, victims=victims, evidence=ev,
+                           what_if_step_ms=what_if, victims=victims, evidence=ev,
                            action=f"{len(ranks)} of {on_host} ranks on {host} are slow alike: suspect the host. "
                            + worst.action,
                            title=f"host {host}: {len(ranks)} ranks slow in {cat} ({worst.function}), "
@@ -347,8 +344,8 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
         if ev is not None:
             notes.append(chance_note(int(f.rank), ev))
     culprits = [c for c, ev in zip(culprits, chance, strict=True) if ev is None]
-    findings = _what_ifs(table, [f for f, ev in zip(findings, chance, strict=True) if ev is None], culprits,
-                         step_med)
+    findings, gates = _what_ifs(table, [f for f, ev in zip(findings, chance, strict=True) if ev is None],
+                                culprits, step_med)
     excesses = [c.excess_ms for c in culprits]
     named = {c.row for c in culprits}
     findings.extend(stall_finding(table, row, ev, step_med) for row, ev in stopped.items() if row not in named)
@@ -364,7 +361,7 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
         findings.extend(short)
         excesses += [f.impact_ms_per_step for f in short]
         named |= {int(r) for r in table.rows_of([int(f.rank) for f in short if f.rank is not None])}
-    findings = _merge_hosts(table, findings)
+    findings = _merge_hosts(table, findings, gates)
     # ranks their CPU quota held throttled, alike or not: no peer needs to stand out for that time to be lost
     findings.extend(quota_findings(table, th, named))
     # ranks whose own collective threads were stopped or starved of CPU with them: every rank's wait

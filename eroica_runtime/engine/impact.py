@@ -5,19 +5,40 @@ excess is what every rank pays per step, up to how long its victims waited for i
 (``Culprit.cost_ms``: on shared cores the peers of a stalled rank run faster than when healthy,
 and the excess over their own work overstates the cost). With several culprits in one job, fixing
 one only helps down to the next-worst one's level (``Culprit.level_ms``: how far above the peers'
-own work it holds the step): ``what_if`` accounts for that, ``impact`` is the finding's own cost;
+own work it holds the step): ``Gates.fixed`` accounts for that, ``impact`` is the finding's own cost;
 the engine also keeps ``what_if`` at or above the peers' own work plus the collective's own time.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 
-def culprit_what_if(step_ms: float, levels: list[float], i: int) -> float:
-    """Step time if culprit ``i`` alone were fixed (the others still gate the step); ``levels``: how far
-    above their peers' own work each culprit holds the step."""
-    worst = max(levels) if levels else 0.0
-    others = max((e for j, e in enumerate(levels) if j != i), default=0.0)
-    return max(step_ms - (worst - others), 0.0)
+
+@dataclass(frozen=True)
+class Gates:
+    """The culprits that hold a window's step: ``levels`` (rank -> how far above its peers' own work it
+    holds the step, ``Culprit.level_ms``) and ``floors`` (rank -> the step it leaves fixed is no shorter
+    than its peers' own work plus the collective's own time)."""
+
+    step_ms: float
+    levels: Mapping[int, float]
+    floors: Mapping[int, float]
+
+    def fixed(self, ranks: Collection[int]) -> tuple[float, dict[str, int]]:
+        """Step time if the culprits ``ranks`` were fixed (the others still gate the step: it falls to the
+        next-worst one's level), and which other culprit holds the step then (``then_held_by``) or holds
+        it as long or longer now (``held_by``): the order to fix them in."""
+        mine = max((self.levels[r] for r in ranks if r in self.levels), default=0.0)
+        floor = max((self.floors[r] for r in ranks if r in self.floors), default=0.0)
+        others = {r: v for r, v in self.levels.items() if r not in ranks and v > 0}
+        if not others:
+            return max(self.step_ms - mine, floor, 0.0), {}
+        nxt = max(others, key=lambda r: others[r])
+        if others[nxt] >= mine:
+            return max(self.step_ms, floor), {"held_by": nxt}
+        what_if = max(self.step_ms - (mine - others[nxt]), floor, 0.0)
+        return what_if, ({"then_held_by": nxt} if what_if > floor else {})
 
 
 def all_fixed(step_ms: float, impacts: list[float]) -> float:
