@@ -120,6 +120,9 @@ CASES: list[Case] = [
          link_mbit=100, note="tbf on/off with the mark"),
     Case("link-delay", "mark:rank={rank}:start={start}", ("communication",), needs_netns=True,
          link_delay_ms=5.0, note="NFQUEUE 5 ms each way on the culprit's host"),
+    Case("link-compute", "mark:rank={rank}:start={start};compute:rank=3:start={start}:ms=150", ("communication",),
+         needs_netns=True, link_mbit=100, also=((3, ("compute",)),),
+         note="tbf 100 Mbit/s on the culprit's host and rank 3 extra compute at once"),
     # Real frameworks (issue 12): their loops put forward/backward/all-reduce elsewhere than train_bench
     # (Lightning: inside optimizer.step(closure); HF Trainer: prefetched micro-batches, a token-count
     # all-gather in the fetch, gradient accumulation). Same faults, same onset, same scoring.
