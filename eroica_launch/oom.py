@@ -16,8 +16,13 @@ same log says whether it was the OOM killer (``explain_workers``).
 
 from __future__ import annotations
 
+import collections
 import os
 import re
+import time
+
+from eroica_runtime.engine import memgrowth
+from eroica_runtime.memwatch import anon_mb
 
 VMSTAT = "/proc/vmstat"
 KMSG = "/dev/kmsg"
@@ -76,22 +81,83 @@ def killed_by_kernel(pid: int, path: str | None = None) -> str | None:
     return head + (f" (anon-rss {int(rss.group(1)) / 1024:.0f} MB)" if rss else "")
 
 
-def explain(pid: int | None, kills_before: int | None) -> tuple[str, bool]:
+class MemoryTrail:
+    """The rank's anonymous memory, sampled by its wrapper while it runs (every ``every_s``; the kernel's
+    record of an OOM kill gives one size, at the kill, and the rank itself cannot speak after SIGKILL):
+    the whole run in at most memgrowth.MAX_SAMPLES samples, thinned as memwatch.py thins its own, and the
+    last RECENT at the full rate, so that a job of days still shows what its last seconds did."""
+
+    RECENT = 8
+
+    def __init__(self, pid: int, every_s: float) -> None:
+        self._path = f"/proc/{pid}/status"
+        self._every = self._base = every_s
+        self._whole: list[tuple[float, float]] = []
+        self._recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=self.RECENT)
+        self._next = self._next_whole = 0.0
+
+    def sample(self) -> None:
+        """Called often (the wrapper's wait loop); reads /proc/<pid>/status when a sample is due."""
+        now = time.time()
+        if now < self._next:
+            return
+        self._next = now + self._base
+        try:
+            with open(self._path, "rb") as fh:
+                mb = anon_mb(fh.read(8192))
+        except OSError:
+            return
+        if mb is None:
+            return
+        self._recent.append((now, mb))
+        if now >= self._next_whole:
+            self._next_whole = now + self._every
+            self._whole.append((now, mb))
+            if len(self._whole) > memgrowth.MAX_SAMPLES:
+                self._whole = self._whole[::2]
+                self._every *= 2
+
+    @property
+    def samples(self) -> list[tuple[float, float]]:
+        return sorted(set(self._whole) | set(self._recent))
+
+    @property
+    def jump_s(self) -> float:
+        """How recent a rise is one allocation: three of its sampling intervals."""
+        return 3 * self._base
+
+
+def _anon_rss_mb(record: str) -> float | None:
+    m = re.search(r"\(anon-rss (\d+) MB\)$", record)
+    return float(m.group(1)) if m else None
+
+
+def explain(pid: int | None, kills_before: int | None, trail: MemoryTrail | None = None,
+            died_at: float | None = None, startup_s: float = memgrowth.STARTUP_S) -> tuple[str, bool]:
     """What to add to a SIGKILL death of ``pid``, and whether it is certain: the kernel's log naming it
     (certain); where that log cannot be read, OOM kills on the host while it ran (not certain: a rank
     the launcher killed after a peer's OOM kill counts them too); ("", False) when neither can be said.
-    A readable log without a record of it is the answer: someone else killed it."""
+    A readable log without a record of it is the answer: someone else killed it. With the rank's
+    ``trail`` (its wrapper's samples; ``died_at``: when it died; ``startup_s``: EROICA_MEMORY_STARTUP_S),
+    what its memory did before."""
     record = killed_by_kernel(pid) if pid is not None else NOT_READABLE
-    if record not in (None, NOT_READABLE):
-        return (f"killed by the kernel's OOM killer, which logged \"{record}\": the rank ran out of memory; "
-                f"{ACTION}"), True
+    certain = record is not None and record != NOT_READABLE
+    said, killed_mb = "", None
+    if record is not None and record != NOT_READABLE:
+        said = f"killed by the kernel's OOM killer, which logged \"{record}\": the rank ran out of memory; "
+        killed_mb = _anon_rss_mb(record)
     after = oom_kills()
     if record == NOT_READABLE and kills_before is not None and after is not None and after > kills_before:
         n = after - kills_before
-        return (f"the kernel's OOM killer ended {n} process{'es' if n > 1 else ''} on this host while the rank ran "
-                f"(/proc/vmstat oom_kill; `dmesg` names them): if this rank was one, it ran out of memory; "
-                f"{ACTION}"), False
-    return "", False
+        said = (f"the kernel's OOM killer ended {n} process{'es' if n > 1 else ''} on this host while the rank ran "
+                f"(/proc/vmstat oom_kill; `dmesg` names them): if this rank was one, it ran out of memory; ")
+    if not said:
+        return "", False
+    if trail is not None:   # what its memory did before: a leak, or one allocation
+        before = memgrowth.before_kill(trail.samples, killed_mb, time.time() if died_at is None else died_at,
+                                       startup_s, trail.jump_s)
+        said += f"{before}; " if before else ""
+    return said + ACTION, certain
 
 
 # torch's words for a dead worker: "DataLoader worker (pid 23810) is killed by signal: Killed." (its SIGCHLD

@@ -221,7 +221,8 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
 
     for name in FORWARDED:
         signal.signal(getattr(signal, name), forward if forward_signals else signal.SIG_IGN)
-    rc, message = wait_with_exit_guard(child, attempt_dir / EXIT_MARKER, exit_grace_s(base))
+    trail = oom.MemoryTrail(child.pid, memory_sample_s(base))
+    rc, message = wait_with_exit_guard(child, attempt_dir / EXIT_MARKER, exit_grace_s(base), tick=trail.sample)
     ended = time.time()  # before draining output: a killed rank's end must not look later than its victims'
     if message:
         print(f"eroica-run: rank {ident.rank}: {message}", file=sys.stderr, flush=True)
@@ -236,7 +237,8 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
             signame = signal.Signals(-rc).name
         except ValueError:
             signame = f"signal {-rc}"
-    oom_said, certain = oom.explain(child.pid, kills_before) if rc == -signal.SIGKILL else ("", False)
+    oom_said, certain = (oom.explain(child.pid, kills_before, trail, ended, _setting(base, "memory_startup_s"))
+                         if rc == -signal.SIGKILL else ("", False))
     if rc > 0 and not message:   # its error may name DataLoader workers the kernel killed
         with contextlib.suppress(OSError):
             oom_said = oom.explain_workers((attempt_dir / "error.json").read_text(errors="replace")[:1 << 20])
@@ -248,28 +250,42 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
     return rc if rc >= 0 else 128 - rc
 
 
-def exit_grace_s(env: dict[str, str]) -> float:
-    """EROICA_EXIT_GRACE_S (config.py's table): seconds a finished program may spend in interpreter
-    teardown (0 = forever); eroica-run checked the value, so a bad one here falls back to the default."""
-    var = env_name("exit_grace_s")
+def _setting(env: dict[str, str], name: str) -> float:
+    """A setting of config.py's table from the rank's environment; eroica-run checked the value, so a bad
+    one here falls back to the default."""
+    var = env_name(name)
     try:
-        return Config.from_env({var: env[var]}).exit_grace_s if env.get(var) else Config().exit_grace_s
+        return float(getattr(Config.from_env({var: env[var]}) if env.get(var) else Config(), name))
     except ConfigError:
-        return Config().exit_grace_s
+        return float(getattr(Config(), name))
+
+
+def exit_grace_s(env: dict[str, str]) -> float:
+    """EROICA_EXIT_GRACE_S: seconds a finished program may spend in interpreter teardown (0 = forever)."""
+    return _setting(env, "exit_grace_s")
+
+
+def memory_sample_s(env: dict[str, str]) -> float:
+    """EROICA_MEMORY_SAMPLE_S: seconds between samples of the rank's anonymous memory (the rank's own,
+    memwatch.py, and its wrapper's, oom.MemoryTrail, which outlives an OOM kill)."""
+    return _setting(env, "memory_sample_s")
 
 
 def wait_with_exit_guard(child: subprocess.Popen, marker: Path, grace_s: float,
-                         poll_s: float = 0.2) -> tuple[int, str]:
+                         poll_s: float = 0.2, tick: Callable[[], None] | None = None) -> tuple[int, str]:
     """Wait for the program; end it if it is still alive ``grace_s`` after it finished.
 
     The program writes ``marker`` (with the exit code it chose) from its last atexit handler: from
     then on only interpreter teardown is left, which a library thread can deadlock (see
     eroica_runtime.errorfile). A program that finished must end, so once the grace has passed the
     wrapper kills it and reports the exit code the program chose, with a message saying so.
-    Returns (exit code, message); the message is empty for an ordinary exit.
+    Returns (exit code, message); the message is empty for an ordinary exit. ``tick`` runs at every
+    poll (the rank's memory trail).
     """
     seen: float | None = None
     while True:
+        if tick is not None:
+            tick()
         try:
             return child.wait(timeout=poll_s), ""
         except subprocess.TimeoutExpired:

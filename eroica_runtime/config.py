@@ -100,6 +100,9 @@ class Config:
     hang_factor: float = setting(5.0, lo=1.0, lo_open=True, hi=1e6)
     # seconds between samples of each rank's anonymous memory (memwatch.py)
     memory_sample_s: float = setting(2.0, lo=0.0, lo_open=True, hi=DAY_S)
+    # seconds from a rank's start in which its memory growing until an OOM kill is start-up (loading a
+    # model, a checkpoint, a dataset), not a leak (memgrowth.before_kill)
+    memory_startup_s: float = setting(120.0, lo=0.0, hi=DAY_S)
     hang_action: str = setting("report", "On a diagnosed hang: report (keep waiting) or abort the job.",
                                metavar="report|abort", choices=("report", "abort"))
     exit_grace_s: float = setting(60.0, "Seconds a rank that finished may spend in interpreter teardown "

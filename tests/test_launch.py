@@ -78,8 +78,9 @@ def test_rank_killed_by_signal_is_reported_with_signal_name(tmp_path) -> None:
     assert "OOM" not in proc.stderr, explain(proc)     # it killed itself: no OOM kill to speak of
 
 
-def _outgrow_memory(tmp_path: Path, mode: str) -> subprocess.CompletedProcess[str]:
-    """fail.py's rank 1 (FAIL_MODE ``mode``) outgrows a real 64 MB memory cgroup, removed afterwards."""
+def _outgrow_memory(tmp_path: Path, mode: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """fail.py's rank 1 (FAIL_MODE ``mode``) outgrows a real memory cgroup (64 MB unless ``env`` says
+    otherwise), removed afterwards."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
     from faultlib import faults
 
@@ -88,7 +89,7 @@ def _outgrow_memory(tmp_path: Path, mode: str) -> subprocess.CompletedProcess[st
     name = f"eroica-test-{mode}-{os.getpid()}"
     try:
         return eroica_run("--nproc-per-node", "2", "--report-dir", tmp_path, SCRIPTS / "fail.py",
-                          env={"FAIL_RANK": "1", "FAIL_MODE": mode, "FAIL_CGROUP": name}, timeout=150)
+                          env={"FAIL_RANK": "1", "FAIL_MODE": mode, "FAIL_CGROUP": name, **env}, timeout=150)
     finally:
         with contextlib.suppress(OSError):
             (faults.hierarchy("memory")[0] / name).rmdir()   # type: ignore[index]
@@ -96,9 +97,13 @@ def _outgrow_memory(tmp_path: Path, mode: str) -> subprocess.CompletedProcess[st
 
 @pytest.mark.root
 def test_a_rank_the_oom_killer_ended_is_said_to_have_run_out_of_memory(tmp_path) -> None:
-    """Rank 1 outgrows its 64 MB memory cgroup and the kernel's OOM killer ends it (SIGKILL, no traceback):
-    the failure summary says so, from the kernel's log or the host's OOM-kill count, with what to do."""
-    proc = _outgrow_memory(tmp_path, "oom")
+    """Rank 1 outgrows its memory cgroup at once (512 MB, 4 GB asked for) and the kernel's OOM killer
+    ends it (SIGKILL, no traceback): the failure summary says so, from the kernel's log or the host's
+    OOM-kill count, with what to do; where the log gives its size at the kill, its wrapper's samples of
+    its memory before say it was one allocation, not a slow leak."""
+    # (judged as a longer job's rank: one killed in its first 2 minutes was starting up, whatever it did)
+    proc = _outgrow_memory(tmp_path, "oom", FAIL_LIMIT_MB="512", FAIL_AFTER_S="1.5", EROICA_MEMORY_SAMPLE_S="0.2",
+                           EROICA_MEMORY_STARTUP_S="0")
     assert proc.returncode == 128 + signal.SIGKILL, explain(proc)
     root = proc.stderr[proc.stderr.index("Root Cause"):]
     assert re.search(r"rank\s+: 1 ", root) and "SIGKILL" in root, explain(proc)
@@ -106,6 +111,21 @@ def test_a_rank_the_oom_killer_ended_is_said_to_have_run_out_of_memory(tmp_path)
     if os.access("/dev/kmsg", os.R_OK):   # certain: said on stderr at once, too
         said = [ln for ln in proc.stderr.splitlines() if ln.startswith("eroica-run: rank 1 (pid ")]
         assert said and "killed by the kernel's OOM killer" in said[0], explain(proc)
+        assert "one allocation far larger than the others" in said[0] and "a leak" not in said[0], explain(proc)
+
+
+@pytest.mark.root
+def test_a_rank_the_oom_killer_ended_after_its_memory_kept_growing_is_said_to_leak(tmp_path) -> None:
+    """Rank 1 keeps 16 MB more every 0.1 s until its 400 MB memory cgroup's OOM killer ends it: the rank
+    cannot speak after SIGKILL, and the kernel's record gives one size; its wrapper sampled its memory
+    while it ran, and the failure summary says it grew steadily: a leak."""
+    # (judged as a longer job's rank, as above)
+    proc = _outgrow_memory(tmp_path, "oom", FAIL_LIMIT_MB="400", FAIL_LEAK_MB="16", EROICA_MEMORY_SAMPLE_S="0.2",
+                           EROICA_MEMORY_STARTUP_S="0")
+    assert proc.returncode == 128 + signal.SIGKILL, explain(proc)
+    root = proc.stderr[proc.stderr.index("Root Cause"):]
+    assert "ran out of memory" in root and "its anonymous memory had grown for" in root, explain(proc)
+    assert "a leak? (tensors kept with their autograd graph" in root, explain(proc)
 
 
 @pytest.mark.root

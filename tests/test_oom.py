@@ -4,6 +4,7 @@ The kernel's log itself is read in test_launch's root tests, where a real cgroup
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,38 @@ def test_a_readable_kernel_log_without_the_rank_is_no_oom_kill_whatever_the_coun
     monkeypatch.setattr(oom, "KMSG", str(log))
     host.write_text("oom_kill 4\n")
     assert oom.explain(4242, 3) == ("", False)
+
+
+class _Trail(oom.MemoryTrail):
+    def __init__(self, samples: list[tuple[float, float]]) -> None:
+        super().__init__(0, 1.0)
+        self._fixed = samples
+
+    @property
+    def samples(self) -> list[tuple[float, float]]:
+        return self._fixed
+
+
+def test_an_oom_kill_says_what_the_ranks_memory_did_before_it(host: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's record gives the size at the kill; the wrapper's samples before it say one allocation
+    (from the record's anon-rss), and the same words go before what to do."""
+    log = host.parent / "kmsg"
+    log.write_text("3,9,9,-;Memory cgroup out of memory: Killed process 4242 (python) total-vm:9999kB, "
+                   "anon-rss:9216000kB, file-rss:0kB\n")
+    monkeypatch.setattr(oom, "KMSG", str(log))
+    flat = _Trail([(1000.0 + t, 2000.0) for t in range(0, 600, 2)])
+    said, certain = oom.explain(4242, 3, flat, died_at=1600.0)
+    assert certain and "(anon-rss 9000 MB)\": the rank ran out of memory; its anonymous memory stayed at or below" in said
+    assert "then reached 8.8 GB within 4 s: one allocation" in said and said.endswith(oom.ACTION), said
+    assert oom.explain(4242, 3)[0] == said[:said.index("its anonymous")] + oom.ACTION   # no trail: as before
+
+
+def test_the_wrapper_samples_a_live_process_anonymous_memory() -> None:
+    """MemoryTrail reads /proc/<pid>/status when a sample is due; a pid that is gone leaves no sample."""
+    trail = oom.MemoryTrail(os.getpid(), 0.0)
+    trail.sample()
+    trail.sample()
+    assert len(trail.samples) == 2 and all(mb > 1 for _, mb in trail.samples), trail.samples
+    gone = oom.MemoryTrail(2**22 + 17, 0.0)
+    gone.sample()
+    assert gone.samples == []

@@ -109,6 +109,64 @@ def warning(g: Growth | None, room_mb: float | None, step_ms: float | None) -> s
             f"still take runs out in ~{left:,.0f} steps{when} and the kernel's OOM killer ends it: {LEAK_HINT}")
 
 
+SPIKE_MB = 256.0      # reached this much more than any earlier sample,
+SPIKE_SHARE = 0.5     # and this share of it more, within one sampling interval: one allocation
+
+
+def _span(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+STARTUP_S = 120.0     # a rank killed this soon after it started (EROICA_MEMORY_STARTUP_S) was starting up
+JUMP_S = 6.0          # a jump within this long (three of its wrapper's sampling intervals) is one allocation
+
+
+def before_kill(samples: Sequence[tuple[float, float]], killed_mb: float | None, died_at: float,
+                startup_s: float = STARTUP_S, jump_s: float = JUMP_S) -> str:
+    """What a rank's anonymous memory did before the OOM killer ended it: ``samples`` (wall time s, MB)
+    taken by its wrapper from the rank's start, ``killed_mb`` the kernel's anon-rss at the kill (None
+    where its log could not be read), ``died_at`` when it died. The kernel's record gives one size;
+    whether the memory grew while the rank started (every rank of a host loading a full checkpoint),
+    all at once (one allocation far larger than the others: a long batch, an evaluation, a gathered
+    state dict) or for an hour (a leak: free what is kept) is what says what to change; the last two are
+    judged on the samples from ``startup_s`` on. "" with fewer than 3 samples to judge."""
+    if len(samples) < 3:
+        return ""
+    mbs = [mb for _, mb in samples]
+    end_t, end = (died_at, killed_mb) if killed_mb is not None else samples[-1]
+    top = max(*mbs, end)
+    if died_at - samples[0][0] < startup_s and top - mbs[0] >= GROWTH_MB:
+        return (f"its anonymous memory grew {_mb(mbs[0])} -> {_mb(top)} in the {_span(died_at - samples[0][0])} "
+                "since it started: it ran out while starting up or in its first steps (loading a model, a checkpoint "
+                "or a dataset into memory; every rank of a host loading the full checkpoint at once is a common "
+                "cause: load it memory-mapped, torch.load(..., mmap=True), or on one rank and broadcast it)")
+    # judged from when the rank had started up (its first samples hold its imports and model loading)
+    samples = [(t, mb) for t, mb in samples if t >= samples[0][0] + startup_s]
+    if len(samples) < 3:
+        return ""
+    mbs = [mb for _, mb in samples]
+    # a jump: the end over every sample taken more than jump_s before it
+    earlier = [(t, mb) for t, mb in samples if t <= end_t - jump_s]
+    level = max((mb for _, mb in earlier), default=end)
+    if len(earlier) >= 2 and end - level >= max(SPIKE_MB, SPIKE_SHARE * level):
+        g = growth([(int(round(t)), mb) for t, mb in earlier])
+        span = _span(earlier[-1][0] - earlier[0][0])
+        held = (f"had grown for {span}, {_mb(g.first_mb)} -> {_mb(g.last_mb)} (a leak as well?),"
+                if g is not None and leaking(g) else
+                f"stayed at or below {_mb(level)} over the {span} sampled,")
+        return (f"its anonymous memory {held} then reached {_mb(end)} within {end_t - earlier[-1][0]:.0f} s: one "
+                "allocation far larger than the others (a batch or sequence much longer than the rest, an evaluation "
+                "pass, a full state dict or checkpoint gathered on this rank)")
+    span = _span(samples[-1][0] - samples[0][0])
+    g = growth([(int(round(t)), mb) for t, mb in samples])
+    if g is not None and leaking(g):
+        at_kill = f", {_mb(killed_mb)} when killed" if killed_mb is not None else ""
+        return (f"its anonymous memory had grown for {span}, {_mb(g.first_mb)} -> {_mb(g.last_mb)} at its last sample "
+                f"({_mb(g.recent_mb_per_step * 60)} a minute at the end{at_kill}): {LEAK_HINT}")
+    return (f"its anonymous memory over the {span} sampled: {_mb(mbs[0])} at first, {_mb(max(mbs))} at most, "
+            f"{_mb(mbs[-1])} at its last sample, {died_at - samples[-1][0]:.0f} s before it died")
+
+
 SHOWN = 8   # leaking ranks a job summary keeps (the most grown)
 
 

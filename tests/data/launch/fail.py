@@ -1,7 +1,8 @@
 """One rank (FAIL_RANK, default 2) fails while the others keep waiting.
 
 FAIL_MODE=raise: it raises ValueError. FAIL_MODE=kill: it SIGKILLs itself. FAIL_MODE=oom (root): it joins a
-memory cgroup of 64 MB (named FAIL_CGROUP) and fills 512 MB, so the kernel's OOM killer ends it.
+memory cgroup of FAIL_LIMIT_MB (64; named FAIL_CGROUP) and fills 8 times that at once, or with FAIL_LEAK_MB
+keeps that many MB more every 0.1 s, so the kernel's OOM killer ends it.
 FAIL_MODE=worker-oom (root): its DataLoader worker does that, and the rank raises torch's "DataLoader
 worker (pid N) is killed by signal: Killed."
 FAIL_ATTEMPTS=N: it fails only in the first N attempts (TORCHELASTIC_RESTART_COUNT < N), after which
@@ -18,16 +19,22 @@ from torch.utils.data import DataLoader, Dataset
 
 
 def outgrow_memory() -> None:
-    """Join a 64 MB memory cgroup and fill 512 MB: the kernel's OOM killer ends this process."""
+    """Join a memory cgroup of FAIL_LIMIT_MB and outgrow it (at once, or FAIL_LEAK_MB every 0.1 s): the
+    kernel's OOM killer ends this process."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
     from faultlib import faults
 
+    limit_mb, leak_mb = int(os.environ.get("FAIL_LIMIT_MB", "64")), int(os.environ.get("FAIL_LEAK_MB", "0"))
     jail = faults.CgroupJail("memory", os.environ["FAIL_CGROUP"])
     limit = jail.create() / ("memory.limit_in_bytes" if jail.mode == "v1" else "memory.max")
-    limit.write_text(str(64 << 20))
+    limit.write_text(str(limit_mb << 20))
     jail.add(os.getpid())
-    hog = b"\x01" * (512 << 20)
-    raise SystemExit(f"not killed with {len(hog)} bytes in a 64 MB cgroup")
+    kept = []
+    while leak_mb:
+        kept.append(b"\x01" * (leak_mb << 20))
+        time.sleep(0.1)
+    hog = b"\x01" * (8 * limit_mb << 20)
+    raise SystemExit(f"not killed with {len(hog)} bytes in a {limit_mb} MB cgroup")
 
 
 class Hog(Dataset):
@@ -49,6 +56,7 @@ if failing:
         if mode == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         if mode == "oom":
+            time.sleep(float(os.environ.get("FAIL_AFTER_S", "0")))   # its wrapper samples its memory meanwhile
             outgrow_memory()
         if mode == "worker-oom":
             next(iter(DataLoader(Hog(), num_workers=1)))
