@@ -21,8 +21,7 @@ import os
 import re
 import time
 
-from eroica_runtime.engine import memgrowth
-from eroica_runtime.memwatch import anon_mb
+import psutil
 
 VMSTAT = "/proc/vmstat"
 KMSG = "/dev/kmsg"
@@ -84,36 +83,47 @@ def killed_by_kernel(pid: int, path: str | None = None) -> str | None:
 class MemoryTrail:
     """The rank's anonymous memory, sampled by its wrapper while it runs (every ``every_s``; the kernel's
     record of an OOM kill gives one size, at the kill, and the rank itself cannot speak after SIGKILL):
-    the whole run in at most memgrowth.MAX_SAMPLES samples, thinned as memwatch.py thins its own, and the
-    last RECENT at the full rate, so that a job of days still shows what its last seconds did."""
+    the whole run in at most WHOLE samples, thinned as memwatch.py thins its own, and the last RECENT at
+    the full rate, so that a job of days still shows what its last seconds did. psutil's resident less
+    shared memory (one read of /proc/<pid>/statm) is the RssAnon the rank's memwatch reads. The wrapper
+    imports no more than this: the engine (numpy and all) would cost every rank's wrapper 0.17 s of CPU
+    at its start; memgrowth judges the trail only once the rank is dead (``explain``)."""
 
+    WHOLE = 64
     RECENT = 8
 
     def __init__(self, pid: int, every_s: float) -> None:
-        self._path = f"/proc/{pid}/status"
+        try:
+            self._proc: psutil.Process | None = psutil.Process(pid)
+        except (psutil.Error, ValueError):
+            self._proc = None
         self._every = self._base = every_s
         self._whole: list[tuple[float, float]] = []
         self._recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=self.RECENT)
         self._next = self._next_whole = 0.0
 
     def sample(self) -> None:
-        """Called often (the wrapper's wait loop); reads /proc/<pid>/status when a sample is due."""
+        """Called often (the wrapper's wait loop); reads the rank's memory when a sample is due. Never
+        raises: the wrapper waiting for its rank must not fail over a sample (the trail stops instead)."""
         now = time.time()
-        if now < self._next:
+        if now < self._next or self._proc is None:
             return
         self._next = now + self._base
         try:
-            with open(self._path, "rb") as fh:
-                mb = anon_mb(fh.read(8192))
-        except OSError:
+            mem = self._proc.memory_info()
+        except psutil.Error:   # gone: nothing more to sample
             return
-        if mb is None:
+        except Exception:      # anything else: the trail stops, the wrapper goes on
+            self._proc = None
             return
+        if not mem.rss:        # being killed or a zombie: its memory is gone already, not small
+            return
+        mb = (mem.rss - mem.shared) / (1 << 20)
         self._recent.append((now, mb))
         if now >= self._next_whole:
             self._next_whole = now + self._every
             self._whole.append((now, mb))
-            if len(self._whole) > memgrowth.MAX_SAMPLES:
+            if len(self._whole) > self.WHOLE:
                 self._whole = self._whole[::2]
                 self._every *= 2
 
@@ -133,7 +143,7 @@ def _anon_rss_mb(record: str) -> float | None:
 
 
 def explain(pid: int | None, kills_before: int | None, trail: MemoryTrail | None = None,
-            died_at: float | None = None, startup_s: float = memgrowth.STARTUP_S) -> tuple[str, bool]:
+            died_at: float | None = None, startup_s: float = 120.0) -> tuple[str, bool]:
     """What to add to a SIGKILL death of ``pid``, and whether it is certain: the kernel's log naming it
     (certain); where that log cannot be read, OOM kills on the host while it ran (not certain: a rank
     the launcher killed after a peer's OOM kill counts them too); ("", False) when neither can be said.
@@ -154,6 +164,8 @@ def explain(pid: int | None, kills_before: int | None, trail: MemoryTrail | None
     if not said:
         return "", False
     if trail is not None:   # what its memory did before: a leak, or one allocation
+        from eroica_runtime.engine import memgrowth  # only now the rank is dead (MemoryTrail says why)
+
         before = memgrowth.before_kill(trail.samples, killed_mb, time.time() if died_at is None else died_at,
                                        startup_s, trail.jump_s)
         said += f"{before}; " if before else ""

@@ -18,17 +18,6 @@ SAMPLE_EVERY_S = 2.0
 STATUS = "/proc/self/status"
 
 
-def anon_mb(status: bytes) -> float | None:
-    """RssAnon of a /proc/<pid>/status text, in MB (None where it has none: a kernel thread, a zombie)."""
-    i = status.find(b"RssAnon:")
-    if i < 0:
-        return None
-    try:
-        return int(status[i + 8:status.index(b"kB", i)]) / 1024
-    except ValueError:
-        return None
-
-
 class MemoryWatch:
     """Samples (step, anonymous RSS MB) after ``after_step``; ``sample`` returns the warning to print, once."""
 
@@ -44,7 +33,13 @@ class MemoryWatch:
             self._fd = os.open(STATUS, os.O_RDONLY)
 
     def _anon_mb(self) -> float | None:
-        return None if self._fd is None else anon_mb(os.pread(self._fd, 8192, 0))
+        if self._fd is None:
+            return None
+        text = os.pread(self._fd, 8192, 0)
+        i = text.find(b"RssAnon:")
+        if i < 0:
+            return None
+        return int(text[i + 8:text.index(b"kB", i)]) / 1024
 
     def sample(self, step: int, now: float, step_ms: Callable[[], float | None]) -> str | None:
         """At a step boundary (``now``: time.monotonic()): take a sample when one is due, and return the
