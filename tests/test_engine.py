@@ -17,6 +17,8 @@ import pytest
 
 from eroica_runtime import report, summary, synth
 from eroica_runtime.engine import Thresholds, build_table, consolidate, diagnose, parse_topology
+from eroica_runtime.engine.impact import Gates
+from eroica_runtime.engine.model import Finding
 from eroica_runtime.engine.peers import form_peers
 from eroica_runtime.report import format_capture, format_finding
 
@@ -162,6 +164,19 @@ def test_fixing_the_worse_of_two_culprits_brings_the_step_down_to_the_other_ones
     assert worse.evidence["then_held_by"] == 1 and other.evidence["held_by"] == 3
     assert format_finding(worse)[0].endswith("ms if fixed, then rank 1 holds it)"), format_finding(worse)[0]
     assert "fixed alone, the step stays" in format_finding(other)[0], format_finding(other)[0]
+
+
+def test_of_two_culprits_alike_neither_fixed_alone_shortens_the_step() -> None:
+    """Two ranks holding the step equally high: fixing either alone leaves it as it is, and each says
+    the other "holds it too" (not "longer", which both would say of each other); fixed together, the step
+    falls by their level, no lower than the floor; a culprit that holds nothing is never named for it."""
+    gates = Gates(200.0, {1: 100.0, 3: 100.0, 2: 0.0}, {1: 60.0, 3: 70.0, 2: 60.0})
+    assert gates.fixed({1}) == (200.0, {"held_by": 3}) and gates.fixed({3}) == (200.0, {"held_by": 1})
+    assert gates.fixed({1, 3}) == (100.0, {}) and gates.fixed({2}) == (200.0, {"held_by": 1})
+    assert Gates(200.0, {1: 180.0}, {1: 70.0}).fixed({1}) == (70.0, {})    # no lower than the floor
+    f = Finding(category="compute", rank=1, host="h", function="aten::mm", phase="forward", impact_ms_per_step=100.0,
+                what_if_step_ms=200.0, victims=(0,), evidence={"held_by": 3}, action="", title="")
+    assert format_finding(f)[0].endswith("+100.0 ms/step (fixed alone, the step stays 200.0 ms: rank 3 holds it too)")
 
 
 def test_two_culprits_merged_into_one_host_finding_are_fixed_together() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -31,14 +32,19 @@ class Gates:
         it as long or longer now (``held_by``): the order to fix them in."""
         mine = max((self.levels[r] for r in ranks if r in self.levels), default=0.0)
         floor = max((self.floors[r] for r in ranks if r in self.floors), default=0.0)
-        others = {r: v for r, v in self.levels.items() if r not in ranks and v > 0}
-        if not others:
+        nxt = next((r for r in self._by_level if r not in ranks), None)   # the worst other culprit
+        if nxt is None:
             return max(self.step_ms - mine, floor, 0.0), {}
-        nxt = max(others, key=lambda r: others[r])
-        if others[nxt] >= mine:
+        if self.levels[nxt] >= mine:
             return max(self.step_ms, floor), {"held_by": nxt}
-        what_if = max(self.step_ms - (mine - others[nxt]), floor, 0.0)
+        what_if = max(self.step_ms - (mine - self.levels[nxt]), floor, 0.0)
         return what_if, ({"then_held_by": nxt} if what_if > floor else {})
+
+    @cached_property
+    def _by_level(self) -> list[int]:
+        """The culprits that hold the step at all, worst first (one sort for every ``fixed``: a job-wide
+        fault can name thousands of ranks)."""
+        return sorted((r for r, v in self.levels.items() if v > 0), key=lambda r: -self.levels[r])
 
 
 def all_fixed(step_ms: float, impacts: list[float]) -> float:
