@@ -92,7 +92,8 @@ class MemoryTrail:
     WHOLE = 64
     RECENT = 8
 
-    def __init__(self, pid: int, every_s: float) -> None:
+    def __init__(self, pid: int, every_s: float, startup_s: float) -> None:
+        self.startup_s = startup_s   # EROICA_MEMORY_STARTUP_S: killed this soon after its start, it was starting up
         try:
             self._proc: psutil.Process | None = psutil.Process(pid)
         except (psutil.Error, ValueError):
@@ -143,13 +144,12 @@ def _anon_rss_mb(record: str) -> float | None:
 
 
 def explain(pid: int | None, kills_before: int | None, trail: MemoryTrail | None = None,
-            died_at: float | None = None, startup_s: float = 120.0) -> tuple[str, bool]:
+            died_at: float | None = None) -> tuple[str, bool]:
     """What to add to a SIGKILL death of ``pid``, and whether it is certain: the kernel's log naming it
     (certain); where that log cannot be read, OOM kills on the host while it ran (not certain: a rank
     the launcher killed after a peer's OOM kill counts them too); ("", False) when neither can be said.
     A readable log without a record of it is the answer: someone else killed it. With the rank's
-    ``trail`` (its wrapper's samples; ``died_at``: when it died; ``startup_s``: EROICA_MEMORY_STARTUP_S),
-    what its memory did before."""
+    ``trail`` (its wrapper's samples; ``died_at``: when it died), what its memory did before."""
     record = killed_by_kernel(pid) if pid is not None else NOT_READABLE
     certain = record is not None and record != NOT_READABLE
     said, killed_mb = "", None
@@ -167,7 +167,7 @@ def explain(pid: int | None, kills_before: int | None, trail: MemoryTrail | None
         from eroica_runtime.engine import memgrowth  # only now the rank is dead (MemoryTrail says why)
 
         before = memgrowth.before_kill(trail.samples, killed_mb, time.time() if died_at is None else died_at,
-                                       startup_s, trail.jump_s)
+                                       startup_s=trail.startup_s, jump_s=trail.jump_s)
         said += f"{before}; " if before else ""
     return said + ACTION, certain
 

@@ -221,7 +221,7 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
 
     for name in FORWARDED:
         signal.signal(getattr(signal, name), forward if forward_signals else signal.SIG_IGN)
-    trail = oom.MemoryTrail(child.pid, memory_sample_s(base))
+    trail = oom.MemoryTrail(child.pid, memory_sample_s(base), _setting(base, "memory_startup_s"))
     rc, message = wait_with_exit_guard(child, attempt_dir / EXIT_MARKER, exit_grace_s(base), tick=trail.sample)
     ended = time.time()  # before draining output: a killed rank's end must not look later than its victims'
     if message:
@@ -237,8 +237,7 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
             signame = signal.Signals(-rc).name
         except ValueError:
             signame = f"signal {-rc}"
-    oom_said, certain = (oom.explain(child.pid, kills_before, trail, ended, _setting(base, "memory_startup_s"))
-                         if rc == -signal.SIGKILL else ("", False))
+    oom_said, certain = oom.explain(child.pid, kills_before, trail, ended) if rc == -signal.SIGKILL else ("", False)
     if rc > 0 and not message:   # its error may name DataLoader workers the kernel killed
         with contextlib.suppress(OSError):
             oom_said = oom.explain_workers((attempt_dir / "error.json").read_text(errors="replace")[:1 << 20])

@@ -98,7 +98,8 @@ class Config:
                                          "are a pause, said in one line, not a hang.", metavar="S",
                                     lo=0.0, hi=DAY_S)
     hang_factor: float = setting(5.0, lo=1.0, lo_open=True, hi=1e6)
-    # seconds between samples of each rank's anonymous memory (memwatch.py)
+    # seconds between samples of each rank's anonymous memory (memwatch.py in the rank, oom.MemoryTrail
+    # in its wrapper)
     memory_sample_s: float = setting(2.0, lo=0.0, lo_open=True, hi=DAY_S)
     # seconds from a rank's start in which its memory growing until an OOM kill is start-up (loading a
     # model, a checkpoint, a dataset), not a leak (memgrowth.before_kill)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from eroica_runtime.config import Config
 from eroica_runtime.engine import memgrowth
 from eroica_runtime.memwatch import MemoryWatch
 
@@ -75,6 +76,12 @@ def test_a_rank_that_really_grows_warns_once_and_not_before() -> None:
     assert g is not None and g.grown_mb >= 0.8 * 64 * (g.last_step - g.first_step)
 
 
+def _before(samples: list[tuple[float, float]], killed_mb: float | None, died_at: float,
+            startup_s: float = Config().memory_startup_s) -> str:
+    """memgrowth.before_kill as the wrapper of a rank sampled every 2 s calls it (a jump: within 6 s)."""
+    return memgrowth.before_kill(samples, killed_mb, died_at, startup_s=startup_s, jump_s=6.0)
+
+
 def _trail(mb_at, start: float = 1e9, span_s: int = 3600, every_s: int = 60) -> list[tuple[float, float]]:
     """A wrapper's samples (wall time, MB) over ``span_s`` from ``start``."""
     return [(start + t, float(mb_at(t))) for t in range(0, span_s + 1, every_s)]
@@ -84,33 +91,33 @@ def test_what_a_ranks_memory_did_before_the_oom_killer_says_leak_one_allocation_
     """The kernel's record of an OOM kill gives one size; the wrapper's samples say what to change."""
     end = 1e9 + 3600
     # an hour of steady growth: a leak, with its rate at the end
-    leak = memgrowth.before_kill(_trail(lambda t: 2000 + t / 2), 3850.0, end + 2)
+    leak = _before(_trail(lambda t: 2000 + t / 2), 3850.0, end + 2)
     assert leak.startswith("its anonymous memory had grown for 58 min, 2.0 GB -> 3.7 GB at its last sample "
                            "(30 MB a minute at the end, 3.8 GB when killed): a leak? (tensors kept"), leak
     # flat for an hour, then the kill far above anything sampled: one allocation, not a leak
     flat = _trail(lambda t: 2000 + (t // 60) % 3)
-    spike = memgrowth.before_kill(flat, 9000.0, end + 1)
+    spike = _before(flat, 9000.0, end + 1)
     assert spike.startswith("its anonymous memory stayed at or below 2.0 GB over the 57 min sampled, then "
                             "reached 8.8 GB within 61 s: one allocation far larger than the others"), spike
     assert "leak" not in spike
     # no kernel record (its log unreadable): the last sample's jump says it
-    jumped = memgrowth.before_kill([*flat, (end + 60, 7000.0)], None, end + 61)
+    jumped = _before([*flat, (end + 60, 7000.0)], None, end + 61)
     assert "then reached 6.8 GB within 60 s: one allocation" in jumped, jumped
     # growing, then a jump on top of it
-    both = memgrowth.before_kill(_trail(lambda t: 2000 + t / 2), 9000.0, end + 1)
+    both = _before(_trail(lambda t: 2000 + t / 2), 9000.0, end + 1)
     assert "had grown for 57 min, 2.0 GB -> 3.7 GB (a leak as well?), then reached 8.8 GB" in both, both
     # killed 40 s after it started, having grown all along: loading, not a leak
-    young = memgrowth.before_kill(_trail(lambda t: 10 + 700 * t, span_s=40, every_s=2), 28_500.0, 1e9 + 41)
+    young = _before(_trail(lambda t: 10 + 700 * t, span_s=40, every_s=2), 28_500.0, 1e9 + 41)
     assert young.startswith("its anonymous memory grew 10 MB -> 27.8 GB in the 41 s since it started: it ran out "
                             "while starting up"), young
     # the same growth judged as a longer job's (EROICA_MEMORY_STARTUP_S=0): a leak
-    assert "a leak?" in memgrowth.before_kill(_trail(lambda t: 10 + 700 * t, span_s=40, every_s=2), 28_500.0,
+    assert "a leak?" in _before(_trail(lambda t: 10 + 700 * t, span_s=40, every_s=2), 28_500.0,
                                               1e9 + 41, startup_s=0)
     # nothing stood out: the series in one line; too few samples: nothing
-    plain = memgrowth.before_kill(flat, 2100.0, end + 5)
+    plain = _before(flat, 2100.0, end + 5)
     assert plain == ("its anonymous memory over the 58 min sampled: 2.0 GB at first, 2.0 GB at most, 2.0 GB at its "
                      "last sample, 5 s before it died"), plain
-    assert memgrowth.before_kill(flat[:2], 9000.0, end) == ""
+    assert _before(flat[:2], 9000.0, end) == ""
     # its first 2 minutes (imports, the model loading: 10 MB -> 2 GB) are no leak and no "at first"
-    loaded = memgrowth.before_kill(_trail(lambda t: min(10 + 40 * t, 2000), every_s=20), 2100.0, end + 5)
+    loaded = _before(_trail(lambda t: min(10 + 40 * t, 2000), every_s=20), 2100.0, end + 5)
     assert loaded.startswith("its anonymous memory over the 58 min sampled: 2.0 GB at first"), loaded

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from eroica_launch import oom
+from eroica_runtime.config import Config
 
 
 @pytest.fixture
@@ -58,7 +59,7 @@ def test_a_readable_kernel_log_without_the_rank_is_no_oom_kill_whatever_the_coun
 
 class _Trail(oom.MemoryTrail):
     def __init__(self, samples: list[tuple[float, float]]) -> None:
-        super().__init__(0, 1.0)
+        super().__init__(0, 1.0, Config().memory_startup_s)
         self._fixed = samples
 
     @property
@@ -82,10 +83,10 @@ def test_an_oom_kill_says_what_the_ranks_memory_did_before_it(host: Path, monkey
 
 def test_the_wrapper_samples_a_live_process_anonymous_memory() -> None:
     """MemoryTrail reads /proc/<pid>/status when a sample is due; a pid that is gone leaves no sample."""
-    trail = oom.MemoryTrail(os.getpid(), 0.0)
+    trail = oom.MemoryTrail(os.getpid(), 0.0, 0.0)
     trail.sample()
     trail.sample()
     assert len(trail.samples) == 2 and all(mb > 1 for _, mb in trail.samples), trail.samples
-    gone = oom.MemoryTrail(2**22 + 17, 0.0)
+    gone = oom.MemoryTrail(2**22 + 17, 0.0, 0.0)
     gone.sample()
     assert gone.samples == []

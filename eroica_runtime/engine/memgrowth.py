@@ -109,27 +109,25 @@ def warning(g: Growth | None, room_mb: float | None, step_ms: float | None) -> s
             f"still take runs out in ~{left:,.0f} steps{when} and the kernel's OOM killer ends it: {LEAK_HINT}")
 
 
-SPIKE_MB = 256.0      # reached this much more than any earlier sample,
-SPIKE_SHARE = 0.5     # and this share of it more, within one sampling interval: one allocation
+SPIKE_MB = 256.0      # reached this much more than any sample taken jump_s or more before,
+SPIKE_SHARE = 0.5     # and this share of it more: one allocation
 
 
 def _span(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
-STARTUP_S = 120.0     # a rank killed this soon after it started (EROICA_MEMORY_STARTUP_S) was starting up
-JUMP_S = 6.0          # a jump within this long (three of its wrapper's sampling intervals) is one allocation
-
-
-def before_kill(samples: Sequence[tuple[float, float]], killed_mb: float | None, died_at: float,
-                startup_s: float = STARTUP_S, jump_s: float = JUMP_S) -> str:
+def before_kill(samples: Sequence[tuple[float, float]], killed_mb: float | None, died_at: float, *,
+                startup_s: float, jump_s: float) -> str:
     """What a rank's anonymous memory did before the OOM killer ended it: ``samples`` (wall time s, MB)
     taken by its wrapper from the rank's start, ``killed_mb`` the kernel's anon-rss at the kill (None
     where its log could not be read), ``died_at`` when it died. The kernel's record gives one size;
-    whether the memory grew while the rank started (every rank of a host loading a full checkpoint),
-    all at once (one allocation far larger than the others: a long batch, an evaluation, a gathered
-    state dict) or for an hour (a leak: free what is kept) is what says what to change; the last two are
-    judged on the samples from ``startup_s`` on. "" with fewer than 3 samples to judge."""
+    whether the memory grew while the rank started (killed within ``startup_s`` of its start,
+    EROICA_MEMORY_STARTUP_S: every rank of a host loading a full checkpoint), all at once (within
+    ``jump_s``, three of the wrapper's sampling intervals: one allocation far larger than the others, a
+    long batch, an evaluation, a gathered state dict) or for an hour (a leak: free what is kept) is what
+    says what to change; the last two are judged on the samples from ``startup_s`` on. "" with fewer
+    than 3 samples to judge."""
     if len(samples) < 3:
         return ""
     mbs = [mb for _, mb in samples]
