@@ -305,7 +305,8 @@ def _ranks(ranks: Sequence[int], limit: int = 8) -> str:
 
 def if_fixed_text(f: dict[str, Any]) -> str:
     """"step → 41.2 ms if fixed" ("" without a what-if); with another culprit, which one holds the step
-    then, or holds it as long or longer now (engine._what_ifs): the order to fix them in."""
+    then, or holds it as long or longer now (engine._what_ifs), or that slow collectives do
+    (engine._beside_the_network): the order to fix them in."""
     what_if, ev = f.get("what_if_step_ms"), f.get("evidence") or {}
     if not isinstance(what_if, (int, float)):
         return ""
@@ -313,6 +314,8 @@ def if_fixed_text(f: dict[str, Any]) -> str:
         return f"fixed alone, the step stays {_ms(what_if)} ms: rank {ev['held_by']} holds it too"
     if isinstance(ev.get("then_held_by"), int):
         return f"step → {_ms(what_if)} ms if fixed, then rank {ev['then_held_by']} holds it"
+    if ev.get("then_collectives") is True:
+        return f"step → {_ms(what_if)} ms if fixed, then the slow collectives hold it"
     return f"step → {_ms(what_if)} ms if fixed"
 
 

@@ -179,6 +179,21 @@ def test_of_two_culprits_alike_neither_fixed_alone_shortens_the_step() -> None:
     assert format_finding(f)[0].endswith("+100.0 ms/step (fixed alone, the step stays 200.0 ms: rank 3 holds it too)")
 
 
+def test_a_culprit_beside_slow_collectives_and_the_network_finding_each_say_the_other_holds_the_step_next() -> None:
+    """Host 1's link shaped while rank 3 runs extra matmuls (tests/data/faultbench/link-compute): the
+    communication finding and rank 3's compute are both named, and each says that, fixed, the other holds
+    the step (before: "step -> X ms if fixed" alone, as if either fix gave the healthy step)."""
+    (_, base, _), (meta, spike, _) = (summary.decode_capture(p.read_bytes()) for p in sorted(
+        (DATA.parent / "faultbench" / "link-compute" / "captures").glob("*.msgpack"), key=lambda p: int(p.stem)))
+    d = diagnose(spike, step=meta["step"], trigger=meta["trigger"], world_size=4, baseline=base,
+                 link_probe=meta.get("link_probe"))
+    by = {f.category: f for f in d.findings}
+    assert set(by) == {"communication", "compute"} and by["compute"].rank == 3, [f.title for f in d.findings]
+    assert by["communication"].evidence["then_held_by"] == 3 and by["compute"].evidence["then_collectives"] is True
+    assert format_finding(by["communication"])[0].endswith("ms if fixed, then rank 3 holds it)")
+    assert format_finding(by["compute"])[0].endswith("ms if fixed, then the slow collectives hold it)")
+
+
 def test_two_culprits_merged_into_one_host_finding_are_fixed_together() -> None:
     """Ranks 1 and 3 of a 4-rank host both run 150 ms of extra matmuls a step (tests/data/faultbench/
     two-alike): one host finding for both. Fixed, it takes both away: its step is not held by rank 3,

@@ -108,6 +108,25 @@ def _what_ifs(table: Table, findings: list[Finding], culprits: list[Culprit], st
     return out, gates
 
 
+def _beside_the_network(findings: list[Finding], gates: Gates) -> list[Finding]:
+    """A culprit and slow collectives at once (host 1's link shaped while rank 3 ran extra matmuls, the
+    fault bench's link-compute): fixed, each leaves the other holding the step. The communication
+    finding says which culprit then holds it (``then_held_by``), a culprit that names no other culprit
+    says the collectives do (``then_collectives``): the order, as between culprits (_what_ifs)."""
+    worst = gates.worst
+    if worst is None or not any(f.category == "communication" for f in findings):
+        return findings
+    out = []
+    for f in findings:
+        if f.category == "communication" and f.what_if_step_ms is not None:
+            f = replace(f, evidence={**f.evidence, "then_held_by": worst})
+        elif (f.rank in gates.levels and f.what_if_step_ms is not None
+              and not {"held_by", "then_held_by"} & set(f.evidence)):
+            f = replace(f, evidence={**f.evidence, "then_collectives": True})
+        out.append(f)
+    return out
+
+
 def _culprit_finding(table: Table, peers: Peers, c: Culprit, stopped: dict[str, Any] | None = None) -> Finding:
     """A culprit's finding; its what-if step is set once every culprit is known (_what_ifs)."""
     row = c.row
@@ -385,6 +404,7 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
                 notes.extend(more_notes)
     if not culprits and not any(f.category == "communication" for f in findings):
         findings.extend(_not_while_held(table, held, local_comm_excess(table, peers, th, link_probe, notes), notes))
+    findings = _beside_the_network(findings, gates)
     findings.extend(hang_findings(trigger, miss, step_med))
     findings.sort(key=lambda f: -f.impact_ms_per_step)
     findings = [Finding(**{**f.__dict__, "captures": (int(step),)}) for f in findings]

@@ -40,6 +40,11 @@ class Gates:
         what_if = max(self.step_ms - (mine - self.levels[nxt]), floor, 0.0)
         return what_if, ({"then_held_by": nxt} if what_if > floor else {})
 
+    @property
+    def worst(self) -> int | None:
+        """The culprit that holds the step highest (None without one that holds it at all)."""
+        return self._by_level[0] if self._by_level else None
+
     @cached_property
     def _by_level(self) -> list[int]:
         """The culprits that hold the step at all, worst first (one sort for every ``fixed``: a job-wide
