@@ -129,12 +129,12 @@ def _beside_the_network(findings: list[Finding], gates: Gates) -> list[Finding]:
 
 def _culprit_finding(table: Table, peers: Peers, c: Culprit, stopped: dict[str, Any] | None = None) -> Finding:
     """A culprit's finding; its what-if step is set once every culprit is known (_what_ifs)."""
-    row = c.row
+    row, ref_rows = c.row, c.peer_rows(peers)
     rank = int(table.rank[row])
     host = table.hosts[int(table.host_idx[row])]
     contended = bool(c.sched and c.sched["starved"] and c.sched["runq_ms"][0] - c.sched["runq_ms"][1]
                      >= 0.5 * c.excess_ms)
-    quota = quota_evidence(table, row, peers.groups[c.group], c.excess_ms)
+    quota = quota_evidence(table, row, ref_rows, c.excess_ms)
     if contended or stopped:   # runnable without a CPU, not only in this window; or stopped outright
         c = replace(c, category="host")
     if stopped and stopped["lost_ms_per_step"] >= STOPS_EXPLAIN * c.excess_ms:
@@ -144,12 +144,12 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, stopped: dict[str, 
     if quota:   # held by its CPU quota: whichever op the throttling fell in is incidental
         c = replace(c, category="host", function=QUOTA_FUNCTION, phase="host_gap")
     # waited for pages: memory it lost (whichever op the faults fell in), or files storage supplied
-    memory = {} if quota or stopped or contended else memory_evidence(table, row, peers.groups[c.group])
+    memory = {} if quota or stopped or contended else memory_evidence(table, row, ref_rows)
     if memory.get("memory_short"):
         c = replace(c, category="memory")
     elif memory and c.category == "host":
         c = replace(c, category="io")
-    tele_ev, hint = telemetry_refinement(table, row, peers.groups[c.group], c.category, quota_named=bool(quota))
+    tele_ev, hint = telemetry_refinement(table, row, ref_rows, c.category, quota_named=bool(quota))
     if quota:
         tele_ev.update(quota)
         hint = (quota_action(quota, c.step) + " " + hint).strip()
@@ -186,7 +186,7 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, stopped: dict[str, 
     if c.device:
         ev["compared_on"] = "device"    # own work = step - exposed collective wait on the device
     if c.category == "transfer":
-        ev.update(transfer_evidence(table, row, peers.groups[c.group]))
+        ev.update(transfer_evidence(table, row, ref_rows))
     # telemetry is the main evidence of a host stall; for other kinds it is a secondary hint
     action = (hint + " " + ACTIONS.get(c.category, "")) if c.category == "host" else \
         (ACTIONS.get(c.category, "") + (" Also: " + hint if hint else ""))
@@ -198,7 +198,7 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, stopped: dict[str, 
         ev["compared_with"] = f"its own baseline capture (step {c.baseline_step})"
     if c.category == "compute" and c.function_col is not None:
         if c.baseline_step is None:
-            work_ev, work = work_evidence(table, row, peers.groups[c.group], c.function_col)
+            work_ev, work = work_evidence(table, row, ref_rows, c.function_col)
         else:
             fn = next((f for f in c.functions if f["name"] == c.function), None)
             work_ev, work = work_against(c.function, fn["now_calls"], fn["now_ms"], fn["baseline_calls"],

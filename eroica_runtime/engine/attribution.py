@@ -4,10 +4,12 @@ In synchronous training a late rank makes everyone else wait in the next collect
 peers' median the culprit therefore shows MORE own work (data+forward+backward+optimizer+host_gap+
 gc+io) and LESS communication wait, while its victims show the opposite: normal own work, a wait
 that grew by about the culprit's excess. Only culprits become findings; victims are listed on them.
+The median finds the culprits; once found, they are measured against the members that were not.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +79,7 @@ class Culprit:
     baseline_step: int | None = None   # compared with its own row in the baseline capture at this step
                                        # (a rank without peers: ownbaseline.py), not with peers
     alone: dict[str, Any] | None = None   # worked alone in a window step, as before it (lonework.periodic)
+    ref_rows: np.ndarray | None = None   # the peers it is measured against (measured_against); None: its group
 
     @property
     def cost_ms(self) -> float:
@@ -96,14 +99,18 @@ class Culprit:
     def level_ms(self) -> float:
         """How far above its peers' own work this rank holds the step: its cost, but no more than its
         whole own work's excess. The two differ for a rank named on one part whose other parts ran
-        faster on the cores its waiting peers left free: with two culprits on 2 cores (2026-12-06), rank
-        1's batches took +81 ms a step but its own work stood 40 ms above its peers', while rank 3's
-        extra matmuls held the step 112 ms above them. Fixing rank 3 brings the step down to rank 1's
-        level (the job with rank 1's fault alone ran 121 ms a step), not by the 31 ms between their
-        costs (which said 164 ms of 195)."""
+        faster (on the cores its waiting peers left free, or overlapped by a pipeline schedule: the
+        fault bench's zb-data, run 49, named rank 1's batches at +81.6 ms a step, its whole own work
+        +47.4 ms). With two culprits (2026-12-06: rank 3's extra matmuls, rank 1's slow batches),
+        fixing rank 3 brings the step down to rank 1's level (the job with rank 1's fault alone ran
+        121 ms a step), not by the difference between their costs (which said 164 ms of 195)."""
         if self.alone is not None:
             return self.cost_ms
         return max(min(self.cost_ms, self.own - self.own_ref), 0.0)
+
+    def peer_rows(self, peers: Peers) -> np.ndarray:
+        """The table rows it is compared with: ``ref_rows``, or its whole peer group."""
+        return self.ref_rows if self.ref_rows is not None else peers.groups[self.group]
 
 
 # On a GPU the host runs ahead and its phases do not show who made whom wait; the device does.
@@ -196,7 +203,6 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
         lim_v = np.asarray([max(th.abs_ms, min(th.rel_step, th.small_rel_step) * lv[0]) if int(r) in alone else lv[2]
                             for r, lv in zip(rows.tolist(), levels, strict=True)])
         c_comm = center(comm_all[rows], th.sigma_floor_rel)
-        ph_ref = column_reference(part_matrix, rows)
         wait = comm_all[rows]
         # (excess, its spread, the part it was found on or None for the whole own work, the wait it is
         # corroborated by, and the share of the excess that wait must reach)
@@ -238,6 +244,8 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
                                                                         th).items():
                 if levels[k] == lv and k not in found and excess >= nz:
                     found[k] = (excess, sigma, part, d_wait, PART_WAIT_SHARE)
+        ref_rows = measured_against(rows, found)
+        r_own, *r_parts, r_wait = column_reference(np.column_stack([own_all, part_matrix, comm_all]), ref_rows).tolist()
         for k, (excess, sigma, part, d_wait, share) in sorted(found.items()):
             row = int(rows[k])
             sref, lim = levels[k][0], float(lim_v[k])
@@ -260,13 +268,14 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
                              f"against its peers (z {z:.1f}) while it waited {-d_wait:.1f} ms less; its whole own "
                              f"work, {whole:+.1f} ms (z {whole / c_own.sigma if c_own.sigma > 0 else 0.0:.1f}), "
                              "did not stand out from the peers' spread")
-            comm_ref = _wait_ref(wait, c_comm.ref, k)
-            pex = {p: float(part_matrix[row, i] - ph_ref[i]) for i, p in enumerate(part_names)}
-            out.append(Culprit(row=row, group=gi, excess_ms=excess, z=float(z), own=float(own[k]),
-                               own_ref=c_own.ref, comm=float(comm_all[row]), comm_ref=comm_ref,
+            measured = float(own[k] - r_own) if part is None else float(part_matrix[row, part] - r_parts[part])
+            pex = {p: float(part_matrix[row, i] - r_parts[i]) for i, p in enumerate(part_names)}
+            out.append(Culprit(row=row, group=gi, excess_ms=measured, z=float(z), own=float(own[k]),
+                               own_ref=r_own, comm=float(comm_all[row]), comm_ref=r_wait,
                                step=float(step_all[row]), step_ref=step_ref, phase_excess=pex,
-                               phase_ref={p: float(ph_ref[i]) for i, p in enumerate(part_names)},
-                               device=table.has_device(rows), sched=sched, alone=recurring.get(k)))
+                               phase_ref={p: float(r_parts[i]) for i, p in enumerate(part_names)},
+                               device=table.has_device(rows), sched=sched, alone=recurring.get(k),
+                               ref_rows=ref_rows))
     if notes is not None:
         named = {c.row for c in out}
         notes += ([taken_out_note(table, taken_out)] if taken_out else []) + \
@@ -381,6 +390,21 @@ def same_work(table: Table, rows: np.ndarray, row: int, excess: float, th: Thres
     calls, ref_calls = table.fn_count[row, grew], column_reference(table.fn_count[:, grew], rows)
     return bool((np.abs(calls - ref_calls) <= SAME_CALLS * ref_calls + 0.5).all() and (ref_calls > 0).all())
 
+
+
+def measured_against(rows: np.ndarray, found: Collection[int]) -> np.ndarray:
+    """The members of a peer group (``rows``) that its culprits are measured against once they are
+    known: those not ``found`` (positions in ``rows``); the whole group when every member was.
+
+    The median of the whole group finds the culprits, but it falls between the slow and the healthy
+    when half the group is slow: ranks 1 and 3 of 4 each ran 150 ms of extra matmuls a step (own work
+    29, 175, 27 and 168 ms, tests/data/faultbench/two-alike), the median said 98.6 ms, and their host
+    finding +77 ms a step of the ~140 the job lost (64.7 -> 205.0 ms). The ranks that waited for them
+    are what their work should have been: their ``column_reference`` sets a culprit's excess, its
+    parts' and functions' references, and the evidence it is compared on."""
+    rest = np.ones(len(rows), dtype=bool)
+    rest[list(found)] = False
+    return rows[rest] if rest.any() else rows
 
 
 def _wait_ref(wait: np.ndarray, ref: float, k: int) -> float:
@@ -556,11 +580,11 @@ def attribute(table: Table, peers: Peers, culprits: list[Culprit], th: Threshold
         c.category, c.phase = pick_category(c.phase_excess)
         col = phase = None
         if table.fn_names:
+            rows = c.peer_rows(peers)
             ref = fn_ref_cache.get(c.group)
             if ref is None:
-                ref = fn_ref_cache[c.group] = column_reference(table.fn_ms, peers.groups[c.group])
-            col, phase, c.functions = grown_functions(table, c.row, ref, c.category, c.excess_ms, th,
-                                                      peers.groups[c.group])
+                ref = fn_ref_cache[c.group] = column_reference(table.fn_ms, rows)
+            col, phase, c.functions = grown_functions(table, c.row, ref, c.category, c.excess_ms, th, rows)
         settle_function(table, c, col, phase)
 
 
