@@ -326,7 +326,9 @@ def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
     who = f"rank {_text(f['rank'])}" if f.get("rank") is not None else "no single rank"
     where = f" on {_text(f['host'])}" if f.get("host") else ""
     if f.get("category") == "regression" or ev.get("all_ranks"):
-        who, where = "all ranks", ""
+        spared = int(ev.get("ranks_spared_count") or 0)
+        n = int(ev.get("ranks_compared") or 0)
+        who, where = (f"{n - spared} of {n} ranks" if spared and n > spared else "all ranks"), ""
     head = (f"  #{index} {_text(f.get('category', '?')).upper()}: {who}{where} — "
             f"{_text(f.get('function') or '?')} [{_text(f.get('phase') or '-')}], "
             f"+{_ms(f.get('impact_ms_per_step'))} ms/step" + (f" ({if_fixed_text(f)})" if if_fixed_text(f) else ""))
@@ -337,6 +339,11 @@ def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
             v = ev.get(key)
             if isinstance(v, list) and len(v) == 2:
                 facts.append(f"{label} {_ms(v[0])} vs baseline {_ms(v[1])} ms")
+        spared = ev.get("ranks_spared")
+        if isinstance(spared, list) and spared:
+            more = int(ev.get("ranks_spared_count") or len(spared)) - len(spared)
+            facts.append(f"not slower: rank{'s' if len(spared) + more > 1 else ''} "
+                         + ", ".join(_text(r) for r in spared) + (f" and {more} more" if more > 0 else ""))
     elif "cpu_ms" in ev:
         # named from the step clock's steps before the window: every rank's step is alike there (the
         # others waited); what differs is where the rank's own time went

@@ -217,6 +217,27 @@ def test_two_culprits_merged_into_one_host_finding_are_fixed_together() -> None:
     assert format_finding(f)[0].endswith("ms if fixed)"), format_finding(f)[0]
 
 
+def test_most_of_a_group_slow_alike_is_a_regression_that_names_the_ranks_it_spared() -> None:
+    """Three of four ranks slow alike (the two-alike fixture with rank 0 made a copy of rank 1: 150 ms of
+    extra matmuls a step on ranks 0, 1 and 3) is beyond a comparison of peers, and the capture reads as a
+    regression against the baseline. It said "all ranks" and "every rank does more work" though rank 2
+    did not slow: an SRE would drain its host with the others'. It says 3 of 4 ranks, and not rank 2."""
+    (_, base, _), (meta, spike, _) = (summary.decode_capture(p.read_bytes()) for p in sorted(
+        (DATA.parent / "faultbench" / "two-alike" / "captures").glob("*.msgpack"), key=lambda p: int(p.stem)))
+    spike = sorted(spike, key=lambda s: s["rank"])
+    spike[0] = {**copy.deepcopy(spike[1]), "rank": 0, "local_rank": spike[0].get("local_rank", 0)}
+    d = diagnose(spike, step=meta["step"], trigger=meta["trigger"], world_size=4, baseline=base)
+    (f,) = d.findings
+    assert f.category == "regression" and f.evidence["ranks_spared"] == [2], f.evidence
+    head, facts = format_finding(f)[:2]
+    assert "REGRESSION: 3 of 4 ranks" in head and "not slower: rank 2" in facts, (head, facts)
+    assert "every rank" not in f.action.lower() and "rank 2 did not" in f.action, f.action
+    assert f.impact_ms_per_step >= 0.8 * (d.step_ms["median"] - d.step_ms["baseline"])
+    spike[2] = {**copy.deepcopy(spike[3]), "rank": 2, "local_rank": spike[2].get("local_rank", 2)}
+    (f,) = diagnose(spike, step=meta["step"], trigger=meta["trigger"], world_size=4, baseline=base).findings
+    assert "ranks_spared" not in f.evidence and "REGRESSION: all ranks" in format_finding(f)[0]
+
+
 def test_a_detector_window_too_noisy_to_call_is_slower_when_the_steps_before_it_were() -> None:
     """The fault bench's memory case with 2 DataLoader workers a rank (tests/data/faultbench/memory-workers):
     rank 1's thrashing slowed every rank of the 2-core host alike, and its drift capture's 3-step window

@@ -247,6 +247,7 @@ def work_against(name: str, calls: float, ms: float, ref_calls: float, ref_ms: f
 
 # what the same calls of a function, each slower on every rank, say, by the category of its phase (the
 # regression's action then says what to check)
+SPARED_SHOWN = 8   # ranks a regression spared, named in its action
 _SLOWER_BECAUSE = {
     "compute": "clocks or thermals on every node, a library version, or larger inputs",
     "dataloader": "every rank's batches take longer to fetch or prepare",
@@ -257,15 +258,22 @@ _SLOWER_BECAUSE = {
 }
 
 
-def regression_action(phase: str) -> str:
+def regression_action(phase: str, spared: list[int] | None = None, slow: int = 0) -> str:
     """The action of a job-wide regression whose own work grew most in ``phase``: a shared input
-    pipeline that slowed on every rank is no matter of clocks or library versions."""
+    pipeline that slowed on every rank is no matter of clocks or library versions. ``spared``: ranks
+    that did not slow (``slow`` ranks did): what differs between the two sets is the lead."""
+    if spared:
+        them = ", ".join(str(r) for r in spared[:SPARED_SHOWN]) + (" and more" if len(spared) > SPARED_SHOWN else "")
+        return (f"{slow} ranks slowed alike against this job's own healthy baseline, rank{'s' if len(spared) > 1 else ''} "
+                f"{them} did not: too many alike for their peers to single them out. Compare the slow ranks with the "
+                "others: the hosts and GPUs they run on (clocks, power, a node or rack they share), the code path "
+                "or data they take.")
     return ACTIONS.get(f"regression_{PHASE_CATEGORY.get(phase, 'compute')}", ACTIONS["regression"])
 
 
-def regression_work(fn: dict[str, Any]) -> str:
+def regression_work(fn: dict[str, Any], spared: bool = False) -> str:
     """A sentence for a job-wide regression from its top grown function's calls now and in the baseline
-    (``_function_growth``), or '' when they do not tell."""
+    (``_function_growth``), or '' when they do not tell; ``spared``: some ranks did not slow."""
     try:
         now_calls, was_calls = float(fn["now_calls"]), float(fn["baseline_calls"])
         now_ms, was_ms = float(fn["now_ms"]), float(fn["baseline_ms"])
@@ -274,10 +282,11 @@ def regression_work(fn: dict[str, Any]) -> str:
     verdict = work_verdict(now_calls, now_ms, was_calls, was_ms)
     if verdict == "more":
         return (f"{fn['name']} runs {_count(now_calls)} times a step now vs {_count(was_calls)} in the baseline: "
-                "every rank does more work per step (a code, configuration or data change), not the same work "
-                "slower.")
+                f"{'the slow ranks do' if spared else 'every rank does'} more work per step (a code, configuration "
+                "or data change), not the same work slower.")
     if verdict == "slower":
-        because = _SLOWER_BECAUSE.get(PHASE_CATEGORY.get(str(fn.get("phase")), "compute"), _SLOWER_BECAUSE["compute"])
+        because = "on the slow ranks only: their hardware, its clocks, or their inputs" if spared else \
+            _SLOWER_BECAUSE.get(PHASE_CATEGORY.get(str(fn.get("phase")), "compute"), _SLOWER_BECAUSE["compute"])
         return (f"The same {_count(now_calls)} calls of {fn['name']} a step as in the baseline, each slower "
                 f"({now_ms / now_calls:.3g} vs {was_ms / was_calls:.3g} ms): {because}.")
     return ""

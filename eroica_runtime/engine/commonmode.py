@@ -330,10 +330,20 @@ def common_mode(cur: Table, base: Table, th: Thresholds, culprit_excess: float,
         share = float(np.mean(d_own >= limit))
         ev = {**common, "own_work_ms": [float(np.median(cur.own[rc])), float(np.median(base.own[rb]))],
               "phase_delta_ms": phase_d, "functions": fns, "ranks_affected_share": share}
+        # ranks whose own work did not grow with the others': most of a peer group slow alike is beyond
+        # a comparison of peers (the healthy ranks are the ones that stand out), and is named here; the
+        # ranks it spared must not be drained with the rest (3 of 4 ranks +150 ms of matmuls read "all
+        # ranks" though rank 2 did not slow)
+        spared = (d_own < limit) & (d_own < 0.5 * m_own)
+        if spared.any():
+            ev["ranks_spared"] = [int(r) for r in cur.rank[rc[spared]][:SPARED_LISTED]]
+            ev["ranks_spared_count"] = int(spared.sum())
+        who = f"{len(rc) - int(spared.sum())} of {len(rc)} ranks" if spared.any() else "All ranks"
         top = fns[0]["name"] if fns else f"({phase})"
         if phase in COMPUTE_PHASES and fns and fns[0]["phase"] in COMPUTE_PHASES:
             phase = fns[0]["phase"]
-        action = (regression_work(fns[0]) + " " if fns else "") + regression_action(phase) \
+        action = (regression_work(fns[0], bool(spared.any())) + " " if fns else "") \
+            + regression_action(phase, ev.get("ranks_spared"), len(rc) - int(spared.sum())) \
             + (" Grew most: " + ", ".join(f["name"] for f in fns[:3]) if fns else "")
         memory = regression_memory(cur, base, rc, rb)   # every rank waited for pages it had lost
         if memory:
@@ -346,7 +356,7 @@ def common_mode(cur: Table, base: Table, th: Thresholds, culprit_excess: float,
             # step did (its waits shrank) must not print "step -> 0.0 ms if fixed"
             impact_ms_per_step=m_own, what_if_step_ms=max(now_step - m_own, min(base_step, now_step)), evidence=ev,
             action=action,
-            title=f"All ranks slower than the baseline capture{', short of memory' if memory else ''}: own work "
+            title=f"{who} slower than the baseline capture{', short of memory' if memory else ''}: own work "
                   f"+{m_own:.1f} ms/step"))
     # with a culprit, the residual wait is a small difference of big numbers: judge it against the
     # current step as well (a 270 ms culprit on a 13 ms baseline step leaves a few ms of slack)
@@ -446,6 +456,7 @@ def comm_before_window(cur: Table, base: Table, th: Thresholds, trigger: str,
                            + found.action)], []
 
 
+SPARED_LISTED = 16    # ranks a regression spared, listed by number (the rest counted)
 BEFORE_GROWTH = 2.0   # the steps before a detector's window: this many times th.regression_rel above the baseline's
 
 
