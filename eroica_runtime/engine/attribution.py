@@ -245,7 +245,8 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
                 if levels[k] == lv and k not in found and excess >= nz:
                     found[k] = (excess, sigma, part, d_wait, PART_WAIT_SHARE)
         ref_rows = measured_against(rows, found)
-        r_own, *r_parts, r_wait = column_reference(np.column_stack([own_all, part_matrix, comm_all]), ref_rows).tolist()
+        r_own, *r_parts, r_wait = column_reference(np.column_stack(
+            [own_all[ref_rows], part_matrix[ref_rows], comm_all[ref_rows]]), np.arange(len(ref_rows))).tolist()
         for k, (excess, sigma, part, d_wait, share) in sorted(found.items()):
             row = int(rows[k])
             sref, lim = levels[k][0], float(lim_v[k])
