@@ -235,6 +235,24 @@ def test_a_case_with_two_culprits_is_right_only_when_both_are_named(tmp_path: Pa
     assert s2["detected"] and not s2["rank_ok"] and s2["also_named"] == [1]
 
 
+def test_two_culprits_alike_are_both_named_by_their_host_finding_at_what_the_job_lost(tmp_path: Path) -> None:
+    """The two-alike case scored on a real job's captures (tests/data/faultbench/two-alike): ranks 1 and 3
+    merged into one host finding name both culprits (rank 3 needs no finding of its own), and its cost is
+    within a fifth of the step's growth against the baseline (the median of all four said about half)."""
+    rdir = tmp_path / "report"
+    shutil.copytree(DATA / "two-alike" / "captures", rdir / "captures")
+    offline.run_analysis(rdir)
+    case = _case("two-alike")
+    res = bench.CaseResult(case.name, case.fault.format(rank=case.rank, start=50), case.rank, None,
+                           list(case.categories), onset_step=50)
+    s = bench.score_case(case, res, rdir)
+    assert (s["detected"], s["rank_ok"], s["category_ok"], s["false_findings"]) == (True, True, True, 0), s
+    assert s["top"]["rank"] == 1 and s["also_named"] == [3], s
+    diag = json.loads((rdir / "diagnosis-57.json").read_text())
+    lost = diag["step_ms"]["median"] - diag["step_ms"]["baseline"]
+    assert 0.8 * lost <= s["top"]["impact_ms_per_step"] <= 1.2 * lost, (s["top"], lost)
+
+
 @pytest.mark.multirank
 def test_rank_stopped_once_a_second_is_named_though_the_median_never_moves(tmp_path: Path) -> None:
     """The bench's 'freeze' case: rank 1 SIGSTOPped 250 ms every second from step 50. The median step
