@@ -17,6 +17,7 @@ import pytest
 
 from eroica_runtime import report, summary, synth
 from eroica_runtime.engine import Thresholds, build_table, consolidate, diagnose, parse_topology
+from eroica_runtime.engine.categories import host_lead
 from eroica_runtime.engine.impact import Gates
 from eroica_runtime.engine.model import Finding
 from eroica_runtime.engine.peers import form_peers
@@ -200,7 +201,8 @@ def test_a_culprit_beside_slow_collectives_and_the_network_finding_each_say_the_
 def test_two_culprits_merged_into_one_host_finding_are_fixed_together() -> None:
     """Ranks 1 and 3 of a 4-rank host both run 150 ms of extra matmuls a step (tests/data/faultbench/
     two-alike): one host finding for both. Fixed, it takes both away: its step is not held by rank 3,
-    one of its own ranks ("step -> 192.7 ms if fixed, then rank 3 holds it" of a 201 ms step before).
+    one of its own ranks ("step -> 192.7 ms if fixed, then rank 3 holds it" of a 201 ms step before), and
+    its action does not send anyone to the host.
     Its cost is what the job lost: half the group slow put the median of all four between the slow and
     the healthy (+77 ms a step, the step 58.4 -> 201.2 ms against the baseline); the ranks that only
     waited are the reference."""
@@ -215,6 +217,20 @@ def test_two_culprits_merged_into_one_host_finding_are_fixed_together() -> None:
     assert f.what_if_step_ms is not None and f.what_if_step_ms <= 0.75 * d.step_ms["median"], (
         f.what_if_step_ms, d.step_ms["median"])
     assert format_finding(f)[0].endswith("ms if fixed)"), format_finding(f)[0]
+    # both run more calls than their peers: more work, whatever host they are on (it read "suspect the
+    # host", in a job on one host whose other two ranks were fine)
+    assert "not the host" in f.action and "suspect the host" not in f.action, f.action
+
+
+def test_a_host_finding_sends_the_reader_to_the_host_only_where_another_host_could_be_fine() -> None:
+    """Every rank of one host of several slow alike: the host. Some of its ranks: the host or what those
+    ranks share on it. A job on one host: what the slow ranks share, never "the host". Ranks that each run
+    more calls than their peers: more work, not the host."""
+    assert host_lead("n3", 8, 8, 4, False) == "All 8 ranks on n3 are slow alike: suspect the host. "
+    assert "suspect the host, or what those ranks share" in host_lead("n3", 4, 8, 4, False)
+    one = host_lead("vm", 2, 4, 1, False)
+    assert "the host" not in one and "what those ranks share" in one, one
+    assert "more work, not the host" in host_lead("n3", 8, 8, 4, True)
 
 
 def test_a_culprit_the_other_hid_from_the_median_is_judged_again_against_the_healthy_ranks() -> None:

@@ -53,6 +53,7 @@ from eroica_runtime.engine.attribution import (
 from eroica_runtime.engine.baseline import Thresholds
 from eroica_runtime.engine.categories import (
     ACTIONS,
+    host_lead,
     telemetry_refinement,
     transfer_evidence,
     work_action,
@@ -262,11 +263,11 @@ def _merge_hosts(table: Table, findings: list[Finding], gates: Gates) -> list[Fi
         if all(r in gates.levels for r in ranks):
             what_if, order = gates.fixed(ranks)
             ev.update(order)
+        more = all(f.evidence.get("work") == "more" for f in fs)
         out.append(Finding(category=cat, rank=worst.rank, host=host, function=worst.function,
                            phase=worst.phase, impact_ms_per_step=worst.impact_ms_per_step,
                            what_if_step_ms=what_if, victims=victims, evidence=ev,
-                           action=f"{len(ranks)} of {on_host} ranks on {host} are slow alike: suspect the host. "
-                           + worst.action,
+                           action=host_lead(host, len(ranks), on_host, len(table.hosts), more) + worst.action,
                            title=f"host {host}: {len(ranks)} ranks slow in {cat} ({worst.function}), "
                                  f"worst rank {worst.rank} +{worst.impact_ms_per_step:.1f} ms/step"))
     return out

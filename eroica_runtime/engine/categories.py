@@ -258,6 +258,25 @@ _SLOWER_BECAUSE = {
 }
 
 
+def host_lead(host: str, slow: int, on_host: int, hosts: int, more_work: bool) -> str:
+    """The first sentence of a host finding's action (``slow`` of the ``on_host`` ranks of ``host`` named
+    alike, in a job on ``hosts`` hosts): the host is the suspect only where something else could be.
+    Ranks that each run more calls than their peers do more work, whatever host they are on; in a job on
+    one host there is no other host to compare it with (ranks 1 and 3 of a one-host job, each running
+    150 ms of extra matmuls a step, read "2 of 4 ranks on vm are slow alike: suspect the host"); some of
+    a host's ranks slow, the others not, point at what those ranks share on it."""
+    if more_work:
+        return (f"{slow} of {on_host} ranks on {host} are slow alike, each running more calls than its peers: "
+                "more work, not the host. ")
+    share = ("what those ranks share (GPUs behind one PCIe switch or on one NUMA node, their CPU cores) or "
+             "the work they are given")
+    if hosts == 1:
+        return f"{slow} of {on_host} ranks are slow alike, the others not: suspect {share}. "
+    if slow < on_host:
+        return f"{slow} of {on_host} ranks on {host} are slow alike: suspect the host, or {share}. "
+    return f"All {on_host} ranks on {host} are slow alike: suspect the host. "
+
+
 def regression_action(phase: str, spared: list[int] | None = None, slow: int = 0) -> str:
     """The action of a job-wide regression whose own work grew most in ``phase``: a shared input
     pipeline that slowed on every rank is no matter of clocks or library versions. ``spared``: ranks
