@@ -247,7 +247,9 @@ def test_two_culprits_alike_are_both_named_by_their_host_finding_at_what_the_job
                            list(case.categories), onset_step=50)
     s = bench.score_case(case, res, rdir)
     assert (s["detected"], s["rank_ok"], s["category_ok"], s["false_findings"]) == (True, True, True, 0), s
-    assert s["top"]["rank"] == 1 and s["also_named"] == [3], s
+    assert s["top"]["rank"] == 1 and s["top"]["ranks"] == [1, 3] and s["also_named"] == [3], s
+    res.score = s
+    assert "| compute host r1+r3 `aten::matmul`; also r3 named |" in bench.table([res], None)
     diag = json.loads((rdir / "diagnosis-57.json").read_text())
     lost = diag["step_ms"]["median"] - diag["step_ms"]["baseline"]
     assert 0.8 * lost <= s["top"]["impact_ms_per_step"] <= 1.2 * lost, (s["top"], lost)

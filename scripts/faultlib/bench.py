@@ -333,7 +333,9 @@ def score_case(case: Case, res: CaseResult, report_dir: Path) -> dict[str, Any]:
                                                                      "impact_ms_per_step", "victims")},
                                          # the culprit that holds the step once this one is fixed (engine._what_ifs)
                                          **({"then_held_by": (top.get("evidence") or {}).get("then_held_by")}
-                                            if case.also else {})},
+                                            if case.also else {}),
+                                         # a host finding that merges several ranks alike
+                                         **({"ranks": sorted(_merged(top))} if _merged(top) else {})},
         "false_findings": len(false), "false_blamed": sorted(map(str, false)),
         "steps": rep.get("steps") if isinstance(rep.get("steps"), int) else None,
     }
@@ -610,7 +612,8 @@ def table(results: list[CaseResult], overhead: dict[str, Any] | None) -> str:
         s = r.score or {}
         top = s.get("top")
         fn = str(top["function"]).rsplit("/", 1)[-1] if top else ""  # a hang's function is a file:line
-        who = "" if not top else "job-wide" if top.get("rank") is None else f"r{top['rank']}"
+        who = "" if not top else "job-wide" if top.get("rank") is None else \
+            "host " + "+".join(f"r{x}" for x in top["ranks"]) if top.get("ranks") else f"r{top['rank']}"
         topt = f"{top['category']} {who} `{fn}`" if top else "none"
         if r.expected_host and top:
             topt += " @" + ",".join(h.split("-")[-1] for h in _hosts(top))
