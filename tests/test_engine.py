@@ -270,6 +270,21 @@ def test_most_of_a_group_slow_alike_is_a_regression_that_names_the_ranks_it_spar
     assert "ranks_spared" not in f.evidence and "REGRESSION: all ranks" in format_finding(f)[0]
 
 
+def test_half_of_eight_ranks_slow_alike_cost_what_the_slow_ones_grew() -> None:
+    """Ranks 1, 3, 5 and 6 of a real 8-rank job each run 100 ms of extra matmuls a step (tests/data/
+    faultbench/half-of-eight): nobody stands out from the median of all eight, and the capture is a
+    regression against the baseline that spares ranks 0, 2, 4 and 7. Its cost is what the slow ranks'
+    own work grew, not the median of theirs and the spared ranks' (+47 ms a step of the 84 the step grew)."""
+    (_, base, _), (meta, spike, _) = (summary.decode_capture(p.read_bytes()) for p in sorted(
+        (DATA.parent / "faultbench" / "half-of-eight" / "captures").glob("*.msgpack"), key=lambda p: int(p.stem)))
+    d = diagnose(spike, step=meta["step"], trigger=meta["trigger"], world_size=8, baseline=base)
+    (f,) = d.findings
+    assert f.category == "regression" and f.evidence["ranks_spared"] == [0, 2, 4, 7], (f.title, f.evidence)
+    grew = d.step_ms["median"] - d.step_ms["baseline"]
+    assert 0.8 * grew <= f.impact_ms_per_step <= 1.25 * grew, (f.impact_ms_per_step, grew)
+    assert f.what_if_step_ms == d.step_ms["baseline"] and "4 of 8 ranks" in format_finding(f)[0]
+
+
 def test_a_detector_window_too_noisy_to_call_is_slower_when_the_steps_before_it_were() -> None:
     """The fault bench's memory case with 2 DataLoader workers a rank (tests/data/faultbench/memory-workers):
     rank 1's thrashing slowed every rank of the 2-core host alike, and its drift capture's 3-step window
