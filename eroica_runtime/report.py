@@ -319,6 +319,11 @@ def if_fixed_text(f: dict[str, Any]) -> str:
     return f"step → {_ms(what_if)} ms if fixed"
 
 
+def _count(v: Any) -> int:
+    """A count from a report's evidence, 0 when it is none (a report.json edited or from elsewhere)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
+
+
 def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
     """A few lines for one finding: answer first, then evidence, then what to do."""
     f = f.to_json() if isinstance(f, Finding) else f
@@ -326,9 +331,8 @@ def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
     who = f"rank {_text(f['rank'])}" if f.get("rank") is not None else "no single rank"
     where = f" on {_text(f['host'])}" if f.get("host") else ""
     if f.get("category") == "regression" or ev.get("all_ranks"):
-        spared = int(ev.get("ranks_spared_count") or 0)
-        n = int(ev.get("ranks_compared") or 0)
-        who, where = (f"{n - spared} of {n} ranks" if spared and n > spared else "all ranks"), ""
+        spared, n = _count(ev.get("ranks_spared_count")), _count(ev.get("ranks_compared"))
+        who, where = (f"{n - spared} of {n} ranks" if 0 < spared < n else "all ranks"), ""
     head = (f"  #{index} {_text(f.get('category', '?')).upper()}: {who}{where} — "
             f"{_text(f.get('function') or '?')} [{_text(f.get('phase') or '-')}], "
             f"+{_ms(f.get('impact_ms_per_step'))} ms/step" + (f" ({if_fixed_text(f)})" if if_fixed_text(f) else ""))
@@ -341,7 +345,7 @@ def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
                 facts.append(f"{label} {_ms(v[0])} vs baseline {_ms(v[1])} ms")
         spared = ev.get("ranks_spared")
         if isinstance(spared, list) and spared:
-            more = int(ev.get("ranks_spared_count") or len(spared)) - len(spared)
+            more = max(_count(ev.get("ranks_spared_count")), len(spared)) - len(spared)
             facts.append(f"not slower: rank{'s' if len(spared) + more > 1 else ''} "
                          + ", ".join(_text(r) for r in spared) + (f" and {more} more" if more > 0 else ""))
     elif "cpu_ms" in ev:

@@ -255,6 +255,22 @@ def test_a_burst_line_with_odd_numbers_in_a_stored_report_is_left_out_not_a_cras
         assert lines[0].startswith("  #1 COMPUTE: rank 1") and not any("in bursts" in ln for ln in lines)
 
 
+def test_a_regressions_spared_ranks_with_odd_counts_in_a_stored_report_are_not_a_crash() -> None:
+    """`eroica show` on a regression that spared ranks says how many slowed and which did not; a count
+    that is no count (a foreign or hand-edited report.json) falls back to "all ranks" and the ranks listed."""
+    f = {"category": "regression", "rank": None, "host": None, "function": "aten::matmul", "phase": "forward",
+         "impact_ms_per_step": 94.7, "what_if_step_ms": 107.3,
+         "evidence": {"ranks_spared": [0, 2, 4, 7], "ranks_spared_count": 4, "ranks_compared": 8,
+                      "own_work_ms": [132.7, 39.5]}}
+    head, facts = report.format_finding(f)[:2]
+    assert "REGRESSION: 4 of 8 ranks" in head and "not slower: ranks 0, 2, 4, 7" in facts, (head, facts)
+    for odd in ("4", True, -1, float("nan"), None):
+        bad = copy.deepcopy(f)
+        bad["evidence"]["ranks_spared_count"] = odd
+        head, facts = report.format_finding(bad)[:2]
+        assert "REGRESSION: all ranks" in head and "not slower: ranks 0, 2, 4, 7" in facts, (odd, head, facts)
+
+
 def test_a_lone_ranks_profile_lists_collective_kernels_as_device_work_launcher_or_not() -> None:
     """A NCCL kernel row without a launching op (none recorded for it) is still device work, and the
     host's nccl:all_reduce record is still a host op."""

@@ -247,7 +247,6 @@ def work_against(name: str, calls: float, ms: float, ref_calls: float, ref_ms: f
 
 # what the same calls of a function, each slower on every rank, say, by the category of its phase (the
 # regression's action then says what to check)
-SPARED_SHOWN = 8   # ranks a regression spared, named in its action
 _SLOWER_BECAUSE = {
     "compute": "clocks or thermals on every node, a library version, or larger inputs",
     "dataloader": "every rank's batches take longer to fetch or prepare",
@@ -256,6 +255,7 @@ _SLOWER_BECAUSE = {
     "host": "every rank's CPU-side work takes longer",
     "transfer": "every rank's copies take longer",
 }
+SPARED_SHOWN = 8   # ranks a regression spared, named in its action
 
 
 def host_lead(host: str, slow: int, on_host: int, hosts: int, more_work: bool) -> str:
