@@ -285,6 +285,20 @@ def test_half_of_eight_ranks_slow_alike_cost_what_the_slow_ones_grew() -> None:
     assert f.what_if_step_ms == d.step_ms["baseline"] and "4 of 8 ranks" in format_finding(f)[0]
 
 
+def test_fixed_a_culprit_leaves_the_job_at_its_healthy_step_not_faster() -> None:
+    """The fault bench's data case (tests/data/faultbench/data): rank 1's dataset sleeps 80 ms a batch,
+    and while it sleeps its peers have the 2 cores: their own work runs faster than healthy. Its what-if
+    took the step less its cost and said 37.9 ms, of a job whose baseline stepped 56.5 ms; fixed, the
+    job steps as in its baseline, and so does the capture's "every finding fixed"."""
+    (_, base, _), (meta, spike, _) = (summary.decode_capture(p.read_bytes()) for p in sorted(
+        (DATA.parent / "faultbench" / "data" / "captures").glob("*.msgpack"), key=lambda p: int(p.stem)))
+    d = diagnose(spike, step=meta["step"], trigger=meta["trigger"], world_size=4, baseline=base)
+    (f,) = d.findings
+    assert (f.rank, f.category) == (1, "dataloader"), f.title
+    assert f.what_if_step_ms == d.step_ms["baseline"] == d.step_ms["what_if_all_fixed"], (f.what_if_step_ms, d.step_ms)
+    assert f.impact_ms_per_step > d.step_ms["median"] - d.step_ms["baseline"]   # its cost is still its own
+
+
 def test_a_detector_window_too_noisy_to_call_is_slower_when_the_steps_before_it_were() -> None:
     """The fault bench's memory case with 2 DataLoader workers a rank (tests/data/faultbench/memory-workers):
     rank 1's thrashing slowed every rank of the 2-core host alike, and its drift capture's 3-step window

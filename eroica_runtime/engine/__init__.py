@@ -89,16 +89,21 @@ HEAT_COLUMNS = ("step", "data", "forward", "backward", "optimizer", "host_gap", 
 HEAT_MAX_ROWS = 40
 
 
-def _what_ifs(table: Table, findings: list[Finding], culprits: list[Culprit], step_ms: float) -> tuple[list[Finding], Gates]:
+def _what_ifs(table: Table, findings: list[Finding], culprits: list[Culprit], step_ms: float,
+              healthy_ms: float | None = None) -> tuple[list[Finding], Gates]:
     """The culprits' findings with the step each leaves if fixed alone (impact.Gates: the next-worst
     culprit's level, and no lower than the culprit's peers' own work plus the collective's own time, what
     the culprit, last to arrive, waited: on shared cores a culprit's peers run faster while it stalls),
-    and the gates, for the host findings that merge several (_merge_hosts). Work alone in a window step
-    that recurs: fixed, the job's mean step over every step seen drops by its average cost (the window's
-    median step holds the lone step)."""
+    and the gates, for the host findings that merge several (_merge_hosts). Nor lower than the job's
+    healthy step, ``healthy_ms`` (_no_faster_than says why), so that which culprit holds the step next
+    is said against it too. Work alone in a window step that recurs:
+    fixed, the job's mean step over every step seen drops by its average cost (the window's median step
+    holds the lone step)."""
     ranks = [int(table.rank[c.row]) for c in culprits]
+    healthy = 0.0 if healthy_ms is None else healthy_ms
     gates = Gates(step_ms, {r: c.level_ms for r, c in zip(ranks, culprits, strict=True)},
-                  {r: min(step_ms, c.own_ref + max(c.comm, 0.0)) for r, c in zip(ranks, culprits, strict=True)})
+                  {r: min(step_ms, max(c.own_ref + max(c.comm, 0.0), healthy))
+                   for r, c in zip(ranks, culprits, strict=True)})
     out = []
     for f, c, r in zip(findings, culprits, ranks, strict=True):
         if c.alone is not None:
@@ -107,6 +112,18 @@ def _what_ifs(table: Table, findings: list[Finding], culprits: list[Culprit], st
         what_if, order = gates.fixed({r})
         out.append(replace(f, what_if_step_ms=what_if, evidence={**f.evidence, **order}))
     return out, gates
+
+
+def _no_faster_than(findings: list[Finding], healthy_ms: float, step_ms: float) -> list[Finding]:
+    """Every finding's "step -> X ms if fixed" no lower than the job's healthy step (the baseline
+    capture's median, ``healthy_ms``), or than this window's step where that is lower: fixed, the job
+    steps as it did healthy, not faster. A culprit that sleeps leaves its peers the cores, and their
+    own work runs faster than it does healthy: the fault bench's data case (run 50) said "step -> 37.9
+    ms if fixed" of a job whose baseline stepped 56.5 ms, and 24 of that run's 51 what-ifs were below
+    its baseline's step (a regression's already was not)."""
+    floor = min(healthy_ms, step_ms)
+    return [replace(f, what_if_step_ms=floor) if f.what_if_step_ms is not None and f.what_if_step_ms < floor else f
+            for f in findings]
 
 
 def _beside_the_network(findings: list[Finding], gates: Gates) -> list[Finding]:
@@ -364,8 +381,9 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
         if ev is not None:
             notes.append(chance_note(int(f.rank), ev))
     culprits = [c for c, ev in zip(culprits, chance, strict=True) if ev is None]
+    healthy = float(np.median(base.col("step"))) if base is not None and base.n else None
     findings, gates = _what_ifs(table, [f for f, ev in zip(findings, chance, strict=True) if ev is None],
-                                culprits, step_med)
+                                culprits, step_med, healthy)
     excesses = [c.excess_ms for c in culprits]
     named = {c.row for c in culprits}
     findings.extend(stall_finding(table, row, ev, step_med) for row, ev in stopped.items() if row not in named)
@@ -406,18 +424,21 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
     if not culprits and not any(f.category == "communication" for f in findings):
         findings.extend(_not_while_held(table, held, local_comm_excess(table, peers, th, link_probe, notes), notes))
     findings = _beside_the_network(findings, gates)
+    if healthy is not None:
+        findings = _no_faster_than(findings, healthy, step_med)
     findings.extend(hang_findings(trigger, miss, step_med))
     findings.sort(key=lambda f: -f.impact_ms_per_step)
     findings = [Finding(**{**f.__dict__, "captures": (int(step),)}) for f in findings]
 
     step_ms = {"median": step_med, "p99": float(np.percentile(step_col, 99)),
                "max": float(step_col.max()), "max_rank": int(table.rank[int(np.argmax(step_col))]),
-               "what_if_all_fixed": all_fixed(step_med, [f.impact_ms_per_step for f in findings
-                                                         if f.category != "hang"])}
-    if base is not None and base.n:
+               "what_if_all_fixed": max(all_fixed(step_med, [f.impact_ms_per_step for f in findings
+                                                             if f.category != "hang"]),
+                                        min(step_med, healthy or 0.0))}
+    if healthy is not None:
         # what this capture was compared with (the runtime's analyst reads a capture with no finding
         # and no "unexplained_ms" as found healthy only when this is here: analyst.healthy_against_baseline)
-        step_ms["baseline"] = float(np.median(base.col("step")))
+        step_ms["baseline"] = healthy
     if slower is not None and not findings and slower.before_ms is not None:
         # slower in its window only (report.py says so beside "healthy")
         step_ms["baseline"], step_ms["before_window_ms"] = slower.baseline_ms, list(slower.before_ms)
