@@ -324,6 +324,19 @@ def _count(v: Any) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
 
 
+def ranks_text(f: dict[str, Any]) -> str:
+    """Whom a finding names, as the HTML findings table's rank column and the text's head say it: its
+    rank, the ranks a host finding merges ("1, 3"), or for one of all ranks "all", or how many of them
+    slowed where it spared some ("3 of 4"); "–" for none (a communication finding)."""
+    ev = f.get("evidence") or {}
+    if f.get("category") == "regression" or ev.get("all_ranks"):
+        spared, n = _count(ev.get("ranks_spared_count")), _count(ev.get("ranks_compared"))
+        return f"{n - spared} of {n}" if 0 < spared < n else "all"
+    if isinstance(ev.get("ranks"), list) and ev["ranks"]:
+        return _ranks(ev["ranks"])
+    return _text(f["rank"]) if f.get("rank") is not None else "–"
+
+
 def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
     """A few lines for one finding: answer first, then evidence, then what to do."""
     f = f.to_json() if isinstance(f, Finding) else f
@@ -331,8 +344,7 @@ def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
     who = f"rank {_text(f['rank'])}" if f.get("rank") is not None else "no single rank"
     where = f" on {_text(f['host'])}" if f.get("host") else ""
     if f.get("category") == "regression" or ev.get("all_ranks"):
-        spared, n = _count(ev.get("ranks_spared_count")), _count(ev.get("ranks_compared"))
-        who, where = (f"{n - spared} of {n} ranks" if 0 < spared < n else "all ranks"), ""
+        who, where = f"{ranks_text(f)} ranks", ""
     head = (f"  #{index} {_text(f.get('category', '?')).upper()}: {who}{where} — "
             f"{_text(f.get('function') or '?')} [{_text(f.get('phase') or '-')}], "
             f"+{_ms(f.get('impact_ms_per_step'))} ms/step" + (f" ({if_fixed_text(f)})" if if_fixed_text(f) else ""))

@@ -17,6 +17,7 @@ from eroica_runtime.report import (
     is_healthy,
     job_profiler_text,
     passing_text,
+    ranks_text,
     refused_summary,
     slower_text,
     transient_lines,
@@ -154,7 +155,7 @@ def _finding_rows(findings: list[dict[str, Any]]) -> str:
             "<th>impact ms/step</th><th>if fixed</th><th>victims</th><th>action</th></tr>"]
     for i, f in enumerate(findings, 1):
         rows.append(f"<tr><td>{i}</td><td class=cat>{_e(f.get('category'))}</td>"
-                    f"<td>{_e(f.get('rank') if f.get('rank') is not None else '–')}</td>"
+                    f"<td>{_e(ranks_text(f))}</td>"
                     f"<td>{_e(f.get('host') or '–')}</td><td>{_e(f.get('function') or '–')}</td>"
                     f"<td>{_num(f.get('impact_ms_per_step'))}</td><td>{_e(if_fixed_text(f) or '–')}</td>"
                     f"<td>{len(f.get('victims') or [])}</td>"

@@ -253,6 +253,7 @@ def test_two_culprits_alike_are_both_named_by_their_host_finding_at_what_the_job
     diag = json.loads((rdir / "diagnosis-57.json").read_text())
     lost = diag["step_ms"]["median"] - diag["step_ms"]["baseline"]
     assert 0.8 * lost <= s["top"]["impact_ms_per_step"] <= 1.2 * lost, (s["top"], lost)
+    assert "<td class=cat>compute</td><td>1, 3</td>" in (rdir / "report.html").read_text()   # whom it names
 
 
 @pytest.mark.multirank

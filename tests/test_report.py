@@ -264,11 +264,13 @@ def test_a_regressions_spared_ranks_with_odd_counts_in_a_stored_report_are_not_a
                       "own_work_ms": [132.7, 39.5]}}
     head, facts = report.format_finding(f)[:2]
     assert "REGRESSION: 4 of 8 ranks" in head and "not slower: ranks 0, 2, 4, 7" in facts, (head, facts)
+    assert report.ranks_text(f) == "4 of 8"   # the HTML findings table's rank column
     for odd in ("4", True, -1, float("nan"), None):
         bad = copy.deepcopy(f)
         bad["evidence"]["ranks_spared_count"] = odd
         head, facts = report.format_finding(bad)[:2]
         assert "REGRESSION: all ranks" in head and "not slower: ranks 0, 2, 4, 7" in facts, (odd, head, facts)
+        assert report.ranks_text(bad) == "all"
 
 
 def test_a_lone_ranks_profile_lists_collective_kernels_as_device_work_launcher_or_not() -> None:
