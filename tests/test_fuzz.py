@@ -172,3 +172,14 @@ def test_hostile_names_never_forge_report_lines(host: str, function: str, action
                                            errors=(error,)))
     assert all(line.isprintable() for line in text.splitlines())
     assert len(text.splitlines()) == 1 + len(report.format_finding(f)) + 1
+
+
+def test_a_key_with_a_newline_in_a_capture_or_summary_map_is_named_on_one_line() -> None:
+    """A capture's "extra" map, or a summary's telemetry, keyed by a string holding a newline, whose value
+    is refused: the error names the key escaped, on one line (the fuzz test above found the key written
+    raw, its error two lines, an SRE's log line forged)."""
+    for extra in ({"a\nb": float("nan")}, {"ok": {"x\r\ny" * 30: []}}, {"c\nd": {"e": b"bytes"}}):
+        _check(_capture([_pack(s) for s in _SUMMARIES], [s["rank"] for s in _SUMMARIES], extra=extra))
+    spoiled = copy.deepcopy(_SUMMARIES)
+    spoiled[1]["telemetry"] = {"gpu\n0": float("inf")}
+    _check(_capture([_pack(s) for s in spoiled], [s["rank"] for s in spoiled]))

@@ -130,7 +130,13 @@ def _check_tree(origin: str, where: str, x: Any, depth: int = 0, budget: list[in
     for k, v in items:
         if not isinstance(k, (str, int)) or isinstance(k, bool):
             raise _bad(origin, f"{where} has a {type(k).__name__} key")
-        _check_tree(origin, f"{where}.{k}", v, depth + 1, budget)
+        _check_tree(origin, f"{where}.{_key(k)}", v, depth + 1, budget)
+
+
+def _key(k: str | int) -> str:
+    """A map key as an error message names it: as it is when short and printable, else escaped and cut
+    (a key holding a newline made the one-line error two lines: the fuzz test found it)."""
+    return str(k) if isinstance(k, int) or (k.isprintable() and len(k) <= 40) else ascii(k)[:40]
 
 
 def validate(obj: Any, *, origin: str = "?") -> None:
