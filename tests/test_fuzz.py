@@ -93,7 +93,7 @@ def _check(data: bytes) -> None:
     pipe = Pipeline(world_size=4)
     pipe.analyse(_BASELINE, origin="baseline")
     try:
-        _, good, _ = summary.decode_capture(data, origin="fuzz")
+        _, good, refused = summary.decode_capture(data, origin="fuzz")
     except summary.SummaryError as exc:
         assert "\n" not in str(exc)
         try:
@@ -101,6 +101,7 @@ def _check(data: bytes) -> None:
         except summary.SummaryError:
             return
         raise AssertionError("decode_capture rejected what the pipeline accepted") from None
+    assert not any("\n" in e for e in refused), refused   # a refused summary's error is one line too
     accepted = {s["rank"] for s in good}
     result = pipe.analyse(data, origin="fuzz")
     d = result.diagnosis
@@ -180,6 +181,7 @@ def test_a_key_with_a_newline_in_a_capture_or_summary_map_is_named_on_one_line()
     raw, its error two lines, an SRE's log line forged)."""
     for extra in ({"a\nb": float("nan")}, {"ok": {"x\r\ny" * 30: []}}, {"c\nd": {"e": b"bytes"}}):
         _check(_capture([_pack(s) for s in _SUMMARIES], [s["rank"] for s in _SUMMARIES], extra=extra))
-    spoiled = copy.deepcopy(_SUMMARIES)
-    spoiled[1]["telemetry"] = {"gpu\n0": float("inf")}
-    _check(_capture([_pack(s) for s in spoiled], [s["rank"] for s in spoiled]))
+    for field, value in (("telemetry", {"gpu\n0": float("inf")}), ("device_phases", {"comm\nx": -1.0})):
+        spoiled = copy.deepcopy(_SUMMARIES)
+        spoiled[1][field] = value
+        _check(_capture([_pack(s) for s in spoiled], [s["rank"] for s in spoiled]))

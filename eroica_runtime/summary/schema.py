@@ -223,7 +223,7 @@ def validate(obj: Any, *, origin: str = "?") -> None:
             raise _bad(origin, "device_phases must be a map")
         for k, v in dev.items():
             _check_str(origin, "device_phases key", k, 64)
-            _check_ms(origin, f"device_phases.{k}", v, MAX_COUNT * 1e3)
+            _check_ms(origin, f"device_phases.{_key(k)}", v, MAX_COUNT * 1e3)
     tele = obj["telemetry"]
     for edge in ("start", "end"):
         sample = tele.get(edge)
