@@ -344,7 +344,7 @@ def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
     who = f"rank {_text(f['rank'])}" if f.get("rank") is not None else "no single rank"
     where = f" on {_text(f['host'])}" if f.get("host") else ""
     if f.get("category") == "regression" or ev.get("all_ranks"):
-        who, where = f"{ranks_text(f)} ranks", ""
+        who = f"{ranks_text(f)} ranks"
     head = (f"  #{index} {_text(f.get('category', '?')).upper()}: {who}{where} — "
             f"{_text(f.get('function') or '?')} [{_text(f.get('phase') or '-')}], "
             f"+{_ms(f.get('impact_ms_per_step'))} ms/step" + (f" ({if_fixed_text(f)})" if if_fixed_text(f) else ""))

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from eroica_runtime import report, summary, synth
-from eroica_runtime.engine import Thresholds, build_table, consolidate, diagnose, parse_topology
+from eroica_runtime.engine import Thresholds, build_table, categories, consolidate, diagnose, parse_topology
 from eroica_runtime.engine.categories import host_lead
 from eroica_runtime.engine.impact import Gates
 from eroica_runtime.engine.model import Finding
@@ -283,6 +283,29 @@ def test_half_of_eight_ranks_slow_alike_cost_what_the_slow_ones_grew() -> None:
     grew = d.step_ms["median"] - d.step_ms["baseline"]
     assert 0.8 * grew <= f.impact_ms_per_step <= 1.25 * grew, (f.impact_ms_per_step, grew)
     assert f.what_if_step_ms == d.step_ms["baseline"] and "4 of 8 ranks" in format_finding(f)[0]
+
+
+def test_half_the_ranks_slow_alike_on_one_node_of_two_names_the_node() -> None:
+    """The half-of-eight capture with its four slow ranks on host node-b and the others on node-a (a
+    two-node job whose one node slowed alike): the same regression, named on node-b, every rank of which
+    slowed and none elsewhere. Their extra calls say more work, not the host; the same calls each slower
+    would make the host the suspect."""
+    (_, base, _), (meta, spike, _) = (summary.decode_capture(p.read_bytes()) for p in sorted(
+        (DATA.parent / "faultbench" / "half-of-eight" / "captures").glob("*.msgpack"), key=lambda p: int(p.stem)))
+    for s in (*base, *spike):
+        s["host"] = "node-b" if s["rank"] in (1, 3, 5, 6) else "node-a"
+    d = diagnose(spike, step=meta["step"], trigger=meta["trigger"], world_size=8, baseline=base)
+    (f,) = d.findings
+    assert f.category == "regression" and f.host == "node-b" and f.evidence["slow_hosts"] == ["node-b"], f.title
+    assert "4 of 8 ranks on node-b" in format_finding(f)[0], format_finding(f)[0]
+    assert "every rank on node-b and none elsewhere, each running more calls" in f.action, f.action
+    assert "suspect the host" in categories.regression_action("forward", [0, 2, 4, 7], 4, ["node-b"], False)
+    for s in base:   # the spared ranks on node-b too: no host is singled out
+        s["host"] = "node-b" if s["rank"] in (1, 3, 5, 6, 7) else "node-a"
+    for s in spike:
+        s["host"] = "node-b" if s["rank"] in (1, 3, 5, 6, 7) else "node-a"
+    (f,) = diagnose(spike, step=meta["step"], trigger=meta["trigger"], world_size=8, baseline=base).findings
+    assert f.host is None and "slow_hosts" not in f.evidence, (f.host, f.evidence.get("slow_hosts"))
 
 
 def test_fixed_a_culprit_leaves_the_job_at_its_healthy_step_not_faster() -> None:

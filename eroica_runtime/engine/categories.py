@@ -277,10 +277,21 @@ def host_lead(host: str, slow: int, on_host: int, hosts: int, more_work: bool) -
     return f"All {on_host} ranks on {host} are slow alike: suspect the host. "
 
 
-def regression_action(phase: str, spared: list[int] | None = None, slow: int = 0) -> str:
+def regression_action(phase: str, spared: list[int] | None = None, slow: int = 0,
+                      hosts: list[str] | None = None, more_work: bool = False) -> str:
     """The action of a job-wide regression whose own work grew most in ``phase``: a shared input
     pipeline that slowed on every rank is no matter of clocks or library versions. ``spared``: ranks
-    that did not slow (``slow`` ranks did): what differs between the two sets is the lead."""
+    that did not slow (``slow`` ranks did): what differs between the two sets is the lead; ``hosts``:
+    the slow ranks are every rank of these hosts and of no other, the host the suspect unless they run
+    more calls (``more_work``)."""
+    if spared and hosts:
+        where = ", ".join(hosts[:SPARED_SHOWN]) + (" and more" if len(hosts) > SPARED_SHOWN else "")
+        lead = f"{slow} ranks slowed alike against this job's own healthy baseline, every rank on {where} and none elsewhere"
+        if more_work:
+            return (lead + ", each running more calls: what only those ranks run (a code path or data that depends "
+                    "on the node or its local ranks), not the host.")
+        return (lead + ": suspect the host (GPU clocks, thermals and power: nvidia-smi -q -d PERFORMANCE; a "
+                "co-located job; its CPU governor, memory or links).")
     if spared:
         them = ", ".join(str(r) for r in spared[:SPARED_SHOWN]) + (" and more" if len(spared) > SPARED_SHOWN else "")
         return (f"{slow} ranks slowed alike against this job's own healthy baseline, rank{'s' if len(spared) > 1 else ''} "
@@ -290,14 +301,27 @@ def regression_action(phase: str, spared: list[int] | None = None, slow: int = 0
     return ACTIONS.get(f"regression_{PHASE_CATEGORY.get(phase, 'compute')}", ACTIONS["regression"])
 
 
+def _regression_calls(fn: dict[str, Any]) -> tuple[float, float, float, float] | None:
+    """(calls, ms now; calls, ms in the baseline) a step of a regression's grown function, or None."""
+    try:
+        return float(fn["now_calls"]), float(fn["now_ms"]), float(fn["baseline_calls"]), float(fn["baseline_ms"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def regression_verdict(fn: dict[str, Any]) -> str | None:
+    """``work_verdict`` of a regression's grown function, now against the baseline ("more", "slower")."""
+    got = _regression_calls(fn)
+    return work_verdict(*got) if got is not None else None
+
+
 def regression_work(fn: dict[str, Any], spared: bool = False) -> str:
     """A sentence for a job-wide regression from its top grown function's calls now and in the baseline
     (``_function_growth``), or '' when they do not tell; ``spared``: some ranks did not slow."""
-    try:
-        now_calls, was_calls = float(fn["now_calls"]), float(fn["baseline_calls"])
-        now_ms, was_ms = float(fn["now_ms"]), float(fn["baseline_ms"])
-    except (KeyError, TypeError, ValueError):
+    got = _regression_calls(fn)
+    if got is None:
         return ""
+    now_calls, now_ms, was_calls, was_ms = got
     verdict = work_verdict(now_calls, now_ms, was_calls, was_ms)
     if verdict == "more":
         return (f"{fn['name']} runs {_count(now_calls)} times a step now vs {_count(was_calls)} in the baseline: "

@@ -16,7 +16,13 @@ from typing import Any
 import numpy as np
 
 from eroica_runtime.engine.baseline import Thresholds, center, group_bars
-from eroica_runtime.engine.categories import ACTIONS, COMPUTE_PHASES, regression_action, regression_work
+from eroica_runtime.engine.categories import (
+    ACTIONS,
+    COMPUTE_PHASES,
+    regression_action,
+    regression_verdict,
+    regression_work,
+)
 from eroica_runtime.engine.history import TRIGGERED
 from eroica_runtime.engine.memory import memory_action, regression_memory
 from eroica_runtime.engine.model import Finding
@@ -338,15 +344,20 @@ def common_mode(cur: Table, base: Table, th: Thresholds, culprit_excess: float,
         share = float(np.mean(d_own >= limit))
         ev = {**common, "own_work_ms": [float(np.median(cur.own[ra])), float(np.median(base.own[rba]))],
               "phase_delta_ms": phase_d, "functions": fns, "ranks_affected_share": share}
+        slow_hosts: list[str] = []
         if spared.any():
             ev["ranks_spared"] = [int(r) for r in cur.rank[rc[spared]][:SPARED_LISTED]]
             ev["ranks_spared_count"] = int(spared.sum())
+            slow_hosts = hosts_alone(cur, ra, rc[spared])
+            if slow_hosts:
+                ev["slow_hosts"] = slow_hosts[:SPARED_LISTED]
         who = f"{len(rc) - int(spared.sum())} of {len(rc)} ranks" if spared.any() else "All ranks"
         top = fns[0]["name"] if fns else f"({phase})"
         if phase in COMPUTE_PHASES and fns and fns[0]["phase"] in COMPUTE_PHASES:
             phase = fns[0]["phase"]
         action = (regression_work(fns[0], bool(spared.any())) + " " if fns else "") \
-            + regression_action(phase, ev.get("ranks_spared"), len(rc) - int(spared.sum())) \
+            + regression_action(phase, ev.get("ranks_spared"), len(rc) - int(spared.sum()), slow_hosts,
+                                bool(fns) and regression_verdict(fns[0]) == "more") \
             + (" Grew most: " + ", ".join(f["name"] for f in fns[:3]) if fns else "")
         memory = regression_memory(cur, base, rc, rb)   # every rank waited for pages it had lost
         if memory:
@@ -354,7 +365,8 @@ def common_mode(cur: Table, base: Table, th: Thresholds, culprit_excess: float,
             ev["all_ranks"] = True
             action = memory_action(memory, all_ranks=True)
         findings.append(Finding(
-            category="memory" if memory else "regression", rank=None, host=None, function=top, phase=phase,
+            category="memory" if memory else "regression", rank=None,
+            host=",".join(slow_hosts) if 0 < len(slow_hosts) <= HOSTS_NAMED else None, function=top, phase=phase,
             # fixed, the job steps about as in its baseline, not faster: own work that grew more than the
             # step did (its waits shrank) must not print "step -> 0.0 ms if fixed"
             impact_ms_per_step=m_own, what_if_step_ms=max(now_step - m_own, min(base_step, now_step)), evidence=ev,
@@ -460,6 +472,18 @@ def comm_before_window(cur: Table, base: Table, th: Thresholds, trigger: str,
 
 
 SPARED_LISTED = 16    # ranks a regression spared, listed by number (the rest counted)
+HOSTS_NAMED = 4       # a regression's slow hosts named as its finding's host (more: in its evidence only)
+
+
+def hosts_alone(table: Table, slow: np.ndarray, spared: np.ndarray) -> list[str]:
+    """The hosts of the ``slow`` rows when none of them runs a ``spared`` row, sorted; else []. Half the
+    ranks of a two-node job slow alike, one node's, is beyond a comparison of peers as 4 of 8 ranks on
+    one host are (tests/data/faultbench/half-of-eight), and the regression that names the ranks it spared
+    then names the node as well."""
+    slow_h = set(table.host_idx[slow].tolist())
+    if not slow_h or slow_h & set(table.host_idx[spared].tolist()):
+        return []
+    return sorted(table.hosts[h] for h in slow_h)
 BEFORE_GROWTH = 2.0   # the steps before a detector's window: this many times th.regression_rel above the baseline's
 
 
