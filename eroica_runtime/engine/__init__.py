@@ -96,9 +96,8 @@ def _what_ifs(table: Table, findings: list[Finding], culprits: list[Culprit], st
     the culprit, last to arrive, waited: on shared cores a culprit's peers run faster while it stalls),
     and the gates, for the host findings that merge several (_merge_hosts). Nor lower than the job's
     healthy step, ``healthy_ms`` (_no_faster_than says why), so that which culprit holds the step next
-    is said against it too. Work alone in a window step that recurs:
-    fixed, the job's mean step over every step seen drops by its average cost (the window's median step
-    holds the lone step)."""
+    is said against it too. Work alone in a window step that recurs: fixed, the job's mean step over
+    every step seen drops by its average cost (the window's median step holds the lone step)."""
     ranks = [int(table.rank[c.row]) for c in culprits]
     healthy = 0.0 if healthy_ms is None else healthy_ms
     gates = Gates(step_ms, {r: c.level_ms for r, c in zip(ranks, culprits, strict=True)},

@@ -410,8 +410,10 @@ def among_the_rest(own: np.ndarray, wait: np.ndarray, found: dict[int, Any], lon
     are judged by lonework's rules only."""
     out: dict[int, tuple[float, float, None, float, float]] = {}
     n = len(own)
+    taken = np.zeros(n, dtype=bool)
+    taken[list(found)] = True
     while found and 2 * (len(found) + len(out) + 1) <= n:
-        rest = np.asarray([k for k in range(n) if k not in found and k not in out], dtype=np.int64)
+        rest = np.flatnonzero(~taken)
         c_own, c_wait = center(own[rest], th.sigma_floor_rel), center(wait[rest], th.sigma_floor_rel)
         more = {}
         for k in rest[(own[rest] - c_own.ref >= limit[rest]) & ~lone[rest]].tolist():
@@ -423,6 +425,7 @@ def among_the_rest(own: np.ndarray, wait: np.ndarray, found: dict[int, Any], lon
         if not more or 2 * (len(found) + len(out) + len(more)) > n:
             break
         out.update(more)
+        taken[list(more)] = True
     return out
 
 

@@ -359,7 +359,7 @@ def common_mode(cur: Table, base: Table, th: Thresholds, culprit_excess: float,
             + regression_action(phase, ev.get("ranks_spared"), len(rc) - int(spared.sum()), slow_hosts,
                                 bool(fns) and regression_verdict(fns[0]) == "more") \
             + (" Grew most: " + ", ".join(f["name"] for f in fns[:3]) if fns else "")
-        memory = regression_memory(cur, base, rc, rb)   # every rank waited for pages it had lost
+        memory = regression_memory(cur, base, ra, rba)   # every slow rank waited for pages it had lost
         if memory:
             ev.update(memory)
             ev["all_ranks"] = True
