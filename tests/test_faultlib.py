@@ -234,6 +234,22 @@ def test_netns_hosts_have_own_hostnames_and_addresses() -> None:
 
 @pytest.mark.root
 @pytest.mark.skipif(NETNS_SKIP is not None, reason=str(NETNS_SKIP))
+def test_a_fake_hosts_ranks_starting_cgroup_faults_at_once_all_find_the_controller() -> None:
+    """A fake host's ranks share one mount namespace without /sys/fs/cgroup, and the first fault mounts
+    the cpu hierarchy there. Four ranks of one host throttled from the same step raced to mount it, and
+    three skipped their fault ("no cgroup cpu controller"): a node's ranks all slow was one rank slow."""
+    code = (f"import sys, time; sys.path.insert(0, {str(ROOT / 'scripts')!r}); from faultlib import faults; "
+            "t = float(sys.argv[1]); time.sleep(max(0.0, t - time.time())); "
+            "print(faults.hierarchy('cpu'), flush=True)")
+    with netns.cluster(1) as c:
+        at = time.time() + 3.0   # after every interpreter has started: the four look at once
+        r = c.run(0, ["sh", "-c", " & ".join([f"{sys.executable} -c {code!r} {at}"] * 4) + " & wait"], timeout=60)
+    found = r.stdout.split("\n")[:4]
+    assert len(found) == 4 and all("'v1')" in line or "'v2')" in line for line in found), (r.stdout, r.stderr)
+
+
+@pytest.mark.root
+@pytest.mark.skipif(NETNS_SKIP is not None, reason=str(NETNS_SKIP))
 def test_netns_cleanup_on_sigterm_and_after_sigkill() -> None:
     code = (f"import sys, time; sys.path.insert(0, {str(ROOT / 'scripts')!r}); from faultlib import netns\n"
             "with netns.cluster(2) as c:\n"
