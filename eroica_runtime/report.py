@@ -342,6 +342,12 @@ def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
     f = f.to_json() if isinstance(f, Finding) else f
     ev = f.get("evidence") or {}
     who = f"rank {_text(f['rank'])}" if f.get("rank") is not None else "no single rank"
+    ranks = ev.get("ranks")
+    if f.get("rank") is None and isinstance(ranks, list) and ranks:
+        # a host finding that merges its ranks: "4 of 4 ranks on node-b" (listed below), not "no single
+        # rank", which reads as if nobody were to blame
+        on = _count(ev.get("ranks_on_host"))
+        who = f"{len(ranks)} of {on} ranks" if on >= len(ranks) else count_ranks(len(ranks))
     where = f" on {_text(f['host'])}" if f.get("host") else ""
     if f.get("category") == "regression" or ev.get("all_ranks"):
         who = f"{ranks_text(f)} ranks"

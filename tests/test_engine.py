@@ -308,6 +308,43 @@ def test_half_the_ranks_slow_alike_on_one_node_of_two_names_the_node() -> None:
     assert f.host is None and "slow_hosts" not in f.evidence, (f.host, f.evidence.get("slow_hosts"))
 
 
+def _two_captures(name: str) -> tuple[list[dict], dict, list[dict]]:
+    """(baseline summaries, spike meta, spike summaries) of a recorded tests/data/faultbench fixture."""
+    (_, base, _), (meta, spike, _) = (summary.decode_capture(p.read_bytes()) for p in sorted(
+        (DATA.parent / "faultbench" / name / "captures").glob("*.msgpack"), key=lambda p: int(p.stem)))
+    return base, meta, spike
+
+
+def test_one_node_of_two_slow_alike_on_real_hosts_is_named_on_that_node() -> None:
+    """A real job on two fake hosts, four ranks each, every rank of the second host +100 ms of matmuls
+    a step (tests/data/faultbench/two-hosts-slow-node): the regression that spares the first host's
+    ranks is named on the second host, by its real hostname, and more calls say more work."""
+    base, meta, spike = _two_captures("two-hosts-slow-node")
+    slow_host = next(s["host"] for s in spike if s["rank"] == 4)
+    d = diagnose(spike, step=meta["step"], trigger=meta["trigger"], world_size=8, baseline=base)
+    (f,) = d.findings
+    assert f.category == "regression" and f.host == slow_host, (f.title, f.host)
+    assert f.evidence["ranks_spared"] == [0, 1, 2, 3] and f.evidence["slow_hosts"] == [slow_host], f.evidence
+    assert f"4 of 8 ranks on {slow_host}" in format_finding(f)[0], format_finding(f)[0]
+    assert "more work" in f.action and "suspect the host" not in f.action, f.action
+    grew = d.step_ms["median"] - d.step_ms["baseline"]
+    assert 0.8 * grew <= f.impact_ms_per_step <= 1.25 * grew, (f.impact_ms_per_step, grew)
+
+
+def test_a_nodes_ranks_all_held_by_their_cpu_quota_are_one_finding_on_that_node() -> None:
+    """A real job on two fake hosts, every rank of the second held by a CPU quota of 0.1 CPUs
+    (tests/data/faultbench/two-hosts-throttled-node): one host finding on that host with its four ranks,
+    and its head says so ("4 of 4 ranks on <host>"), not "no single rank", which reads as if nobody
+    were to blame."""
+    base, meta, spike = _two_captures("two-hosts-throttled-node")
+    slow_host = next(s["host"] for s in spike if s["rank"] == 4)
+    (f,) = diagnose(spike, step=meta["step"], trigger=meta["trigger"], world_size=8, baseline=base).findings
+    assert (f.category, f.host, f.rank) == ("host", slow_host, None), f.title
+    assert f.evidence["ranks"] == [4, 5, 6, 7] and f.evidence["cpu_quota"] == 0.1, f.evidence
+    head = format_finding(f)[0]
+    assert f"HOST: 4 of 4 ranks on {slow_host}" in head and "no single rank" not in head, head
+
+
 def test_fixed_a_culprit_leaves_the_job_at_its_healthy_step_not_faster() -> None:
     """The fault bench's data case (tests/data/faultbench/data): rank 1's dataset sleeps 80 ms a batch,
     and while it sleeps its peers have the 2 cores: their own work runs faster than healthy. Its what-if
