@@ -46,6 +46,10 @@ from eroica_runtime.summary import rawevents
 from eroica_runtime.trigger import Trigger
 
 TRIGGER_FILE_EVERY_S = 1.0
+# backward()s or batches after the most any rank had passed when it asked to count steps there, at which
+# every rank starts counting (each learns the answer a few of its own later: MPI moves the agreement on
+# only in the Tests at each one)
+ADOPT_MARGIN = 8
 HISTORY_STEPS = 32   # steps before a window shipped in its summary (~0.9 KB)
 # Deferred work (a summary being built) per step boundary: up to 20 ms, or 20% of the job's median
 # step where that is more, and never more than half a step. A 50 ms step gets 20 ms slices (the 50 ms
@@ -131,6 +135,8 @@ class Runtime:
         self._quiet_until = -1   # steps up to this one are eroica's own disturbance: detectors skip them
         self.clock.disturbed = self._disturbed
         self.clock.on_counted_at = self._counted_at
+        self.clock.adopt_gate = self._adopt_gate
+        self._adopting: Any = None   # the agreement to count steps at backward()s or batches (a Vote)
         self.clock.on_error = self._disable
         self._next_file_check = 0.0
         self._own_s = 0.0
@@ -593,6 +599,31 @@ class Runtime:
         # so it would make the rank ignore SIGTERM. Rank 0 rewrites report.json after every capture
         # instead, so a killed job still leaves its diagnoses.
 
+    def _adopt_gate(self, at: str, passed: int) -> bool:
+        """Whether steps are counted at backward()s or batches from this one (``passed`` of them so far
+        with no optimizer step): only once every rank asked the same, and all from the same one.
+
+        Steps are where ranks vote, and every vote waits for all ranks' (runtime._boundary). A rank alone
+        in a pass of its own (rank 0 computing dataset statistics or evaluating before training while
+        the others wait in a barrier) counted its batches as steps, waited the side channel's deadline
+        (20 s) for votes its peers never cast, switched eroica off, and its peers did the same when
+        training began: a 2-second job took 41. So a rank posts the request (a nonblocking MAX of how
+        many it has passed, on a communicator of its own) and Tests it at each one after: once every
+        rank posted it, all count from ADOPT_MARGIN past the most any had passed, the same one when
+        they run in step. A rank whose peers never ask counts nowhere until an optimizer steps (then
+        as any job). Off eroica, or where the answer cannot be had: at once, as before."""
+        if not self.enabled or self.side is None:
+            return True
+        try:
+            if self._adopting is None:
+                self._adopting = self.side.post_max(np.array([passed], dtype=np.int64))
+            if not self.side.done(self._adopting):
+                return False
+            return passed >= int(self._adopting.recv[0]) + ADOPT_MARGIN
+        except Exception as exc:
+            self._disable(f"internal error agreeing where steps are counted: {type(exc).__name__}: {exc}")
+            return True
+
     def _counted_at(self, at: str) -> None:
         """Steps are counted somewhere other than at an optimizer step (or at one again): rank 0 says
         so once, as step times and the vote mean something else then. Every rank's rules learn the
@@ -715,6 +746,8 @@ class Runtime:
             self._warn(f"job-end report failed: {type(exc).__name__}: {exc}")
         # no MPI from here on (the job may train on after its own MPI.Finalize ran this): no more votes
         self.enabled = False
+        if self._adopting is not None:   # asked where no peer ever did (a pass of its own): never completes
+            side.abandon(self._adopting)
         if failing:
             side.drain(timeout_s=0.2)
             return

@@ -107,6 +107,15 @@ class SideChannel:
         if not self._agree_on(world, True, deadline):
             raise SideChannelError(f"not every rank started eroica within {deadline_s:.0f}s")
         self.world = world.Dup()
+        # the end-of-job barrier's own communicator: collectives match in the order each rank calls them
+        # on a communicator, and a rank whose vote missed its deadline leaves votes in flight on the
+        # world that its peers never match (or posts fewer than they do), so a barrier there matched one
+        # rank's barrier with another's vote and never completed: a job whose ranks had all finished
+        # never ended (rank 0 stepping alone through a DataLoader while the others waited)
+        self.end = world.Dup()
+        # the agreement to count steps at backward()s or batches (runtime._adopt_gate): its own
+        # communicator too, since only the ranks that reach it post it
+        self.adopting = world.Dup()
         self.rank = self.world.Get_rank()
         self.size = self.world.Get_size()
         split = os.environ.get("EROICA_NODE_SPLIT", "shared")
@@ -163,6 +172,24 @@ class SideChannel:
         vote = Vote(self.world.Iallreduce(send, recv, op=self.MPI.MAX), send, recv)
         self._votes.append(vote)
         return vote
+
+    def post_max(self, values: np.ndarray) -> Vote:
+        """Start an Iallreduce(MAX) on the adoption communicator; ``done`` says when every rank posted it."""
+        send = np.ascontiguousarray(values, dtype=np.int64)
+        recv = np.zeros_like(send)
+        return Vote(self.adopting.Iallreduce(send, recv, op=self.MPI.MAX), send, recv)
+
+    @staticmethod
+    def done(vote: Vote) -> bool:
+        """One Test of ``vote`` (never waits): True once it completed."""
+        if not vote.done:
+            vote.done = bool(vote.req.Test())  # type: ignore[attr-defined]
+        return vote.done
+
+    def abandon(self, vote: Vote) -> None:
+        """A request that may never complete (peers never post it): its buffers live until ``drain``."""
+        if not vote.done:
+            self._pending.append((vote.req, vote.send, vote.recv))
 
     def wait_vote(self, vote: Vote, deadline_s: float) -> np.ndarray:
         if not vote.done and not _poll(vote.req.Test, time.monotonic() + deadline_s):  # type: ignore[attr-defined]
@@ -368,7 +395,7 @@ class SideChannel:
         steps) were read as "dead or frozen" and never ended; meanwhile its watchdog answers that this
         rank's program has returned (eroica_runtime.hang), and rank 0's ends the job when the others
         can never get past their collective."""
-        req = self.world.Ibarrier()
+        req = self.end.Ibarrier()
         while not req.Test():
             time.sleep(every_s)
 

@@ -348,6 +348,11 @@ class StepClock:
         self._main = threading.main_thread().ident
         # told where steps are counted when that became a backward() or a batch, or an optimizer after one
         self.on_counted_at: Callable[[str], None] | None = None
+        # asked (where, how many passed) before steps are counted at backward()s or batches: whether every
+        # rank counts them now (the runtime's agreement over the side channel; None: at once). A rank
+        # that counted a pass of its own (rank 0 alone through a DataLoader while the others waited in a
+        # barrier) as steps voted on them alone and waited for its peers' votes at every one
+        self.adopt_gate: Callable[[str, int], bool] | None = None
         self.on_error: Callable[[str], None] | None = None   # see safely()
         self.optimizer_steps = 0          # torch.optim steps seen (the post-hook ran)
         self.skips = 0                    # optimizer steps a GradScaler skipped (_count_skipped_steps)
@@ -483,7 +488,7 @@ class StepClock:
             self.boundary()
             return
         self._backwards += 1
-        if self._backwards >= ADOPT_AFTER:
+        if self._backwards >= ADOPT_AFTER and self._may_adopt("backward", self._backwards):
             self._adopt("backward")
 
     def batch_done(self) -> None:
@@ -496,8 +501,11 @@ class StepClock:
             return
         if self.counted_at is None and self._backwards == 0:
             self._batches += 1
-            if self._batches >= ADOPT_AFTER:
+            if self._batches >= ADOPT_AFTER and self._may_adopt("batch", self._batches):
                 self._adopt("batch")
+
+    def _may_adopt(self, at: str, passed: int) -> bool:
+        return self.adopt_gate is None or self.adopt_gate(at, passed)
 
     def _adopt(self, at: str) -> None:
         """Count steps at ``at`` from now: the first counted boundary is step 0 (the start-up, as at a

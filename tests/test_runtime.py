@@ -273,6 +273,32 @@ def test_rank_killed_inside_a_window_does_not_hang_the_others(tmp_path) -> None:
     assert elapsed < 120, elapsed
 
 
+def test_a_pass_of_one_ranks_own_before_training_neither_stalls_it_nor_switches_eroica_off(tmp_path) -> None:
+    """Rank 0 alone iterates 400 DataLoader batches (no optimizer step, no backward()) while the others
+    wait in a barrier, then all train. Its batches became steps after 64 and it voted on them alone: each
+    vote waited the side channel's deadline for peers that never voted, eroica went off on every rank,
+    and the job never ended (a 2-second job killed after minutes). Steps are counted at batches only once
+    every rank asks to; here none but rank 0 does, so the training's optimizer steps are the steps, as
+    in any job. With a deadline longer than the launch's timeout, a wait for it fails the test."""
+    proc = eroica_run("--nproc-per-node", "2", "--report-dir", tmp_path, "--deadline", "200",
+                      DATA / "runtime" / "uneven.py", env={"UNEVEN": "pass"}, timeout=150)
+    assert proc.returncode == 0 and "rank 0 passed over 12800 rows alone" in proc.stdout, explain(proc)
+    assert proc.stdout.count("trained") == 2 and "off on this rank" not in proc.stderr, explain(proc)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["job"]["steps_at"] == "optimizer" and report["job"]["steps"] == 60, explain(proc)
+    assert any(c["trigger"] == "baseline" for c in report["captures"]), explain(proc)
+
+
+def test_a_rank_that_ran_more_steps_than_its_peers_does_not_keep_the_job_from_ending(tmp_path) -> None:
+    """Rank 0 takes 6 optimizer steps more than its peer, alone: its votes on them are never matched.
+    Every rank's end waited for the others in a barrier on the communicator those votes were posted on,
+    where rank 1's barrier met rank 0's vote: the job, every rank done, never ended. The end's barrier
+    has its own communicator now; rank 0's wait for the unmatched vote still costs it the deadline."""
+    proc = eroica_run("--nproc-per-node", "2", "--report-dir", tmp_path, "--deadline", "5",
+                      DATA / "runtime" / "uneven.py", env={"UNEVEN": "extra"}, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.count("trained") == 2, explain(proc)
+
+
 def test_broken_mpi_leaves_training_running_with_one_warning(tmp_path) -> None:
     proc = eroica_run("--nproc-per-node", "2", "--report-dir", tmp_path,
                       "--mpiexec-args", "-genv MPI4PY_LIBMPI /nonexistent/libmpi.so.12", TRAIN,

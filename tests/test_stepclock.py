@@ -460,6 +460,43 @@ def test_an_inference_loop_has_its_steps_counted_at_each_batch_of_the_main_threa
     assert clock.counted_at == "batch" and seen == list(range(6))
 
 
+def test_batches_become_steps_only_when_the_gate_says_every_rank_counts_them() -> None:
+    """The runtime's gate (every rank asked to count batches, and from which one: runtime._adopt_gate)
+    is asked at each batch from ADOPT_AFTER on; until it says yes no step is counted, and a gate that
+    never does (a pass on one rank alone) leaves the steps to the optimizer that steps later."""
+    from torch.utils.data import DataLoader
+
+    for open_at, want in ((ADOPT_AFTER + 3, "batch"), (None, None)):
+        asked: list[tuple[str, int]] = []
+        seen: list[int] = []
+        clock = StepClock(lambda step, ms, seen=seen: seen.append(step))
+
+        def gate(at: str, passed: int, asked: list = asked, open_at: int | None = open_at) -> bool:
+            asked.append((at, passed))
+            return open_at is not None and passed >= open_at
+
+        clock.adopt_gate = gate
+        clock.install()
+        try:
+            model = _model()
+            with torch.no_grad():
+                for x in DataLoader(torch.randn(ADOPT_AFTER + 6, 4), batch_size=1):
+                    model(x)
+            after_batches = clock.counted_at
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(3):
+                model(torch.randn(2, 4)).sum().backward()
+                opt.step()
+        finally:
+            clock.uninstall()
+        assert asked[0] == ("batch", ADOPT_AFTER), asked
+        assert after_batches == want and clock.counted_at == "optimizer", (open_at, after_batches)
+        if open_at is not None:   # batches ADOPT_AFTER + 3 (the start-up) .. + 6
+            assert asked[-1] == ("batch", ADOPT_AFTER + 3) and seen[:4] == [0, 1, 2, 3], (asked, seen)
+        else:   # asked at every batch from ADOPT_AFTER on; the optimizer's first step is the start-up
+            assert len(asked) == 7 and seen == [0, 1, 2], (asked, seen)
+
+
 def test_mark_step_ends_the_search_for_where_steps_are_counted() -> None:
     seen: list[int] = []
     clock = StepClock(lambda step, ms: seen.append(step))

@@ -1,0 +1,31 @@
+"""Ranks whose loops differ (tests/test_runtime.py).
+
+UNEVEN=pass: rank 0 alone iterates a DataLoader of 400 batches (dataset statistics, an evaluation before
+training) with no optimizer step or backward() while the others wait in a barrier; then every rank
+trains 60 DDP steps. UNEVEN=extra: every rank trains 60 DDP steps, then rank 0 alone takes 6 more
+optimizer steps (no collective in them).
+"""
+import os
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+mode = os.environ.get("UNEVEN", "pass")
+if mode == "pass" and rank == 0:
+    rows = sum(x.shape[0] for (x,) in DataLoader(TensorDataset(torch.randn(400 * 32, 16)), batch_size=32))
+    print(f"rank 0 passed over {rows} rows alone", flush=True)
+dist.barrier()
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 16))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for _ in range(60):
+    model(torch.randn(32, 16)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+if mode == "extra" and rank == 0:
+    for _ in range(6):
+        opt.step()
+print(f"rank {rank} trained", flush=True)
+dist.destroy_process_group()
