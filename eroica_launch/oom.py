@@ -91,6 +91,17 @@ class MemoryTrail:
 
     WHOLE = 64
     RECENT = 8
+    # The rank's child processes (its DataLoader workers, most often): each one's private memory (USS,
+    # psutil's memory_full_info: one read of /proc/<pid>/smaps_rollup) and resident size, at its first
+    # sample and its last. A forked worker shares the rank's pages until it writes them, and reading a
+    # Python object writes its reference count: a worker that reads the dataset's lists, dicts and strings
+    # copies every page of them it reads, which RssAnon (the rank's or the worker's) never shows and the
+    # memory cgroup charges all the same. smaps_rollup walks the page tables (2 ms at 430 MB here), so
+    # the children are read every CHILDREN_EVERY samples' time, slower when a round costs more than
+    # CHILDREN_BUDGET of the wrapper's time (a host of large workers), for at most CHILDREN processes.
+    CHILDREN_EVERY = 5
+    CHILDREN_BUDGET = 0.01
+    CHILDREN = 64
 
     def __init__(self, pid: int, every_s: float, startup_s: float) -> None:
         self.startup_s = startup_s   # EROICA_MEMORY_STARTUP_S: killed this soon after its start, it was starting up
@@ -101,7 +112,10 @@ class MemoryTrail:
         self._every = self._base = every_s
         self._whole: list[tuple[float, float]] = []
         self._recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=self.RECENT)
-        self._next = self._next_whole = 0.0
+        self._next = self._next_whole = self._next_children = 0.0
+        # pid -> [first read, USS MB then, last read, USS MB, RSS MB, the rank's RSS MB] (memgrowth.ChildMemory)
+        self._children: dict[int, list[float]] = {}
+        self._children_at = 0.0   # when the children were last read
 
     def sample(self) -> None:
         """Called often (the wrapper's wait loop); reads the rank's memory when a sample is due. Never
@@ -127,6 +141,40 @@ class MemoryTrail:
             if len(self._whole) > self.WHOLE:
                 self._whole = self._whole[::2]
                 self._every *= 2
+        if now >= self._next_children:
+            self._sample_children(now)
+
+    def _sample_children(self, now: float) -> None:
+        t0 = time.monotonic()
+        try:
+            kids = self._proc.children() if self._proc is not None else []
+            rank_rss = self._proc.memory_info().rss / (1 << 20) if kids and self._proc is not None else 0.0
+        except Exception:   # the rank gone, or /proc unreadable: no round now
+            kids = []
+        for kid in kids:
+            try:
+                mem = kid.memory_full_info()
+            except Exception:   # gone meanwhile, or not ours to read
+                continue
+            uss, rss = mem.uss / (1 << 20), mem.rss / (1 << 20)
+            rec = self._children.get(kid.pid)
+            if rec is None:
+                if len(self._children) >= self.CHILDREN:   # forget the child seen longest ago
+                    del self._children[min(self._children, key=lambda p: self._children[p][2])]
+                self._children[kid.pid] = [now, uss, now, uss, rss, rank_rss]
+            else:
+                rec[2:] = [now, uss, rss, rank_rss]
+        if kids:
+            self._children_at = now
+        cost = time.monotonic() - t0
+        self._next_children = now + max(self.CHILDREN_EVERY * self._base, cost / self.CHILDREN_BUDGET)
+
+    def children(self, pid: int | None = None) -> list[tuple[float, ...]]:
+        """The rank's children as read at one round, memgrowth.ChildMemory's fields each. The last round;
+        with ``pid`` (a worker that died before the rank), the last round that read it, which later
+        rounds (its siblings alone) do not replace. [] when none."""
+        at = self._children[pid][2] if pid in self._children else self._children_at if pid is None else None
+        return [tuple(r) for r in self._children.values() if r[2] == at]
 
     @property
     def samples(self) -> list[tuple[float, float]]:
@@ -166,9 +214,14 @@ def explain(pid: int | None, kills_before: int | None, trail: MemoryTrail | None
     if trail is not None:   # what its memory did before: a leak, or one allocation
         from eroica_runtime.engine import memgrowth  # only now the rank is dead (MemoryTrail says why)
 
-        before = memgrowth.before_kill(trail.samples, killed_mb, time.time() if died_at is None else died_at,
-                                       startup_s=trail.startup_s, jump_s=trail.jump_s)
-        said += f"{before}; " if before else ""
+        died_at = time.time() if died_at is None else died_at
+        rank_mb = killed_mb if killed_mb is not None else (trail.samples[-1][1] if trail.samples else None)
+        kids, copied = memgrowth.children_before_kill(trail.children(), rank_mb, died_at)
+        # its workers' copies of its pages filled the cgroup and the killer took the largest process, the
+        # rank: that is the story, not what the rank's own memory did (loading the dataset they copied)
+        mine = "" if copied else memgrowth.before_kill(trail.samples, killed_mb, died_at, startup_s=trail.startup_s,
+                                                       jump_s=trail.jump_s)
+        said += "".join(f"{part}; " for part in (kids, mine) if part)
     return said + ACTION, certain
 
 
@@ -177,15 +230,22 @@ def explain(pid: int | None, kills_before: int | None, trail: MemoryTrail | None
 _WORKERS = re.compile(r"DataLoader worker \(pid(?:\(s\))? ([\d, ]+)\)")
 
 
-def explain_workers(error_text: str) -> str:
+def explain_workers(error_text: str, trail: MemoryTrail | None = None, died_at: float | None = None) -> str:
     """What to add to a rank's error that names dead DataLoader workers the kernel's OOM killer ended; ""
-    when it names none, or the kernel's log cannot say."""
+    when it names none, or the kernel's log cannot say. With the rank's ``trail``, what the workers held
+    of their own memory when last read before (``died_at``: when the rank ended)."""
     pids = sorted({int(p) for m in _WORKERS.finditer(error_text) for p in re.findall(r"\d+", m.group(1))})
     for pid in pids[:16]:
         record = killed_by_kernel(pid)
         if record == NOT_READABLE:
             return ""
         if record:
+            before = ""
+            if trail is not None:   # only now the rank is dead: the engine's import (MemoryTrail says why)
+                from eroica_runtime.engine import memgrowth
+
+                before = memgrowth.children_before_kill(trail.children(pid), None,
+                                                         time.time() if died_at is None else died_at)[0]
             return (f"its DataLoader worker (pid {pid}) was killed by the kernel's OOM killer, which logged "
-                    f"\"{record}\": the rank ran out of memory; {ACTION}")
+                    f"\"{record}\": the rank ran out of memory; {before + '; ' if before else ''}{ACTION}")
     return ""

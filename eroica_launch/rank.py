@@ -240,7 +240,8 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
     oom_said, certain = oom.explain(child.pid, kills_before, trail, ended) if rc == -signal.SIGKILL else ("", False)
     if rc > 0 and not message:   # its error may name DataLoader workers the kernel killed
         with contextlib.suppress(OSError):
-            oom_said = oom.explain_workers((attempt_dir / "error.json").read_text(errors="replace")[:1 << 20])
+            oom_said = oom.explain_workers((attempt_dir / "error.json").read_text(errors="replace")[:1 << 20],
+                                           trail, ended)
             certain = bool(oom_said)
     if certain:   # said at once; a guess only in the failure summary, where the rank is a root cause
         print(f"eroica-run: rank {ident.rank} (pid {child.pid}): {oom_said}", file=sys.stderr, flush=True)

@@ -141,6 +141,23 @@ def test_a_rank_whose_dataloader_worker_the_oom_killer_ended_is_said_to_have_run
     assert "raise the memory limit" in root, explain(proc)
 
 
+@pytest.mark.root
+def test_a_rank_killed_for_what_its_dataloader_workers_copied_is_said_to_be_their_copy_on_read(tmp_path) -> None:
+    """Rank 1 reads a dataset of 2 million Python strings through 2 forked DataLoader workers inside a
+    150 MB memory cgroup: each worker copies the pages of the strings it reads (reading an object writes
+    its reference count), and the OOM killer ends the largest process, the rank. Its own memory did not
+    grow in the cgroup; the failure summary says what its workers held and why, not that the rank
+    ran out while starting up."""
+    if not os.access("/dev/kmsg", os.R_OK):
+        pytest.skip("the kernel's log is not readable here")
+    proc = _outgrow_memory(tmp_path, "worker-copies", FAIL_LIMIT_MB="150", EROICA_MEMORY_SAMPLE_S="0.2")
+    assert proc.returncode == 128 + signal.SIGKILL, explain(proc)
+    root = proc.stderr[proc.stderr.index("Root Cause"):]
+    assert "killed by the kernel's OOM killer" in root and "its 2 child processes (its DataLoader workers" in root, \
+        explain(proc)
+    assert "copy-on-read" in root and "numpy arrays" in root and "while starting up" not in root, explain(proc)
+
+
 def test_max_restarts_relaunches_the_job(tmp_path) -> None:
     proc = eroica_run("--nproc-per-node", "2", "--max-restarts", "1", "--report-dir", tmp_path,
                       SCRIPTS / "fail.py", env={"FAIL_RANK": "1", "FAIL_ATTEMPTS": "1"}, timeout=150)

@@ -90,3 +90,56 @@ def test_the_wrapper_samples_a_live_process_anonymous_memory() -> None:
     gone = oom.MemoryTrail(2**22 + 17, 0.0, 0.0)
     gone.sample()
     assert gone.samples == []
+
+
+def test_what_a_ranks_workers_held_says_copy_on_read_from_their_size_not_their_growth() -> None:
+    """Workers whose own memory (USS) is pages they share with the rank no more (their resident size no
+    larger than the rank's) copied them reading its Python objects: said so, with what to change, even
+    when the first read came after the copying (a fast pass). Workers as large again as the rank took the
+    memory themselves. Small ones, or small beside the rank, are not said."""
+    from eroica_runtime.engine import memgrowth
+
+    copied = [(100.0, 120.0, 130.0, 2100.0, 2150.0, 2200.0), (100.0, 110.0, 130.0, 2000.0, 2150.0, 2200.0)]
+    said, cow = memgrowth.children_before_kill(copied, 2300.0, 132.0)
+    assert cow and "its 2 child processes (its DataLoader workers, most often) held 4.0 GB" in said, said
+    assert "2 s before the kill, 230 MB when first read 30 s earlier" in said and "copy-on-read" in said, said
+    assert "numpy arrays" in said, said
+    own = [(100.0, 900.0, 130.0, 900.0, 3100.0, 2200.0)]   # 900 MB more resident than the rank: its own
+    said, cow = memgrowth.children_before_kill(own, 2300.0, 131.0)
+    assert not cow and said.startswith("its child process") and "took itself" in said, said
+    assert memgrowth.children_before_kill([(0.0, 5.0, 0.0, 40.0, 2150.0, 2200.0)], 2300.0, 1.0) == ("", False)
+    assert memgrowth.children_before_kill(copied, 60_000.0, 132.0) == ("", False)   # a tenth of the rank: no
+    assert memgrowth.children_before_kill([], None, 1.0) == ("", False)
+
+
+def test_the_wrapper_reads_a_forked_childs_own_memory_as_it_copies_its_parents_objects() -> None:
+    """A real fork of this process that reads 300,000 Python strings of its parent's: its own memory
+    (USS) grows by their pages while its resident size does not, as the trail's reads of it say."""
+    import time
+
+    strings = [f"item-{i:09d}-" * 3 for i in range(300_000)]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: wait for the first read, touch every string, wait to be read again
+        os.close(w)
+        os.read(r, 1)
+        total = sum(len(x) for x in strings)
+        os.read(r, 1)
+        os._exit(0 if total else 1)
+    os.close(r)
+    try:
+        trail = oom.MemoryTrail(os.getpid(), 0.0, 0.0)
+        trail.CHILDREN_EVERY = 0
+        trail.CHILDREN_BUDGET = 1.0
+        trail.sample()
+        first = {c[0]: c for c in trail.children()}
+        os.write(w, b"x")
+        time.sleep(1.0)
+        trail.sample()
+        os.write(w, b"x")
+        (kid,) = [c for c in trail.children() if c[0] in first]
+        grew_uss, grew_rss = kid[3] - kid[1], kid[4] - first[kid[0]][4]
+        assert grew_uss >= 20 and grew_rss < 0.5 * grew_uss, (kid, first)
+    finally:
+        os.close(w)
+        os.waitpid(pid, 0)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 MAX_SAMPLES = 64
 GROWTH_MB = 256.0
@@ -163,6 +163,59 @@ def before_kill(samples: Sequence[tuple[float, float]], killed_mb: float | None,
                 f"({_mb(g.recent_mb_per_step * 60)} a minute at the end{at_kill}): {LEAK_HINT}")
     return (f"its anonymous memory over the {span} sampled: {_mb(mbs[0])} at first, {_mb(max(mbs))} at most, "
             f"{_mb(mbs[-1])} at its last sample, {died_at - samples[-1][0]:.0f} s before it died")
+
+
+class ChildMemory(NamedTuple):
+    """One child process of a rank (its DataLoader worker, most often) as its wrapper read it last
+    (oom.MemoryTrail): its own memory (USS: pages no other process maps) and resident size, and the
+    rank's resident size at the same read."""
+
+    first_s: float        # wall time of its first read
+    first_uss_mb: float
+    s: float              # wall time of its last read
+    uss_mb: float
+    rss_mb: float
+    rank_rss_mb: float
+
+
+CHILDREN_MB = 64.0     # the rank's children holding this much memory of their own or more,
+CHILDREN_SHARE = 0.1   # and this share of the rank's at the kill, are said to have taken it
+COPIED = 0.5           # copied pages this share of their own memory or more: copy-on-read
+
+
+def children_before_kill(children: Sequence[tuple[float, ...]], rank_mb: float | None,
+                         died_at: float) -> tuple[str, bool]:
+    """What the rank's child processes (its DataLoader workers, most often) held of their own memory at
+    the wrapper's last read of them before the kill: ``children`` ChildMemory's fields each; ``rank_mb``
+    the killed process's size, when known. The OOM killer ends the largest process of the cgroup, the
+    rank itself most often, though what filled it was its workers: a forked worker shares the rank's
+    pages until it writes one, and reading a Python object writes its reference count. A page it copied
+    so is its own (USS) without making it larger (RSS): its own memory beyond what it maps over the
+    rank's size is copied pages (copy-on-read; fix: a dataset of no Python objects), the rest memory it
+    took itself (a spawned worker's, or a cache). The words, and whether they copied the rank's pages
+    (then the rank's memory was only what they copied, and what it did is beside the point); ("", False)
+    when they held less than CHILDREN_MB, or less than CHILDREN_SHARE of ``rank_mb``."""
+    kids = [ChildMemory(*c) for c in children]
+    if not kids:
+        return "", False
+    own = sum(k.uss_mb for k in kids)
+    if own < max(CHILDREN_MB, CHILDREN_SHARE * (rank_mb or 0.0)):
+        return "", False
+    copied = sum(max(k.uss_mb - max(k.rss_mb - k.rank_rss_mb, 0.0), 0.0) for k in kids)
+    n, at, since = len(kids), max(k.s for k in kids), min(k.first_s for k in kids)
+    first = sum(k.first_uss_mb for k in kids)
+    who, their = (("its child process (its DataLoader worker, most often)", "its") if n == 1 else
+                  (f"its {n} child processes (its DataLoader workers, most often)", "their"))
+    held = (f"{who} held {_mb(own)} of {their} own memory (USS) {max(died_at - at, 0.0):.0f} s before the kill"
+            + (f", {_mb(first)} when first read {_span(at - since)} earlier" if at - since >= 1.0 else ""))
+    if copied >= COPIED * own:
+        return (f"{held}, about {_mb(copied)} of it pages of the rank's memory copied as {'it' if n == 1 else 'they'} "
+                "read them (copy-on-read: reading a Python object writes its reference count, so a forked worker "
+                "that reads the dataset's lists, dicts and strings makes each page of them its own); keep the "
+                "dataset in numpy arrays, torch tensors or a memory-mapped file rather than Python objects, or use "
+                "fewer workers"), True
+    return (f"{held}: memory {'it' if n == 1 else 'they'} took {'itself' if n == 1 else 'themselves'} (a dataset "
+            "loaded again in each worker, a cache in the Dataset, items kept across batches)"), False
 
 
 SHOWN = 8   # leaking ranks a job summary keeps (the most grown)

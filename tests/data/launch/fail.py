@@ -5,6 +5,11 @@ memory cgroup of FAIL_LIMIT_MB (64; named FAIL_CGROUP) and fills 8 times that at
 keeps that many MB more every 0.1 s, so the kernel's OOM killer ends it.
 FAIL_MODE=worker-oom (root): its DataLoader worker does that, and the rank raises torch's "DataLoader
 worker (pid N) is killed by signal: Killed."
+FAIL_MODE=worker-copies (root): it builds a dataset of 2 million Python strings (~190 MB), joins the
+memory cgroup (FAIL_LIMIT_MB) and reads it in order through 2 forked DataLoader workers, a batch of
+16,384 every FAIL_BATCH_S (0.05 s: ~30 MB of strings a second):
+each worker copies the pages of the strings it reads (their reference counts), which the cgroup charges,
+until its OOM killer ends the largest process, the rank (all the rank's own memory predates the cgroup).
 FAIL_ATTEMPTS=N: it fails only in the first N attempts (TORCHELASTIC_RESTART_COUNT < N), after which
 every rank finishes normally (for --max-restarts).
 """
@@ -37,6 +42,32 @@ def outgrow_memory() -> None:
     raise SystemExit(f"not killed with {len(hog)} bytes in a {limit_mb} MB cgroup")
 
 
+class Strings(Dataset):
+    def __init__(self, n: int) -> None:
+        self.items = [f"item-{i:09d}-" * 3 for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, idx: int) -> int:
+        return len(self.items[idx])
+
+
+def read_through_workers() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
+    from faultlib import faults
+
+    data = Strings(2_000_000)
+    jail = faults.CgroupJail("memory", os.environ["FAIL_CGROUP"])
+    limit = jail.create() / ("memory.limit_in_bytes" if jail.mode == "v1" else "memory.max")
+    limit.write_text(str(int(os.environ.get("FAIL_LIMIT_MB", "64")) << 20))
+    jail.add(os.getpid())
+    for _epoch in range(20):
+        for _ in DataLoader(data, batch_size=16384, num_workers=2, collate_fn=sum):
+            time.sleep(float(os.environ.get("FAIL_BATCH_S", "0.05")))
+    raise SystemExit("not killed")
+
+
 class Hog(Dataset):
     def __len__(self) -> int:
         return 4
@@ -60,6 +91,8 @@ if failing:
             outgrow_memory()
         if mode == "worker-oom":
             next(iter(DataLoader(Hog(), num_workers=1)))
+        if mode == "worker-copies":
+            read_through_workers()
         raise ValueError(f"planted failure on rank {dist.get_rank()}")
     time.sleep(120)  # the launcher must stop the survivors long before this
 print(f"rank {dist.get_rank()} finished attempt {attempt}", flush=True)
