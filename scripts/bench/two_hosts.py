@@ -7,7 +7,9 @@ node, a node's CPU limit) is never seen there. This runs ``scripts/faultlib/trai
 eroica-run on two :mod:`faultlib.netns` hosts (``--nnodes 2 --nproc-per-node 4``, MPICH over the
 namespaces' network, gloo DDP), the fault ``KIND:rank=R:start=50[:params]`` on each of ``--ranks``
 from step 50, and keeps every capture in ``OUT/report``; ``OUT/launcher.log`` has the job's output with
-wall-clock stamps. Root (namespaces, and the cgroups of a throttle fault). Recorded with it:
+wall-clock stamps. ``--kind mark --link-mbit M``: the second host's link is rate-limited (tbf, both
+ways) when its ranks log the mark, as the fault bench's link case does for one rank's host.
+Root (namespaces, and the cgroups of a throttle fault). Recorded with it:
 tests/data/faultbench/two-hosts-slow-node and two-hosts-throttled-node.
 """
 
@@ -29,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", default="4,5,6,7", help="the ranks that get the fault")
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--timeout", type=float, default=400)
+    ap.add_argument("--link-mbit", type=float, default=0.0, help="with --kind mark: the second host's rate limit")
     a = ap.parse_args(argv)
     why = netns.unavailable_reason()
     if why:
@@ -42,7 +45,18 @@ def main(argv: list[str] | None = None) -> int:
         env.update(bench.RANK_ENV, EROICA_BENCH_FAULT=fault, EROICA_KEEP_CAPTURES="1")
         argv_ = [bench.EROICA_RUN, *flags, "--report-dir", str(a.out / "report"), str(bench.TRAIN),
                  "--steps", str(a.steps), "--out", str(a.out / "steps")]
-        rc, timed_out, wall, _ = bench.launch(argv_, env, a.out / "launcher.log", a.timeout)
+        limited: list[bool] = []
+
+        def on_line(_now: float, line: str) -> None:
+            m = bench.MARK_RE.search(line)
+            if m and a.link_mbit > 0 and (m.group(3) == "on") != bool(limited):
+                c.limit_rate(1, a.link_mbit) if m.group(3) == "on" else c.clear_rate(1)
+                limited[:] = [True] if m.group(3) == "on" else []
+
+        try:
+            rc, timed_out, wall, _ = bench.launch(argv_, env, a.out / "launcher.log", a.timeout, on_line)
+        finally:
+            c.clear_rate(1)
     print(f"two_hosts: {fault}: rc={rc} timed_out={timed_out} wall={wall}s; hosts {[h.hostname for h in c.hosts]}; "
           f"report in {a.out / 'report'}")
     return 0 if rc == 0 else 1
