@@ -113,6 +113,10 @@ class SideChannel:
         # rank's barrier with another's vote and never completed: a job whose ranks had all finished
         # never ended (rank 0 stepping alone through a DataLoader while the others waited)
         self.end = world.Dup()
+        # the votes' own, too: a rank that voted more often than its peers (extra steps of its own) has
+        # votes in flight they never match, and any other collective after them on the same
+        # communicator would meet one of those
+        self.voting = world.Dup()
         # the agreement to count steps at backward()s or batches (runtime._adopt_gate): its own
         # communicator too, since only the ranks that reach it post it
         self.adopting = world.Dup()
@@ -169,7 +173,7 @@ class SideChannel:
                 vote.done = vote.req.Test()  # type: ignore[attr-defined]
         send = np.ascontiguousarray(values, dtype=np.int64)
         recv = np.zeros_like(send)
-        vote = Vote(self.world.Iallreduce(send, recv, op=self.MPI.MAX), send, recv)
+        vote = Vote(self.voting.Iallreduce(send, recv, op=self.MPI.MAX), send, recv)
         self._votes.append(vote)
         return vote
 
