@@ -291,6 +291,44 @@ def _count_skipped_steps(clock: StepClock) -> Callable[[], None] | None:
     return undo
 
 
+def _count_joined_steps(clock: StepClock) -> Callable[[], None] | None:
+    """Count a step on a DDP rank that ran out of batches under ``Join`` (uneven inputs) each time it
+    shadows a step of the others; returns the undo.
+
+    The joined rank takes no optimizer step while the others finish theirs: its DDP join hook matches
+    their collectives instead (``_DDPJoinHook.main_hook``, once per iteration of theirs). It voted on no
+    step meanwhile, the others' votes waited the side channel's deadline for its own, and eroica went
+    off on every rank: two epochs of 60 and 70 batches on two ranks took 44 s for 0.3. Counted here, the
+    joined rank takes a step at the shadowed iterations that sync gradients (those of a gradient
+    accumulation's no_sync() micro-batches do not, as the others' optimizer takes no step in them),
+    or at every one where steps are counted at batches or backward()s, so every rank votes as often.
+    A torch without the hook: None.
+    """
+    try:
+        from torch.nn.parallel import distributed
+    except Exception:
+        return None
+    hook_cls = getattr(distributed, "_DDPJoinHook", None)
+    original = getattr(hook_cls, "main_hook", None)
+    if hook_cls is None or original is None or getattr(original, "__eroica_counted__", False):
+        return None
+
+    @functools.wraps(original)
+    def main_hook(self: Any) -> Any:
+        got = original(self)
+        clock.safely(clock.shadowed, bool(getattr(getattr(self, "ddp", None), "require_forward_param_sync", True)))
+        return got
+
+    main_hook.__eroica_counted__ = True  # type: ignore[attr-defined]
+    hook_cls.main_hook = main_hook
+
+    def undo() -> None:
+        if hook_cls.main_hook is main_hook:
+            hook_cls.main_hook = original
+
+    return undo
+
+
 class StepClock:
     def __init__(self, on_boundary: Callable[[int, float], None], history: int = HISTORY,
                  gc_ms: Callable[[], float] | None = None,
@@ -358,6 +396,7 @@ class StepClock:
         self.skips = 0                    # optimizer steps a GradScaler skipped (_count_skipped_steps)
         self._handle: Any = None
         self._uncount_skips: Callable[[], None] | None = None
+        self._uncount_joined: Callable[[], None] | None = None
         self._uncount_backward: Callable[[], None] | None = None
         self._cuda_events: deque[tuple[int, Any]] = deque()
         self._cuda = False
@@ -369,6 +408,7 @@ class StepClock:
         self._untime_data = _time_dataloader(self)
         self._uncount_backward = _count_backward(self) if self.fallback else None
         self._uncount_skips = _count_skipped_steps(self)
+        self._uncount_joined = _count_joined_steps(self)
         try:
             import torch
 
@@ -389,6 +429,9 @@ class StepClock:
         if self._uncount_skips is not None:
             self._uncount_skips()
             self._uncount_skips = None
+        if self._uncount_joined is not None:
+            self._uncount_joined()
+            self._uncount_joined = None
         if self._times is not None:
             self._times.close()
             self._times = None
@@ -412,6 +455,15 @@ class StepClock:
             if self.on_error is None:
                 raise
             self.on_error(f"internal error in the step clock: {type(exc).__name__}: {exc}")
+
+    def shadowed(self, synced: bool) -> None:
+        """This rank, joined under DDP's Join, shadowed an iteration of the others' (_count_joined_steps):
+        a step where they take one (one that synced gradients, or any where steps are counted at
+        batches or backward()s)."""
+        if threading.get_ident() != self._main or self.counted_at is None:
+            return
+        if synced or self.counted_at in ("batch", "backward"):
+            self.boundary()
 
     def skipped(self, optimizer: Any, skip: bool = True) -> None:
         """A GradScaler's step() ran no torch.optim post-hook: it skipped ``optimizer``'s step (inf/NaN

@@ -300,6 +300,21 @@ def test_a_rank_that_ran_more_steps_than_its_peers_does_not_keep_the_job_from_en
     assert proc.returncode == 0 and proc.stdout.count("trained") == 2, explain(proc)
 
 
+def test_ddp_join_with_uneven_inputs_costs_no_wait_and_keeps_eroica_on(tmp_path) -> None:
+    """torch's Join: rank 1 runs out of batches 10 steps before rank 0 in each of two epochs and shadows
+    rank 0's all-reduces, taking no optimizer step. Rank 0 voted on those steps alone and waited the
+    side channel's deadline for its peer's votes, and eroica went off on both ranks (20 s a rank: a
+    0.3-second job took 44 s). Each shadowed iteration is a step of the joined rank's: both count 140
+    and vote as often (a deadline longer than the launch's timeout: a wait for it fails the test)."""
+    proc = eroica_run("--nproc-per-node", "2", "--report-dir", tmp_path, "--deadline", "200",
+                      DATA / "runtime" / "uneven.py", env={"UNEVEN": "join"}, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.count("trained") == 2, explain(proc)
+    assert "off on this rank" not in proc.stderr, explain(proc)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [r["steps"] for r in report["job"]["per_rank"]] == [140, 140], explain(proc)
+    assert any(c["trigger"] == "baseline" for c in report["captures"]), explain(proc)
+
+
 def test_broken_mpi_leaves_training_running_with_one_warning(tmp_path) -> None:
     proc = eroica_run("--nproc-per-node", "2", "--report-dir", tmp_path,
                       "--mpiexec-args", "-genv MPI4PY_LIBMPI /nonexistent/libmpi.so.12", TRAIN,

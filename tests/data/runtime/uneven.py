@@ -3,12 +3,15 @@
 UNEVEN=pass: rank 0 alone iterates a DataLoader of 400 batches (dataset statistics, an evaluation before
 training) with no optimizer step or backward() while the others wait in a barrier; then every rank
 trains 60 DDP steps. UNEVEN=extra: every rank trains 60 DDP steps, then rank 0 alone takes 6 more
-optimizer steps (no collective in them).
+optimizer steps (no collective in them). UNEVEN=join: DDP with uneven inputs under torch's Join, two
+epochs of 60 batches on rank 1 and 70 on rank 0 (rank 1 shadows rank 0's last 10 all-reduces and takes
+no optimizer step meanwhile).
 """
 import os
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.join import Join
 from torch.utils.data import DataLoader, TensorDataset
 
 dist.init_process_group("gloo")
@@ -20,10 +23,12 @@ if mode == "pass" and rank == 0:
 dist.barrier()
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 16))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-for _ in range(60):
-    model(torch.randn(32, 16)).sum().backward()
-    opt.step()
-    opt.zero_grad()
+for _epoch in range(2 if mode == "join" else 1):
+    with Join([model], enable=mode == "join"):
+        for _ in range(60 + (10 if mode == "join" and rank == 0 else 0)):
+            model(torch.randn(32, 16)).sum().backward()
+            opt.step()
+            opt.zero_grad()
 if mode == "extra" and rank == 0:
     for _ in range(6):
         opt.step()
