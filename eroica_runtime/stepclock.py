@@ -206,6 +206,20 @@ def _time_dataloader(clock: StepClock) -> Callable[[], None] | None:
     return undo
 
 
+def _patch(owner: Any, name: str, wrapper: Callable[..., Any]) -> Callable[[], None]:
+    """Put ``wrapper`` in place of ``owner.<name>``, marked as eroica's (a second clock leaves it be);
+    returns the undo, which puts the original back only while the wrapper is still in place."""
+    original = getattr(owner, name)
+    wrapper.__eroica_counted__ = True  # type: ignore[attr-defined]
+    setattr(owner, name, wrapper)
+
+    def undo() -> None:
+        if getattr(owner, name) is wrapper:
+            setattr(owner, name, original)
+
+    return undo
+
+
 def _count_backward(clock: StepClock) -> Callable[[], None] | None:
     """Tell ``clock`` of every ``backward()`` the main thread runs (``torch.autograd.backward``, which
     ``Tensor.backward`` calls), while no optimizer has stepped; returns the undo.
@@ -240,14 +254,7 @@ def _count_backward(clock: StepClock) -> Callable[[], None] | None:
             clock.safely(clock.backward_done)
         return got
 
-    backward.__eroica_counted__ = True  # type: ignore[attr-defined]
-    autograd.backward = backward
-
-    def undo() -> None:
-        if autograd.backward is backward:
-            autograd.backward = original
-
-    return undo
+    return _patch(autograd, "backward", backward)
 
 
 def _count_skipped_steps(clock: StepClock) -> Callable[[], None] | None:
@@ -281,14 +288,7 @@ def _count_skipped_steps(clock: StepClock) -> Callable[[], None] | None:
             clock.safely(clock.skipped, optimizer, isinstance(optimizer, Optimizer))
         return got
 
-    step.__eroica_counted__ = True  # type: ignore[attr-defined]
-    GradScaler.step = step  # type: ignore[method-assign]
-
-    def undo() -> None:
-        if GradScaler.step is step:
-            GradScaler.step = original  # type: ignore[method-assign]
-
-    return undo
+    return _patch(GradScaler, "step", step)
 
 
 def _count_joined_steps(clock: StepClock) -> Callable[[], None] | None:
@@ -319,14 +319,7 @@ def _count_joined_steps(clock: StepClock) -> Callable[[], None] | None:
         clock.safely(clock.shadowed, bool(getattr(getattr(self, "ddp", None), "require_forward_param_sync", True)))
         return got
 
-    main_hook.__eroica_counted__ = True  # type: ignore[attr-defined]
-    hook_cls.main_hook = main_hook
-
-    def undo() -> None:
-        if hook_cls.main_hook is main_hook:
-            hook_cls.main_hook = original
-
-    return undo
+    return _patch(hook_cls, "main_hook", main_hook)
 
 
 class StepClock:
