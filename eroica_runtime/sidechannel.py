@@ -107,15 +107,12 @@ class SideChannel:
         if not self._agree_on(world, True, deadline):
             raise SideChannelError(f"not every rank started eroica within {deadline_s:.0f}s")
         self.world = world.Dup()
-        # the end-of-job barrier's own communicator: collectives match in the order each rank calls them
-        # on a communicator, and a rank whose vote missed its deadline leaves votes in flight on the
-        # world that its peers never match (or posts fewer than they do), so a barrier there matched one
-        # rank's barrier with another's vote and never completed: a job whose ranks had all finished
-        # never ended (rank 0 stepping alone through a DataLoader while the others waited)
+        # the end-of-job barrier's and the votes' own communicators: collectives match in the order each
+        # rank calls them on a communicator, and a rank that voted on steps its peers never took (rank 0
+        # stepping alone through a DataLoader while the others waited, or taking more steps than they
+        # did) leaves votes in flight they never match. With the votes on the world, the end's barrier
+        # there met one of them and never completed: a job whose ranks had all finished never ended
         self.end = world.Dup()
-        # the votes' own, too: a rank that voted more often than its peers (extra steps of its own) has
-        # votes in flight they never match, and any other collective after them on the same
-        # communicator would meet one of those
         self.voting = world.Dup()
         # the agreement to count steps at backward()s or batches (runtime._adopt_gate): its own
         # communicator too, since only the ranks that reach it post it
