@@ -242,7 +242,7 @@ def test_a_fake_hosts_ranks_starting_cgroup_faults_at_once_all_find_the_controll
             "t = float(sys.argv[1]); time.sleep(max(0.0, t - time.time())); "
             "print(faults.hierarchy('cpu'), flush=True)")
     with netns.cluster(1) as c:
-        at = time.time() + 3.0   # after every interpreter has started: the four look at once
+        at = time.time() + 1.5   # after every interpreter has started: the four look at once
         r = c.run(0, ["sh", "-c", " & ".join([f"{sys.executable} -c {code!r} {at}"] * 4) + " & wait"], timeout=60)
     found = r.stdout.split("\n")[:4]
     assert len(found) == 4 and all("'v1')" in line or "'v2')" in line for line in found), (r.stdout, r.stderr)
