@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from faultlib import bench, netns  # noqa: E402
+from faultlib import bench, faults, netns  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,8 +37,18 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"two_hosts: fake hosts unavailable: {why}", file=sys.stderr)
         return 2
+    try:
+        ranks = [int(r) for r in a.ranks.split(",")]
+    except ValueError:
+        ap.error(f"--ranks {a.ranks!r}: a comma list of rank numbers (0-7), e.g. 4,5,6,7")
+    if not ranks or any(not 0 <= r < 8 for r in ranks):
+        ap.error(f"--ranks {a.ranks!r}: ranks of the 8 (0-7)")
     kind, _, params = a.kind.partition(":")
-    fault = ";".join(f"{kind}:rank={r}:start=50" + (f":{params}" if params else "") for r in a.ranks.split(","))
+    fault = ";".join(f"{kind}:rank={r}:start=50" + (f":{params}" if params else "") for r in ranks)
+    try:
+        faults.parse_specs(fault)
+    except ValueError as exc:
+        ap.error(f"--kind {a.kind!r}: {exc}")
     a.out.mkdir(parents=True, exist_ok=True)
     with netns.cluster(2) as c:
         flags, env = c.eroica_run_args(4)
