@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +140,51 @@ def test_eroicas_own_profiler_is_not_the_jobs() -> None:
     after = {name: (cls.__dict__.get(name), getattr(cls, name)) for cls in (ap.profile, ap.emit_nvtx, ap.emit_itt)
              for name in ("_prepare_trace", "_start_trace", "__enter__", "__exit__") if hasattr(cls, name)}
     assert after == before
+
+
+def _fresh_python(code: str) -> dict:
+    """Run code in a new interpreter (this one may have imported inductor already); it prints JSON."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_eroicas_profiler_never_imports_inductor_into_a_job_that_did_not():
+    """torch.profiler's start asks hasattr(torch, "_inductor"), and torch answers by importing inductor
+    and dynamo: a second of CPU and ~70 MB in every rank eroica watches. Its warm-up and windows must
+    record as before without it, and leave torch's lazy lookup as it was (the job's own use still works)."""
+    seen = _fresh_python("""
+        import json, sys, threading, torch
+        lazy = torch.__getattr__
+        from eroica_runtime.capture import Capture
+        cap = Capture()
+        cap.warm_up()
+        cap.start(10, "test", 2)
+        for i in range(3):                  # the lead-in step, then the window's two
+            torch.ones(64).add_(1)
+            if i < 2:
+                cap.mark()
+        names = {e.name() for e in cap.stop()}
+        print(json.dumps({"unloaded": "torch._inductor" not in sys.modules, "lookup_kept": torch.__getattr__ is lazy,
+                          "steps": sorted(n for n in names if n.startswith("ProfilerStep#")),
+                          "ops": "aten::add_" in names, "job_gets_it": hasattr(torch, "_inductor")}))
+    """)
+    assert seen == {"unloaded": True, "lookup_kept": True, "steps": ["ProfilerStep#10", "ProfilerStep#11",
+                    "ProfilerStep#9"], "ops": True, "job_gets_it": True}
+
+
+def test_a_job_that_compiled_with_cuda_graphs_still_gets_torchs_cuda_graph_check():
+    """Where the job has inductor loaded, torch's own check runs: a profile started with CUDA graphs on
+    knows it (torch then keeps CUPTI attached, since teardown crashes CUDA graphs)."""
+    seen = _fresh_python("""
+        import json, torch
+        import torch._inductor.config as config
+        config.triton.cudagraphs = True
+        from eroica_runtime.capture import _profile
+        prof = _profile()
+        prof.prepare_trace()
+        print(json.dumps({"cudagraphs": prof.has_cudagraphs}))
+        prof.profiler = None
+    """)
+    assert seen == {"cudagraphs": True}
