@@ -97,7 +97,7 @@ class MemoryTrail:
     # Python object writes its reference count: a worker that reads the dataset's lists, dicts and strings
     # copies every page of them it reads, which RssAnon (the rank's or the worker's) never shows and the
     # memory cgroup charges all the same. smaps_rollup walks the page tables (2 ms at 430 MB here), so
-    # the children are read every CHILDREN_EVERY samples' time, slower when a round costs more than
+    # the children are read every CHILDREN_EVERY samples' time, slower when a round costs more CPU than
     # CHILDREN_BUDGET of the wrapper's time (a host of large workers), for at most CHILDREN processes.
     CHILDREN_EVERY = 5
     CHILDREN_BUDGET = 0.01
@@ -145,7 +145,10 @@ class MemoryTrail:
             self._sample_children(now)
 
     def _sample_children(self, now: float) -> None:
-        t0 = time.monotonic()
+        # the round's cost in this thread's CPU time (the kernel's walk of the page tables included), not
+        # in wall time: on a loaded host a round waits for a CPU, and a 50 ms wait held the next round
+        # off 5 s, long enough for the workers to fill the cgroup unread (the copy-on-read test, once)
+        t0 = time.thread_time()
         try:
             kids = self._proc.children() if self._proc is not None else []
             rank_rss = self._proc.memory_info().rss / (1 << 20) if kids and self._proc is not None else 0.0
@@ -166,7 +169,7 @@ class MemoryTrail:
                 rec[2:] = [now, uss, rss, rank_rss]
         if kids:
             self._children_at = now
-        cost = time.monotonic() - t0
+        cost = time.thread_time() - t0
         self._next_children = now + max(self.CHILDREN_EVERY * self._base, cost / self.CHILDREN_BUDGET)
 
     def children(self, pid: int | None = None) -> list[tuple[float, ...]]:

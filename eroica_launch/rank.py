@@ -34,6 +34,7 @@ from eroica_runtime.config import Config, ConfigError, env_name
 SPEC_VAR = "EROICA_LAUNCH_SPEC"
 FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 EXIT_MARKER = "exiting.json"   # written by the program's last atexit handler (eroica_runtime.errorfile)
+RECORDS = ("error.json", "owner", "status.json", EXIT_MARKER)   # a rank folder's files (clear_records)
 BOOTSTRAP_DIR = str(Path(__file__).resolve().parent.parent / "eroica_runtime" / "_bootstrap")
 
 
@@ -135,6 +136,14 @@ def _pmi_fds(env: dict[str, str]) -> tuple[int, ...]:
     return tuple(fds)
 
 
+def clear_records(rank_dir: Path) -> None:
+    """Remove what a rank's wrapper (and its program) wrote of a rank's end into its folder of the report
+    directory: a folder used before holds the last job's."""
+    for stale in RECORDS:
+        with contextlib.suppress(FileNotFoundError):
+            (rank_dir / stale).unlink()
+
+
 def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
     """A preexec_fn: the child gets ``sig`` when its parent dies, so nothing is left orphaned
     (a training rank when its wrapper is killed; mpiexec, with SIGTERM so it stops its ranks,
@@ -162,8 +171,7 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
     env_out = rank_env(ident, spec, base)
     attempt_dir = Path(env_out["TORCHELASTIC_ERROR_FILE"]).parent
     attempt_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ("error.json", "owner", "status.json", EXIT_MARKER):
-        (attempt_dir / stale).unlink(missing_ok=True)
+    clear_records(attempt_dir)
 
     shown = not spec.local_ranks_filter or str(ident.local_rank) in spec.local_ranks_filter.split(",")
     redirect = _std_mask(spec.redirects, ident.local_rank)
@@ -195,8 +203,11 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
 
     started = time.time()
     kills_before = oom.oom_kills()
+    adopt_orphans()
     try:
-        child = subprocess.Popen(command, env=env_out, stdout=pipes[1], stderr=pipes[2],
+        # in a session of its own, as torchrun starts its workers: what it leaves behind when it ends
+        # is its process group, ended with it (end_leftovers)
+        child = subprocess.Popen(command, env=env_out, stdout=pipes[1], stderr=pipes[2], start_new_session=True,
                                  preexec_fn=die_with_parent(), pass_fds=_pmi_fds(base))
     except OSError as exc:
         _write_status(attempt_dir, ident, pid=None, exitcode=127, signame=None, started=started,
@@ -226,6 +237,7 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
     ended = time.time()  # before draining output: a killed rank's end must not look later than its victims'
     if message:
         print(f"eroica-run: rank {ident.rank}: {message}", file=sys.stderr, flush=True)
+    end_leftovers(child.pid)
     for pump in pumps:
         pump.join(timeout=5)
     for f in files.values():
@@ -248,6 +260,48 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
     _write_status(attempt_dir, ident, pid=child.pid, exitcode=rc, signame=signame, started=started, ended=ended,
                   message=message, oom=oom_said)
     return rc if rc >= 0 else 128 - rc
+
+
+def adopt_orphans() -> None:
+    """Make this wrapper the child subreaper of what the rank starts: a process orphaned below it (a
+    dead rank's DataLoader workers) becomes the wrapper's child, so end_leftovers can reap it (where
+    the machine's init never reaps, as in a container whose first process is a shell, a reparented
+    zombie would stay a member of the rank's process group forever)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+
+
+def end_leftovers(pgid: int, grace_s: float = 1.0, poll_s: float = 0.02) -> None:
+    """End what the rank left in its process group when it ended: SIGTERM, then SIGKILL after ``grace_s``.
+
+    Its DataLoader workers, mostly. A rank killed (by the OOM killer, a signal, the exit guard) leaves
+    them orphaned: one in a long ``__getitem__`` lives on, holding memory (a GPU's too) into the next
+    attempt of a restarted job, and every one holds the rank's output pipes, so the wrapper waited
+    for them before it said how the rank ended. torchrun ends each worker's process group the same way
+    (its SubprocessHandler.close); a process that left the group on purpose (its own session) is
+    left alone. Call it only once the rank itself was waited for: reaping the group would reap it too.
+    """
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    deadline, sig = time.monotonic() + grace_s, signal.SIGTERM
+    while True:
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-pgid, os.WNOHANG)[0]:   # the orphans adopt_orphans made ours
+                pass
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        if sig == signal.SIGTERM and time.monotonic() >= deadline:
+            sig = signal.SIGKILL
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, sig)
+            deadline = time.monotonic() + grace_s
+        elif sig == signal.SIGKILL and time.monotonic() >= deadline:
+            return   # zombies some other parent has yet to reap
+        time.sleep(poll_s)
 
 
 def _setting(env: dict[str, str], name: str) -> float:

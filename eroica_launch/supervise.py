@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from eroica_launch.plan import Plan
-from eroica_launch.rank import SPEC_VAR, die_with_parent, run_rank
+from eroica_launch.rank import SPEC_VAR, clear_records, die_with_parent, run_rank
 
 PREFIX = "eroica-run"
 _ALWAYS_FORWARDED = ("SIGUSR1", "SIGUSR2")
@@ -47,14 +47,17 @@ def run_plan(plan: Plan) -> int:
         env[SPEC_VAR] = spec.to_json()
         attempt_dir = Path(spec.run_dir) / f"attempt_{attempt}"
         teardown: list[float] = []
+        since = None
         if plan.mode == "inplace":
             # under Slurm every process of the step gets the step's signals already: don't double them
             rc = run_rank(spec, plan.command, env, forward_signals=not os.environ.get("SLURM_JOB_ID"))
         else:
-            rc = _run_launcher(plan, env, attempt_dir, teardown)
+            since = time.time() - CLOCK_SLACK_S
+            forget_earlier_jobs(attempt_dir)
+            rc = _run_launcher(plan, env, attempt_dir, teardown, since)
         if rc == 0:
             return 0
-        failures = read_failures(attempt_dir, pending=plan.mode == "inplace")
+        failures = read_failures(attempt_dir, pending=plan.mode == "inplace", since=since)
         if plan.mode == "inplace" and not failures:
             return rc  # this task never started its program (its one-line error says why)
         if teardown:  # ranks we stopped after the root cause are not failures of their own
@@ -73,7 +76,25 @@ def _signum(status: dict[str, Any]) -> int:
     return -int(status["exitcode"]) if status["exitcode"] < 0 else 0
 
 
-def _run_launcher(plan: Plan, env: dict[str, str], attempt_dir: Path, teardown: list[float]) -> int:
+CLOCK_SLACK_S = 1.0   # a rank on another host may start by a clock this much behind the launcher's
+
+
+def forget_earlier_jobs(attempt_dir: Path) -> None:
+    """A report directory used before (``--report-dir`` given again, a restarted pod's) holds the rank
+    records of the last job that used it. Its failed rank's status made the next job stop itself at
+    once ("a rank failed") and blamed a process of the old job, unless that rank's wrapper cleared it
+    before the launcher's first look, and never where the old job had more ranks. Cleared before the
+    launch; a record written later by a wrapper of the old job still ending is told apart by its start
+    (``since`` in read_failures)."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(attempt_dir):
+            if entry.name.isdigit() and entry.is_dir(follow_symlinks=False):
+                with contextlib.suppress(OSError):
+                    clear_records(Path(entry.path))
+
+
+def _run_launcher(plan: Plan, env: dict[str, str], attempt_dir: Path, teardown: list[float],
+                  since: float | None = None) -> int:
     """Run mpiexec/srun in its own session; forward our signals; stop the job when a rank fails.
 
     Like torchrun's agent, one failed rank ends the whole job at once (MPI launchers wait for the
@@ -110,7 +131,7 @@ def _run_launcher(plan: Plan, env: dict[str, str], attempt_dir: Path, teardown: 
             try:
                 return proc.wait(timeout=max(plan.monitor_interval, 0.05))
             except subprocess.TimeoutExpired:
-                if not teardown and _any_failed(attempt_dir):
+                if not teardown and _any_failed(attempt_dir, since):
                     teardown.append(time.time())
                     stopping.append(time.monotonic())
                     log("a rank failed: stopping the others")
@@ -129,7 +150,13 @@ def _run_launcher(plan: Plan, env: dict[str, str], attempt_dir: Path, teardown: 
             signal.signal(sig, handler)
 
 
-def _any_failed(attempt_dir: Path) -> bool:
+def _this_job(doc: dict[str, Any], since: float | None) -> bool:
+    """A rank record of this job: started no earlier than ``since`` (None: any)."""
+    started = doc.get("started")
+    return since is None or not isinstance(started, (int, float)) or started >= since
+
+
+def _any_failed(attempt_dir: Path, since: float | None = None) -> bool:
     """Cheap poll: has any rank of this attempt recorded a non-zero end?"""
     try:
         entries = list(os.scandir(attempt_dir))
@@ -138,15 +165,17 @@ def _any_failed(attempt_dir: Path) -> bool:
     for entry in entries:
         try:
             with open(os.path.join(entry.path, "status.json")) as f:
-                if json.load(f).get("exitcode") != 0:
-                    return True
+                doc = json.load(f)
+            if doc.get("exitcode") != 0 and _this_job(doc, since):
+                return True
         except (OSError, ValueError):
             continue
     return False
 
 
-def read_failures(attempt_dir: Path, *, pending: bool = False) -> list[dict[str, Any]]:
-    """Every rank that ended non-zero in this attempt, first failure first.
+def read_failures(attempt_dir: Path, *, pending: bool = False, since: float | None = None) -> list[dict[str, Any]]:
+    """Every rank that ended non-zero in this attempt, first failure first (``since``: of those that
+    started no earlier: forget_earlier_jobs).
 
     pending (in place): a rank whose error file exists but whose wrapper has not yet recorded its end
     counts too; there a victim's eroica-run can print its summary while the culprit is still being
@@ -166,7 +195,7 @@ def read_failures(attempt_dir: Path, *, pending: bool = False) -> list[dict[str,
                    "local_rank": None}
         except (OSError, ValueError):
             continue
-        if doc.get("exitcode") != 0:
+        if doc.get("exitcode") != 0 and _this_job(doc, since):
             doc["traceback"] = _traceback(doc)
             out.append(doc)
     out.sort(key=lambda d: (_failed_at(d), d.get("rank", 0)))

@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import BIN, DATA, RANK_ENV, eroica_run, explain, launch
 
@@ -76,6 +77,41 @@ def test_rank_killed_by_signal_is_reported_with_signal_name(tmp_path) -> None:
     root = proc.stderr[proc.stderr.index("Root Cause"):]
     assert re.search(r"rank\s+: 1 ", root) and "SIGKILL" in root, explain(proc)
     assert "OOM" not in proc.stderr, explain(proc)     # it killed itself: no OOM kill to speak of
+
+
+def test_a_killed_ranks_dataloader_workers_do_not_outlive_it(tmp_path) -> None:
+    """Rank 1 is SIGKILLed while its 2 DataLoader workers sit in a 120 s __getitem__: orphaned, they
+    would hold their memory (a GPU's too) into the next attempt, and the rank's output pipes until they
+    ended. The wrapper ends what the rank left in its process group, as torchrun does."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    proc = eroica_run("--nproc-per-node", "2", "--report-dir", tmp_path / "rep", SCRIPTS / "fail.py",
+                      env={"FAIL_RANK": "1", "FAIL_MODE": "kill-busy-workers", "FAIL_PIDS": str(pids)}, timeout=150)
+    assert proc.returncode == 128 + signal.SIGKILL, explain(proc)
+    workers = [int(p.name) for p in pids.iterdir()]
+    assert len(workers) == 2, explain(proc)
+    alive = []
+    for pid in workers:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+                os.kill(pid, signal.SIGKILL)   # not left to sleep on beside the next tests
+    assert not alive, f"the dead rank's workers {alive} outlived the job\n" + explain(proc)
+
+
+def test_a_report_directory_used_again_keeps_no_failure_of_the_last_job(tmp_path) -> None:
+    """``--report-dir`` given again (a retried job, a restarted pod): the last job, of 4 ranks, failed in
+    rank 3. The next job, of 2 ranks, must neither stop itself at once for that failure nor blame it."""
+    old = tmp_path / "launch" / "attempt_0" / "3"
+    old.mkdir(parents=True)
+    (old / "status.json").write_text(json.dumps({
+        "rank": 3, "local_rank": 3, "host": "h", "pid": 1, "exitcode": -9, "signal": "SIGKILL",
+        "started": time.time() - 600, "ended": time.time() - 500, "error_file": str(old / "error.json"),
+        "message": "", "oom": ""}))
+    proc = eroica_run("--nproc-per-node", "2", "--report-dir", tmp_path, SCRIPTS / "fail.py",
+                      env={"FAIL_ATTEMPTS": "0"}, timeout=120)
+    assert proc.returncode == 0, explain(proc)
+    assert "a rank failed" not in proc.stderr and "rank 0 finished attempt 0" in proc.stdout, explain(proc)
 
 
 def _outgrow_memory(tmp_path: Path, mode: str, **env: str) -> subprocess.CompletedProcess[str]:

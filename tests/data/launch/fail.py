@@ -10,6 +10,8 @@ memory cgroup (FAIL_LIMIT_MB) and reads it in order through 2 forked DataLoader 
 16,384 every FAIL_BATCH_S (0.05 s: ~30 MB of strings a second):
 each worker copies the pages of the strings it reads (their reference counts), which the cgroup charges,
 until its OOM killer ends the largest process, the rank (all the rank's own memory predates the cgroup).
+FAIL_MODE=kill-busy-workers: it starts 2 DataLoader workers, each in a 120 s __getitem__ (writing its pid
+into the folder FAIL_PIDS first), and SIGKILLs itself once both are in it.
 FAIL_ATTEMPTS=N: it fails only in the first N attempts (TORCHELASTIC_RESTART_COUNT < N), after which
 every rank finishes normally (for --max-restarts).
 """
@@ -68,6 +70,24 @@ def read_through_workers() -> None:
     raise SystemExit("not killed")
 
 
+class Busy(Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, idx: int) -> int:
+        (Path(os.environ["FAIL_PIDS"]) / str(os.getpid())).touch()
+        time.sleep(120)
+        return idx
+
+
+def kill_with_busy_workers() -> None:
+    loader = iter(DataLoader(Busy(), num_workers=2))
+    while len(list(Path(os.environ["FAIL_PIDS"]).iterdir())) < 2:
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGKILL)
+    next(loader)
+
+
 class Hog(Dataset):
     def __len__(self) -> int:
         return 4
@@ -91,6 +111,8 @@ if failing:
             outgrow_memory()
         if mode == "worker-oom":
             next(iter(DataLoader(Hog(), num_workers=1)))
+        if mode == "kill-busy-workers":
+            kill_with_busy_workers()
         if mode == "worker-copies":
             read_through_workers()
         raise ValueError(f"planted failure on rank {dist.get_rank()}")
