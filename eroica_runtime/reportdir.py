@@ -24,6 +24,7 @@ import os
 import stat
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 CAPTURES = "captures"
@@ -62,6 +63,38 @@ def raw_events_path(root: str | os.PathLike[str], step: int, rank: int) -> Path:
 
 def hang_path(root: str | os.PathLike[str], step: int) -> Path:
     return Path(root) / f"hang-{int(step)}.json"
+
+
+EARLIER = "earlier"
+
+
+def set_aside_earlier_job(root: str | os.PathLike[str]) -> Path | None:
+    """Move an earlier job's reports out of the way of this one's: into ``earlier/<when it ended>/``.
+
+    The default directory is named after ``--rdzv-id`` or the Slurm job (a requeued job keeps its id),
+    and ``--report-dir`` is often given again, so a directory may hold a finished job's captures,
+    diagnoses and reports. Left there, ``eroica analyze`` of the directory read both jobs' captures
+    as one job's, and a capture of the old job at a step the new one never captured stayed beside
+    the new job's report. Nothing is deleted (an earlier diagnosis is kept); ``launch/`` (the rank
+    records, which the launcher renews) and a ``trigger`` file (a capture asked for this job) stay.
+    Returns where they went, or None when there was nothing to move."""
+    root = Path(root)
+    names = [n for n in (CAPTURES, RAW, REPORT_JSON, REPORT_HTML, STEPS) if os.path.lexists(root / n)]
+    with contextlib.suppress(OSError):
+        names += sorted(e.name for e in os.scandir(root) if e.name.startswith(("diagnosis-", "hang-"))
+                        and e.name.endswith(".json"))
+    if not names:
+        return None
+    newest = max(os.lstat(root / n).st_mtime for n in names)
+    base = root / EARLIER / time.strftime("%Y%m%d-%H%M%S", time.localtime(newest))
+    dest, n = base, 1
+    while os.path.lexists(dest):
+        n += 1
+        dest = base.with_name(f"{base.name}-{n}")
+    dest.mkdir(parents=True)
+    for name in names:
+        os.replace(root / name, dest / name)
+    return dest
 
 
 def check_directory(path: str | os.PathLike[str]) -> None:

@@ -178,8 +178,14 @@ class Runtime:
         if self.rank == 0:
             try:
                 reportdir.ensure_directory(self.report_dir)
+                earlier = reportdir.set_aside_earlier_job(self.report_dir)
             except OSError as exc:
                 usable, why = False, f"report directory {self.report_dir}: {exc.strerror or exc}"
+            else:
+                if earlier is not None:
+                    from eroica_runtime.analyst import say
+
+                    say(f"eroica: {self.report_dir} held the reports of an earlier job (or attempt): moved to {earlier}")
         try:
             everyone = self.side.agree(usable, self.cfg.deadline_s, "start-up agreement")
         except SideChannelError as exc:

@@ -318,3 +318,28 @@ def test_the_job_report_has_one_writer_at_a_time(tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "report.json").read_text())
     assert len(doc["captures"]) == doc["job"]["writer"] + 1
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_an_earlier_jobs_reports_are_set_aside_whole_and_kept(tmp_path: Path) -> None:
+    """A report directory used again (the same --rdzv-id, a requeued Slurm job, --report-dir): the
+    earlier job's captures, diagnoses, hang files and reports move to earlier/<when>/, so that the new
+    job's directory (and `eroica analyze` of it) holds the new job's alone; the rank records in
+    launch/ and a trigger file asked for the new job stay."""
+    for name in ("captures/13.msgpack", "raw/13/rank0.msgpack", "diagnosis-13.json", "diagnosis-57.json",
+                 "hang-90.json", "report.json", "report.html", "steps.msgpack", "launch/attempt_0/0/status.json",
+                 "trigger", "notes.txt"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(name)
+    assert reportdir.set_aside_earlier_job(tmp_path / "launch") is None   # nothing of a job's there
+    first = reportdir.set_aside_earlier_job(tmp_path)
+    assert first is not None and first.parent == tmp_path / reportdir.EARLIER
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["earlier", "launch", "notes.txt", "trigger"]
+    assert sorted(str(p.relative_to(first)) for p in first.rglob("*") if p.is_file()) == [
+        "captures/13.msgpack", "diagnosis-13.json", "diagnosis-57.json", "hang-90.json", "raw/13/rank0.msgpack",
+        "report.html", "report.json", "steps.msgpack"]
+    assert reportdir.set_aside_earlier_job(tmp_path) is None
+    reportdir.atomic_write(tmp_path / "report.json", "{}")   # a second job, ended within the same second
+    os.utime(tmp_path / "report.json", (os.stat(first / "report.json").st_mtime,) * 2)
+    second = reportdir.set_aside_earlier_job(tmp_path)
+    assert second is not None and second != first and (first / "report.json").read_text() == "report.json"
+    assert (second / "report.json").read_text() == "{}"

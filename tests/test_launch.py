@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -101,7 +102,9 @@ def test_a_killed_ranks_dataloader_workers_do_not_outlive_it(tmp_path) -> None:
 
 def test_a_report_directory_used_again_keeps_no_failure_of_the_last_job(tmp_path) -> None:
     """``--report-dir`` given again (a retried job, a restarted pod): the last job, of 4 ranks, failed in
-    rank 3. The next job, of 2 ranks, must neither stop itself at once for that failure nor blame it."""
+    rank 3. The next job, of 2 ranks, must neither stop itself at once for that failure nor blame it,
+    and the last job's captures and reports are set aside (kept), not read as the new job's."""
+    shutil.copytree(DATA / "runtime" / "one-off-stall", tmp_path, dirs_exist_ok=True)   # its reports
     old = tmp_path / "launch" / "attempt_0" / "3"
     old.mkdir(parents=True)
     (old / "status.json").write_text(json.dumps({
@@ -112,6 +115,10 @@ def test_a_report_directory_used_again_keeps_no_failure_of_the_last_job(tmp_path
                       env={"FAIL_ATTEMPTS": "0"}, timeout=120)
     assert proc.returncode == 0, explain(proc)
     assert "a rank failed" not in proc.stderr and "rank 0 finished attempt 0" in proc.stdout, explain(proc)
+    assert f"{tmp_path} held the reports of an earlier job (or attempt): moved to {tmp_path}/earlier/" in proc.stderr, explain(proc)
+    (earlier,) = (tmp_path / "earlier").iterdir()
+    assert sorted(p.name for p in (earlier / "captures").iterdir()) == ["112.msgpack", "13.msgpack"]
+    assert not list(tmp_path.glob("diagnosis-*.json")) and not (tmp_path / "captures").exists()
 
 
 def _outgrow_memory(tmp_path: Path, mode: str, **env: str) -> subprocess.CompletedProcess[str]:
