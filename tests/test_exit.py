@@ -38,10 +38,10 @@ CASES = {
     # rank 0 saves the final model past the hang threshold while the others end: a pause, and the job
     # ends well (the watchdog looked while the others sat in MPI_Finalize: "dead or frozen", and its
     # thread called MPI after rank 0's Finalize, which aborted rank 0 in 3 runs of 4)
-    "final-save": ({"STEPS": "40", "FINAL_SAVE_S": "10"}, ["--hang-timeout", "3"], 0),
+    "final-save": ({"STEPS": "40", "FINAL_SAVE_S": "7"}, ["--hang-timeout", "3"], 0),
     # rank 0 waits for a subprocess (an upload) past the threshold: still, but in no collective, so
     # the others wait for it and not it for them (taken for uneven inputs, the job was ended: rc 3)
-    "final-upload": ({"STEPS": "40", "FINAL_UPLOAD_S": "10"}, ["--hang-timeout", "3"], 0),
+    "final-upload": ({"STEPS": "40", "FINAL_UPLOAD_S": "7"}, ["--hang-timeout", "3"], 0),
     # rank 2 runs half the steps (uneven inputs): the others wait for it in DDP's all-reduce forever;
     # eroica names it and ends the job, as its exit would under torchrun (it kept it alive: a hang)
     # (a script that calls destroy_process_group() closes its connections there: the others' collectives
