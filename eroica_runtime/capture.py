@@ -254,7 +254,8 @@ class Capture:
         return acts
 
     def warm_up(self) -> None:
-        """Start and stop an empty profile once, so the first real window is not a second longer."""
+        """Start and stop an empty profile once, so the first real window does not pay the profiler's
+        one-time set-up (kineto's; on a GPU, CUPTI's)."""
         import torch
 
         _detach_cupti_after_stop()  # the warm-up's own CUPTI attach must not outlive it either
