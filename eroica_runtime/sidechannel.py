@@ -386,7 +386,7 @@ class SideChannel:
         return time.perf_counter() - t0
 
     # ---- shutdown ------------------------------------------------------------------------------------
-    def wait_all_at_end(self, every_s: float = 0.05) -> None:
+    def wait_all_at_end(self, every_s: float = 0.05, quick_s: float = 2.0) -> None:
         """Return once every rank has called this: a nonblocking barrier, polled with no deadline.
 
         Why no deadline: a rank still working after its program's last step (rank 0 saving the final
@@ -395,14 +395,16 @@ class SideChannel:
         watchdog's looks, so peers that wait for it in a collective forever (a rank that ran fewer
         steps) were read as "dead or frozen" and never ended; meanwhile its watchdog answers that this
         rank's program has returned (eroica_runtime.hang), and rank 0's ends the job when the others
-        can never get past their collective. Polled as ``_poll`` does, from 0.1 ms up to ``every_s``:
-        the barrier's rounds each move only when both sides Test, and a flat 50 ms between Tests kept
-        every rank of a 4-rank job here 0.45 s in it after the last one had arrived."""
+        can never get past their collective. Polled as ``_poll`` does (from 0.1 ms up to 5 ms) for its
+        first ``quick_s``, then every ``every_s``: the barrier's rounds move only when both sides Test,
+        and at a flat 50 ms every rank of a 4-rank job here stayed 0.45 s in it after the last one
+        had arrived; at up to 50 ms from the start, two of them still stayed 0.25 s (their peers,
+        out already, spun in MPI_Finalize meanwhile) and the job ended 0.28 s later than at 5 ms."""
         req = self.end.Ibarrier()
-        pause = 0.0001
+        pause, slow_from = 0.0001, time.monotonic() + quick_s
         while not req.Test():
             time.sleep(pause)
-            pause = min(pause * 2, every_s)
+            pause = min(pause * 2, 0.005 if time.monotonic() < slow_from else every_s)
 
     def drain(self, timeout_s: float = 2.0) -> None:
         """Complete or cancel pending requests before MPI finalizes (Open MPI segfaults otherwise)."""
