@@ -59,6 +59,7 @@ class RankSpec:
     signals_to_handle: str = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
     virtual_local_rank: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)
+    launch_id: str = ""   # one launch's (an attempt under mpiexec): its rank records carry it (supervise)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -210,7 +211,7 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
         child = subprocess.Popen(command, env=env_out, stdout=pipes[1], stderr=pipes[2], start_new_session=True,
                                  preexec_fn=die_with_parent(), pass_fds=_pmi_fds(base))
     except OSError as exc:
-        _write_status(attempt_dir, ident, pid=None, exitcode=127, signame=None, started=started,
+        _write_status(attempt_dir, ident, spec.launch_id, pid=None, exitcode=127, signame=None, started=started,
                       message=f"cannot start {command[0]!r}: {exc}")
         print(f"eroica-run: error: rank {ident.rank}: cannot start {command[0]!r}: {exc}", file=sys.stderr)
         return 127
@@ -257,7 +258,7 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
             certain = bool(oom_said)
     if certain:   # said at once; a guess only in the failure summary, where the rank is a root cause
         print(f"eroica-run: rank {ident.rank} (pid {child.pid}): {oom_said}", file=sys.stderr, flush=True)
-    _write_status(attempt_dir, ident, pid=child.pid, exitcode=rc, signame=signame, started=started, ended=ended,
+    _write_status(attempt_dir, ident, spec.launch_id, pid=child.pid, exitcode=rc, signame=signame, started=started, ended=ended,
                   message=message, oom=oom_said)
     return rc if rc >= 0 else 128 - rc
 
@@ -363,7 +364,7 @@ def wait_with_exit_guard(child: subprocess.Popen, marker: Path, grace_s: float,
                         "worker waiting for the GIL); ended it (EROICA_EXIT_GRACE_S)")
 
 
-def _write_status(attempt_dir: Path, ident: Identity, *, pid: int | None, exitcode: int,
+def _write_status(attempt_dir: Path, ident: Identity, launch_id: str, *, pid: int | None, exitcode: int,
                   signame: str | None, started: float, message: str = "", ended: float | None = None,
                   oom: str = "") -> None:
     """Record how this rank ended (read by the launcher's failure summary); ``oom``: what eroica_launch/oom.py
@@ -371,7 +372,7 @@ def _write_status(attempt_dir: Path, ident: Identity, *, pid: int | None, exitco
     doc = {"rank": ident.rank, "local_rank": ident.local_rank, "host": socket.gethostname(),
            "pid": pid, "exitcode": exitcode, "signal": signame, "started": started,
            "ended": ended if ended is not None else time.time(),
-           "error_file": str(attempt_dir / "error.json"), "message": message, "oom": oom}
+           "error_file": str(attempt_dir / "error.json"), "message": message, "oom": oom, "launch": launch_id}
     reportdir.atomic_write(attempt_dir / "status.json", json.dumps(doc))
 
 

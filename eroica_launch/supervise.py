@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -42,22 +43,21 @@ def run_plan(plan: Plan) -> int:
             f"eroica reports in {plan.report_dir}")
     rc = 0
     for attempt in range(plan.max_restarts + 1):
-        spec = replace(plan.spec, attempt=attempt)
+        launch = uuid.uuid4().hex if plan.mode != "inplace" else None   # one per eroica-run in place
+        spec = replace(plan.spec, attempt=attempt, launch_id=launch or "")
         env = dict(plan.env)
         env[SPEC_VAR] = spec.to_json()
         attempt_dir = Path(spec.run_dir) / f"attempt_{attempt}"
         teardown: list[float] = []
-        since = None
         if plan.mode == "inplace":
             # under Slurm every process of the step gets the step's signals already: don't double them
             rc = run_rank(spec, plan.command, env, forward_signals=not os.environ.get("SLURM_JOB_ID"))
         else:
-            since = time.time() - CLOCK_SLACK_S
             forget_earlier_jobs(attempt_dir)
-            rc = _run_launcher(plan, env, attempt_dir, teardown, since)
+            rc = _run_launcher(plan, env, attempt_dir, teardown, launch)
         if rc == 0:
             return 0
-        failures = read_failures(attempt_dir, pending=plan.mode == "inplace", since=since)
+        failures = read_failures(attempt_dir, pending=plan.mode == "inplace", launch=launch)
         if plan.mode == "inplace" and not failures:
             return rc  # this task never started its program (its one-line error says why)
         if teardown:  # ranks we stopped after the root cause are not failures of their own
@@ -76,16 +76,13 @@ def _signum(status: dict[str, Any]) -> int:
     return -int(status["exitcode"]) if status["exitcode"] < 0 else 0
 
 
-CLOCK_SLACK_S = 1.0   # a rank on another host may start by a clock this much behind the launcher's
-
-
 def forget_earlier_jobs(attempt_dir: Path) -> None:
     """A report directory used before (``--report-dir`` given again, a restarted pod's) holds the rank
     records of the last job that used it. Its failed rank's status made the next job stop itself at
     once ("a rank failed") and blamed a process of the old job, unless that rank's wrapper cleared it
     before the launcher's first look, and never where the old job had more ranks. Cleared before the
-    launch; a record written later by a wrapper of the old job still ending is told apart by its start
-    (``since`` in read_failures)."""
+    launch; a record written later by a wrapper of the old job still ending is told apart by its launch
+    id (``launch`` in read_failures: a fresh one per launch, in every record its wrappers write)."""
     with contextlib.suppress(OSError):
         for entry in os.scandir(attempt_dir):
             if entry.name.isdigit() and entry.is_dir(follow_symlinks=False):
@@ -94,7 +91,7 @@ def forget_earlier_jobs(attempt_dir: Path) -> None:
 
 
 def _run_launcher(plan: Plan, env: dict[str, str], attempt_dir: Path, teardown: list[float],
-                  since: float | None = None) -> int:
+                  launch: str | None = None) -> int:
     """Run mpiexec/srun in its own session; forward our signals; stop the job when a rank fails.
 
     Like torchrun's agent, one failed rank ends the whole job at once (MPI launchers wait for the
@@ -131,7 +128,7 @@ def _run_launcher(plan: Plan, env: dict[str, str], attempt_dir: Path, teardown: 
             try:
                 return proc.wait(timeout=max(plan.monitor_interval, 0.05))
             except subprocess.TimeoutExpired:
-                if not teardown and _any_failed(attempt_dir, since):
+                if not teardown and _any_failed(attempt_dir, launch):
                     teardown.append(time.time())
                     stopping.append(time.monotonic())
                     log("a rank failed: stopping the others")
@@ -150,13 +147,12 @@ def _run_launcher(plan: Plan, env: dict[str, str], attempt_dir: Path, teardown: 
             signal.signal(sig, handler)
 
 
-def _this_job(doc: dict[str, Any], since: float | None) -> bool:
-    """A rank record of this job: started no earlier than ``since`` (None: any)."""
-    started = doc.get("started")
-    return since is None or not isinstance(started, (int, float)) or started >= since
+def _this_job(doc: dict[str, Any], launch: str | None) -> bool:
+    """A rank record of this launch (``launch`` None, in place: any)."""
+    return launch is None or doc.get("launch") == launch
 
 
-def _any_failed(attempt_dir: Path, since: float | None = None) -> bool:
+def _any_failed(attempt_dir: Path, launch: str | None = None) -> bool:
     """Cheap poll: has any rank of this attempt recorded a non-zero end?"""
     try:
         entries = list(os.scandir(attempt_dir))
@@ -166,16 +162,16 @@ def _any_failed(attempt_dir: Path, since: float | None = None) -> bool:
         try:
             with open(os.path.join(entry.path, "status.json")) as f:
                 doc = json.load(f)
-            if doc.get("exitcode") != 0 and _this_job(doc, since):
+            if doc.get("exitcode") != 0 and _this_job(doc, launch):
                 return True
         except (OSError, ValueError):
             continue
     return False
 
 
-def read_failures(attempt_dir: Path, *, pending: bool = False, since: float | None = None) -> list[dict[str, Any]]:
-    """Every rank that ended non-zero in this attempt, first failure first (``since``: of those that
-    started no earlier: forget_earlier_jobs).
+def read_failures(attempt_dir: Path, *, pending: bool = False, launch: str | None = None) -> list[dict[str, Any]]:
+    """Every rank that ended non-zero in this attempt, first failure first (``launch``: of that launch's
+    ranks only: forget_earlier_jobs).
 
     pending (in place): a rank whose error file exists but whose wrapper has not yet recorded its end
     counts too; there a victim's eroica-run can print its summary while the culprit is still being
@@ -195,7 +191,7 @@ def read_failures(attempt_dir: Path, *, pending: bool = False, since: float | No
                    "local_rank": None}
         except (OSError, ValueError):
             continue
-        if doc.get("exitcode") != 0 and _this_job(doc, since):
+        if doc.get("exitcode") != 0 and _this_job(doc, launch):
             doc["traceback"] = _traceback(doc)
             out.append(doc)
     out.sort(key=lambda d: (_failed_at(d), d.get("rank", 0)))

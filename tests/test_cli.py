@@ -173,7 +173,7 @@ def test_help_documents_env_defaults() -> None:
 
 
 def _rank_dir(attempt, rank: int, *, error_at: float | None, ended: float | None, exitcode: int = 1,
-              started: float = 0.0):
+              launch: str = ""):
     d = attempt / str(rank)
     d.mkdir(parents=True)
     err = d / "error.json"
@@ -184,7 +184,7 @@ def _rank_dir(attempt, rank: int, *, error_at: float | None, ended: float | None
     if ended is not None:
         (d / "status.json").write_text(json.dumps({
             "rank": rank, "local_rank": rank, "host": "h", "pid": 1, "exitcode": exitcode, "signal": None,
-            "started": started, "ended": ended, "error_file": str(err), "message": ""}))
+            "started": 0.0, "ended": ended, "error_file": str(err), "message": "", "launch": launch}))
 
 
 def test_root_cause_is_the_first_error_file_even_within_one_second(tmp_path) -> None:
@@ -217,20 +217,20 @@ def test_a_rank_killed_outright_is_the_root_cause_though_its_victims_raised_firs
 
 def test_an_earlier_jobs_rank_records_are_no_failure_of_this_one(tmp_path) -> None:
     """A report directory used again: the launcher clears the last job's rank records before it launches,
-    and a record a wrapper of that job writes afterwards (still ending) predates this job's start."""
+    and a record a wrapper of that job writes afterwards (still ending) carries that job's launch id."""
     from eroica_launch.supervise import _any_failed, forget_earlier_jobs, read_failures
     t = 1_800_000_000.0
-    _rank_dir(tmp_path, 5, error_at=t - 50, ended=t - 40, exitcode=-9, started=t - 60)   # a rank this job lacks
+    _rank_dir(tmp_path, 5, error_at=t - 50, ended=t - 40, exitcode=-9, launch="old")   # a rank this job lacks
     (tmp_path / "5" / "owner").write_text("123")
     forget_earlier_jobs(tmp_path)
     assert not any((tmp_path / "5").iterdir()) and not _any_failed(tmp_path) and read_failures(tmp_path) == []
-    _rank_dir(tmp_path, 1, error_at=t - 5, ended=t - 2, started=t - 30)                   # written late
-    _rank_dir(tmp_path, 0, error_at=t + 3, ended=t + 4, started=t + 0.5)                  # this job's
-    assert _any_failed(tmp_path, since=t - 1)
-    assert [f["rank"] for f in read_failures(tmp_path, since=t - 1)] == [0]
-    assert [f["rank"] for f in read_failures(tmp_path)] == [1, 0]
+    _rank_dir(tmp_path, 1, error_at=t - 5, ended=t - 2, launch="old")                   # written late
+    _rank_dir(tmp_path, 0, error_at=t + 3, ended=t + 4, launch="new")                   # this job's
+    assert _any_failed(tmp_path, "new")
+    assert [f["rank"] for f in read_failures(tmp_path, launch="new")] == [0]
+    assert [f["rank"] for f in read_failures(tmp_path)] == [1, 0]                       # in place: any
     (tmp_path / "0" / "status.json").unlink()
-    assert not _any_failed(tmp_path, since=t - 1)
+    assert not _any_failed(tmp_path, "new")
 
 
 def test_culprit_still_being_reaped_is_counted(tmp_path) -> None:
