@@ -49,6 +49,13 @@ class Plan:
     notes: list[str] = field(default_factory=list)
 
 
+# For eroica's own `python -m` processes (the rank wrapper, the MPI question): -m puts the working
+# directory first on sys.path, and a job run from a directory with a module of its own named as one of
+# the standard library's (a json.py) broke the wrapper's imports (mpiexec exited 1, no rank started)
+# where torchrun's console script never looks there. -P leaves it off; Python 3.10 has no -P.
+SAFE_PATH = ["-P"] if sys.version_info >= (3, 11) else []
+
+
 @dataclass(frozen=True)
 class MpiInfo:
     library: str            # path of the MPI library mpi4py loads
@@ -60,7 +67,7 @@ class MpiInfo:
 def mpi_info(python: str = sys.executable) -> MpiInfo:
     """Which MPI mpi4py uses, and its mpiexec (asked in a subprocess: importing MPI here would init it)."""
     try:
-        lib = subprocess.run([python, "-m", "mpi4py", "--mpi-library"], capture_output=True, text=True,
+        lib = subprocess.run([python, *SAFE_PATH, "-m", "mpi4py", "--mpi-library"], capture_output=True, text=True,
                              timeout=30).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         lib = ""
@@ -269,7 +276,7 @@ def plan_launch(args: argparse.Namespace, cfg: Config, env: dict[str, str] | Non
         # Oversubscribed MPICH spins a core in every blocking wait unless told to yield.
         launch_env.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
         launch_env.setdefault("MPIR_CVAR_POLLS_BEFORE_YIELD", "10")
-    wrapper = [sys.executable, "-u", "-m", "eroica_launch.rank", "--"]
+    wrapper = [sys.executable, "-u", *SAFE_PATH, "-m", "eroica_launch.rank", "--"]
     extra = shlex.split(args.mpiexec_args or "")
 
     if launcher == "inplace":

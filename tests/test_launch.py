@@ -35,11 +35,17 @@ def test_same_environment_and_result_as_torchrun(tmp_path) -> None:
     ours_dir, theirs_dir = tmp_path / "eroica", tmp_path / "torchrun"
     ours_dir.mkdir()
     theirs_dir.mkdir()
+    # both run from a directory with a module of its own named as one of the standard library's: torchrun
+    # never imports it (eroica's rank wrapper did: no rank started). Not one the job's spawned DataLoader
+    # workers import before they take its sys.path (selectors.py, signal.py: those fail under torchrun too)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "json.py").write_text("raise ImportError('the job directory\\'s own json.py was imported')\n")
     ours = eroica_run("--nproc-per-node", str(n), "--report-dir", tmp_path / "rep", SCRIPTS / "ddp_env.py", "--a",
-                      "1", env={"OUT_DIR": str(ours_dir)}, timeout=240)
+                      "1", env={"OUT_DIR": str(ours_dir)}, timeout=240, cwd=work)
     assert ours.returncode == 0, explain(ours)
     theirs = launch([str(BIN / "torchrun"), "--nproc-per-node", str(n), str(SCRIPTS / "ddp_env.py"), "--a", "1"],
-                    env={"OUT_DIR": str(theirs_dir)}, timeout=240)
+                    env={"OUT_DIR": str(theirs_dir)}, timeout=240, cwd=work)
     assert theirs.returncode == 0, explain(theirs)
     a, b = _collect(ours_dir), _collect(theirs_dir)
     assert sorted(a) == sorted(b) == list(range(n))
