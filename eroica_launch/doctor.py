@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from eroica_launch.plan import mpi_info
+from eroica_launch.plan import SAFE_PATH, mpi_info
 from eroica_launch.rank import BOOTSTRAP_DIR
 from eroica_launch.rankenv import is_launched_task
 
@@ -28,7 +28,7 @@ class Check:
 
 def _py(code: str, *flags: str, env: dict[str, str] | None = None) -> tuple[int, str]:
     try:
-        out = subprocess.run([sys.executable, *flags, "-c", code], capture_output=True, text=True,
+        out = subprocess.run([sys.executable, *SAFE_PATH, *flags, "-c", code], capture_output=True, text=True,
                              timeout=120, env=env)
         return out.returncode, (out.stdout + out.stderr).strip()
     except (OSError, subprocess.SubprocessError) as exc:
@@ -45,7 +45,7 @@ def check_mpi() -> list[Check]:
                         blocking=not os.environ.get("SLURM_JOB_ID")))
     if info.mpiexec:
         try:
-            out = subprocess.run([info.mpiexec, "-n", "2", sys.executable, "-c",
+            out = subprocess.run([info.mpiexec, "-n", "2", sys.executable, *SAFE_PATH, "-c",
                                   "from mpi4py import MPI; c = MPI.COMM_WORLD; n = c.allreduce(1)\n"
                                   "if c.rank == 0: print('eroica-smoke', c.size, n)"],
                                  capture_output=True, text=True, timeout=60)

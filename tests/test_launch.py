@@ -305,8 +305,11 @@ def test_bad_flag_is_one_clear_line() -> None:
     assert len(lines) == 1 and "elastic" in lines[0]
 
 
-def test_doctor_reports_and_exits_zero_here() -> None:
-    proc = launch([str(BIN / "eroica"), "doctor"], timeout=120)
+def test_doctor_reports_and_exits_zero_here(tmp_path) -> None:
+    # from a directory with a json.py of its own, as test_same_environment_and_result_as_torchrun's jobs:
+    # the doctor's probes are eroica's own processes and never import it
+    (tmp_path / "json.py").write_text("raise ImportError('the job directory\\'s own json.py was imported')\n")
+    proc = launch([str(BIN / "eroica"), "doctor"], timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, explain(proc)
     assert "mpiexec" in proc.stdout and "injection" in proc.stdout and "CPU quota (cgroup)" in proc.stdout
     assert "memory limit (cgroup)" in proc.stdout
