@@ -53,7 +53,7 @@ class Plan:
 # directory first on sys.path, and a job run from a directory with a module of its own named as one of
 # the standard library's (a json.py) broke the wrapper's imports (mpiexec exited 1, no rank started)
 # where torchrun's console script never looks there. -P leaves it off; Python 3.10 has no -P.
-SAFE_PATH = ["-P"] if sys.version_info >= (3, 11) else []
+SAFE_PATH: tuple[str, ...] = ("-P",) if sys.version_info >= (3, 11) else ()
 
 
 @dataclass(frozen=True)
