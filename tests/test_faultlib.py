@@ -238,9 +238,11 @@ def test_a_fake_hosts_ranks_starting_cgroup_faults_at_once_all_find_the_controll
     """A fake host's ranks share one mount namespace without /sys/fs/cgroup, and the first fault mounts
     the cpu hierarchy there. Four ranks of one host throttled from the same step raced to mount it, and
     three skipped their fault ("no cgroup cpu controller"): a node's ranks all slow was one rank slow."""
-    code = (f"import sys, time; sys.path.insert(0, {str(ROOT / 'scripts')!r}); from faultlib import faults; "
+    # one write(2) a line (under PIPE_BUF: atomic on the shared pipe); print's text and newline were two,
+    # and two processes' lines interleaved ("(...'v1')(...'v1')", "") in a CI run where all four found it
+    code = (f"import os, sys, time; sys.path.insert(0, {str(ROOT / 'scripts')!r}); from faultlib import faults; "
             "t = float(sys.argv[1]); time.sleep(max(0.0, t - time.time())); "
-            "print(faults.hierarchy('cpu'), flush=True)")
+            "os.write(1, (str(faults.hierarchy('cpu')) + chr(10)).encode())")
     with netns.cluster(1) as c:
         at = time.time() + 1.5   # after every interpreter has started: the four look at once
         r = c.run(0, ["sh", "-c", " & ".join([f"{sys.executable} -c {code!r} {at}"] * 4) + " & wait"], timeout=60)
