@@ -64,8 +64,9 @@ class MpiInfo:
 
 
 @functools.lru_cache(maxsize=1)
-def mpi_info(python: str = sys.executable) -> MpiInfo:
+def mpi_info() -> MpiInfo:
     """Which MPI mpi4py uses, and its mpiexec (asked in a subprocess: importing MPI here would init it)."""
+    python = sys.executable   # SAFE_PATH's flags are this interpreter's
     try:
         lib = subprocess.run([python, *SAFE_PATH, "-m", "mpi4py", "--mpi-library"], capture_output=True, text=True,
                              timeout=30).stdout.strip()
