@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -96,7 +97,9 @@ class SideChannel:
                 "as one MPI job (e.g. srun --mpi=none); start them with eroica-run or srun --mpi=pmi2")
         # the hang watchdog talks from its own thread while the main thread may be inside MPI too
         self.thread_multiple = MPI.Query_thread() == MPI.THREAD_MULTIPLE
-        self._pending: list = []
+        # requests given up on (a deadline passed), with the buffers MPI may still write or read; each
+        # with whether it is a receive (the only kind ``drain`` cancels)
+        self._pending: list[tuple[Any, tuple[Any, ...], bool]] = []
         self._votes: list[Vote] = []   # in flight, oldest first
         # Creating communicators is blocking and has no deadline: only start once every rank is known
         # to be here and to go on (a barrier, then an agreement, each bounded; a rank that gave up on
@@ -144,7 +147,7 @@ class SideChannel:
         recv = np.zeros_like(send)
         req = comm.Iallreduce(send, recv, op=self.MPI.MIN)  # type: ignore[attr-defined]
         if not _poll(req.Test, deadline):
-            self._pending.append((req, send, recv))
+            self._pending.append((req, (send, recv), False))
             raise DeadlineMissed("agreement")
         return bool(recv[0])
 
@@ -190,7 +193,7 @@ class SideChannel:
     def abandon(self, vote: Vote) -> None:
         """A request that may never complete (peers never post it): its buffers live until ``drain``."""
         if not vote.done:
-            self._pending.append((vote.req, vote.send, vote.recv))
+            self._pending.append((vote.req, (vote.send, vote.recv), False))
 
     def wait_vote(self, vote: Vote, deadline_s: float) -> np.ndarray:
         if not vote.done and not _poll(vote.req.Test, time.monotonic() + deadline_s):  # type: ignore[attr-defined]
@@ -202,7 +205,7 @@ class SideChannel:
         """Ibarrier on ``comm`` (the world by default), completed within ``deadline_s`` seconds."""
         req = (self.world if comm is None else comm).Ibarrier()  # type: ignore[attr-defined]
         if not _poll(req.Test, time.monotonic() + deadline_s):
-            self._pending.append((req, None, None))
+            self._pending.append((req, (), False))
             raise DeadlineMissed(what)
 
     # ---- bytes to a root, point to point (so a missing rank can be named) -----------------------------
@@ -210,7 +213,7 @@ class SideChannel:
         buf = np.frombuffer(data, dtype=np.uint8) if data else np.zeros(0, dtype=np.uint8)
         req = comm.Isend([buf, self.MPI.BYTE], dest=dest, tag=tag)  # type: ignore[attr-defined]
         if not _poll(req.Test, deadline):
-            self._pending.append((req, buf, None))
+            self._pending.append((req, (buf,), False))
             raise DeadlineMissed(what, [dest])
 
     def _recv_all(self, comm: object, sources: list[int], tag: int, deadline: float) -> dict[int, bytes]:
@@ -381,7 +384,7 @@ class SideChannel:
         rreq = comm.Irecv([recv, MPI.BYTE], source=source, tag=TAG_PROBE)  # type: ignore[attr-defined]
         sreq = comm.Isend([buf, MPI.BYTE], dest=dest, tag=TAG_PROBE)  # type: ignore[attr-defined]
         if not _poll(lambda: bool(MPI.Request.Testall([rreq, sreq])), deadline):
-            self._pending += [(rreq, recv, None), (sreq, buf, None)]
+            self._pending += [(rreq, (recv,), True), (sreq, (buf,), False)]
             raise DeadlineMissed("link probe", [dest, source])
         return time.perf_counter() - t0
 
@@ -407,17 +410,28 @@ class SideChannel:
             pause = min(pause * 2, 0.005 if time.monotonic() < slow_from else every_s)
 
     def drain(self, timeout_s: float = 2.0) -> None:
-        """Complete or cancel pending requests before MPI finalizes (Open MPI segfaults otherwise)."""
+        """Give the requests left behind by a missed deadline until ``timeout_s`` to complete, then
+        cancel the receives among them and leave the rest to MPI_Finalize.
+
+        Why only receives: MPICH crashed the rank in MPI_Cancel of a send. A rank that reached a gather
+        after its root had given up on it (a stall past the deadline on its way there) left its
+        summary's Isend unreceived; cancelling it at the job's end was a SIGSEGV, and a job whose every
+        rank had trained to the end failed (rc 139). MPI 4.0 deprecates cancelling sends, and a
+        nonblocking collective may never be cancelled; MPI_Finalize with them still in flight is
+        quiet (MPICH 5.0, tests/test_runtime.py)."""
         deadline = time.monotonic() + timeout_s
-        self._pending += [(v.req, v.send, v.recv) for v in self._votes if not v.done]
+        self._pending += [(v.req, (v.send, v.recv), False) for v in self._votes if not v.done]
         self._votes.clear()
-        for req, *_ in self._pending:
+        unfinished = []
+        for req, buffers, receive in self._pending:
             try:
                 if not _poll(req.Test, deadline):
-                    req.Cancel()
+                    if receive:
+                        req.Cancel()
+                    unfinished.append((req, buffers, receive))
             except Exception:
                 pass
-        self._pending.clear()
+        self._pending = unfinished   # their buffers live as long as MPI may use them
 
     def finalize(self) -> None:
         """MPI_Finalize (waits for every rank: call it only on a normal, collective exit)."""

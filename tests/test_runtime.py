@@ -300,6 +300,18 @@ def test_a_rank_that_ran_more_steps_than_its_peers_does_not_keep_the_job_from_en
     assert proc.returncode == 0 and proc.stdout.count("trained") == 2, explain(proc)
 
 
+def test_a_rank_late_for_a_gather_its_root_gave_up_on_still_ends_the_job_cleanly(tmp_path) -> None:
+    """Rank 1 reaches the boundaries after the capture at step 4 a second late (a stall after its
+    all-reduce), past the 0.5 s deadline: rank 0 gathers the summaries at step 13 without it, and rank 1's
+    summary, sent after that, is never received. The job's end cancelled that send, MPICH crashed in
+    MPI_Cancel, and a job whose ranks had both trained to the end failed with SIGSEGV (rc 139)."""
+    proc = eroica_run("--nproc-per-node", "2", "--report-dir", tmp_path, "--deadline", "0.5", "--no-baseline",
+                      "--capture-at-steps", "4", DATA / "runtime" / "uneven.py", env={"UNEVEN": "late"},
+                      timeout=120)
+    assert "missed in gather (to node leader)" in proc.stderr, explain(proc)   # the case under test
+    assert proc.returncode == 0 and proc.stdout.count("trained") == 2, explain(proc)
+
+
 def test_ddp_join_with_uneven_inputs_costs_no_wait_and_keeps_eroica_on(tmp_path) -> None:
     """torch's Join: rank 1 runs out of batches 10 steps before rank 0 in each of two epochs and shadows
     rank 0's all-reduces, taking no optimizer step. Rank 0 voted on those steps alone and waited the

@@ -5,9 +5,11 @@ training) with no optimizer step or backward() while the others wait in a barrie
 trains 60 DDP steps. UNEVEN=extra: every rank trains 60 DDP steps, then rank 0 alone takes 6 more
 optimizer steps (no collective in them). UNEVEN=join: DDP with uneven inputs under torch's Join, two
 epochs of 60 batches on rank 1 and 70 on rank 0 (rank 1 shadows rank 0's last 10 all-reduces and takes
-no optimizer step meanwhile).
+no optimizer step meanwhile). UNEVEN=late: rank 1 stalls 1 s before each of its optimizer steps
+8-17, after the all-reduce, so it reaches those step boundaries 1 s after rank 0.
 """
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -25,8 +27,10 @@ model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 16))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 for _epoch in range(2 if mode == "join" else 1):
     with Join([model], enable=mode == "join"):
-        for _ in range(60 + (10 if mode == "join" and rank == 0 else 0)):
+        for step in range(60 + (10 if mode == "join" and rank == 0 else 0)):
             model(torch.randn(32, 16)).sum().backward()
+            if mode == "late" and rank == 1 and 8 <= step < 18:
+                time.sleep(1.0)   # a stall between backward() and the optimizer step (storage, a lock)
             opt.step()
             opt.zero_grad()
 if mode == "extra" and rank == 0:
