@@ -33,6 +33,7 @@ import numpy as np
 
 from eroica_runtime import __version__, errorfile, reportdir, telemetry
 from eroica_runtime import summary as summary_mod
+from eroica_runtime.agreement import Agreement
 from eroica_runtime.capture import Capture, JobProfilers
 from eroica_runtime.config import Config
 from eroica_runtime.engine import imbalance, longsteps, timelost
@@ -46,10 +47,6 @@ from eroica_runtime.summary import rawevents
 from eroica_runtime.trigger import Trigger
 
 TRIGGER_FILE_EVERY_S = 1.0
-# backward()s or batches after the most any rank had passed when it asked to count steps there, at which
-# every rank starts counting (each learns the answer a few of its own later: MPI moves the agreement on
-# only in the Tests at each one)
-ADOPT_MARGIN = 8
 HISTORY_STEPS = 32   # steps before a window shipped in its summary (~0.9 KB)
 # Deferred work (a summary being built) per step boundary: up to 20 ms, or 20% of the job's median
 # step where that is more, and never more than half a step. A 50 ms step gets 20 ms slices (the 50 ms
@@ -136,7 +133,10 @@ class Runtime:
         self.clock.disturbed = self._disturbed
         self.clock.on_counted_at = self._counted_at
         self.clock.adopt_gate = self._adopt_gate
-        self._adopting: Any = None   # the agreement to count steps at backward()s or batches (a Vote)
+        self.clock.switch_gate = self._switch_gate
+        # where steps are counted, changed by every rank at once: "adopt" (at backward()s or batches),
+        # "switch" (another optimizer)
+        self._agreements: dict[str, Agreement] = {}
         self.clock.on_error = self._disable
         self._next_file_check = 0.0
         self._own_s = 0.0
@@ -607,25 +607,38 @@ class Runtime:
 
     def _adopt_gate(self, at: str, passed: int) -> bool:
         """Whether steps are counted at backward()s or batches from this one (``passed`` of them so far
-        with no optimizer step): only once every rank asked the same, and all from the same one.
+        with no optimizer step): only once every rank asked the same, and all from the same one
+        (``agreement``).
 
-        Steps are where ranks vote, and every vote waits for all ranks' (runtime._boundary). A rank alone
-        in a pass of its own (rank 0 computing dataset statistics or evaluating before training while
-        the others wait in a barrier) counted its batches as steps, waited the side channel's deadline
-        (20 s) for votes its peers never cast, switched eroica off, and its peers did the same when
-        training began: a 2-second job took 41. So a rank posts the request (a nonblocking MAX of how
-        many it has passed, on a communicator of its own) and Tests it at each one after: once every
-        rank posted it, all count from ADOPT_MARGIN past the most any had passed, the same one when
-        they run in step. A rank whose peers never ask counts nowhere until an optimizer steps (then
-        as any job). Off eroica, or where the answer cannot be had: at once, as before."""
+        A rank alone in a pass of its own (rank 0 computing dataset statistics or evaluating before
+        training while the others wait in a barrier) counted its batches as steps, waited the side
+        channel's deadline (20 s) for votes its peers never cast, switched eroica off, and its peers
+        did the same when training began: a 2-second job took 41. A rank whose peers never ask counts
+        nowhere until an optimizer steps (then as any job). Off eroica: at once, as before."""
+        return self._agreed("adopt", passed)
+
+    def _switch_gate(self, passed: int) -> bool:
+        """Whether steps follow another optimizer from this one of its steps (``passed`` of them since
+        the one they follow last stepped): only once every rank asked (``agreement``).
+
+        A rank whose other optimizer steps alone (rank 0 fitting a linear probe on the model's features
+        after steps 20 and 40, 30 optimizer steps each, while the others waited in a barrier) followed
+        it after 8 of its steps and counted the rest as steps its peers never took: it voted on them
+        alone and gathered the baseline capture's summaries while its peer waited in the barrier, both
+        ranks switched eroica off after a deadline each (the capture lost), and a 7-second job took 60
+        s (tests/test_runtime.py). Asked of every rank, the switch happens where all of them switch (a
+        fine-tuning's second stage), and a rank alone in its own optimizer's steps keeps counting at
+        the one all of them step. Off eroica: at once, as before."""
+        return self._agreed("switch", passed)
+
+    def _agreed(self, about: str, passed: int) -> bool:
         if not self.enabled or self.side is None:
             return True
         try:
-            if self._adopting is None:
-                self._adopting = self.side.post_max(np.array([passed], dtype=np.int64))
-            if not self.side.done(self._adopting):
-                return False
-            return passed >= int(self._adopting.recv[0]) + ADOPT_MARGIN
+            agreement = self._agreements.get(about)
+            if agreement is None:
+                agreement = self._agreements[about] = Agreement(self.side, about)
+            return agreement.ready(passed)
         except Exception as exc:
             self._disable(f"internal error agreeing where steps are counted: {type(exc).__name__}: {exc}")
             return True
@@ -752,8 +765,8 @@ class Runtime:
             self._warn(f"job-end report failed: {type(exc).__name__}: {exc}")
         # no MPI from here on (the job may train on after its own MPI.Finalize ran this): no more votes
         self.enabled = False
-        if self._adopting is not None:   # asked where no peer ever did (a pass of its own): never completes
-            side.abandon(self._adopting)
+        for agreement in self._agreements.values():   # asked where no peer ever did: never completes
+            agreement.abandon()
         if failing:
             side.drain(timeout_s=0.2)
             return

@@ -117,9 +117,10 @@ class SideChannel:
         # there met one of them and never completed: a job whose ranks had all finished never ended
         self.end = world.Dup()
         self.voting = world.Dup()
-        # the agreement to count steps at backward()s or batches (runtime._adopt_gate): its own
-        # communicator too, since only the ranks that reach it post it
-        self.adopting = world.Dup()
+        # the agreements to count steps at backward()s or batches (runtime._adopt_gate) and to follow
+        # another optimizer (runtime._switch_gate): a communicator each, since only the ranks that reach
+        # one post it, and a request one rank posted alone must never meet its peers' other request
+        self.agreements = {"adopt": world.Dup(), "switch": world.Dup()}
         self.rank = self.world.Get_rank()
         self.size = self.world.Get_size()
         split = os.environ.get("EROICA_NODE_SPLIT", "shared")
@@ -177,11 +178,12 @@ class SideChannel:
         self._votes.append(vote)
         return vote
 
-    def post_max(self, values: np.ndarray) -> Vote:
-        """Start an Iallreduce(MAX) on the adoption communicator; ``done`` says when every rank posted it."""
+    def post_max(self, values: np.ndarray, about: str) -> Vote:
+        """Start an Iallreduce(MAX) on the communicator of the agreement ``about`` ("adopt", "switch");
+        ``done`` says when every rank posted it."""
         send = np.ascontiguousarray(values, dtype=np.int64)
         recv = np.zeros_like(send)
-        return Vote(self.adopting.Iallreduce(send, recv, op=self.MPI.MAX), send, recv)
+        return Vote(self.agreements[about].Iallreduce(send, recv, op=self.MPI.MAX), send, recv)
 
     @staticmethod
     def done(vote: Vote) -> bool:
@@ -189,6 +191,10 @@ class SideChannel:
         if not vote.done:
             vote.done = bool(vote.req.Test())  # type: ignore[attr-defined]
         return vote.done
+
+    def progress(self, vote: Vote, deadline: float) -> bool:
+        """Test ``vote`` until it completes or ``deadline`` (time.monotonic()) passes; whether it did."""
+        return _poll(lambda: self.done(vote), deadline)
 
     def abandon(self, vote: Vote) -> None:
         """A request that may never complete (peers never post it): its buffers live until ``drain``."""

@@ -44,7 +44,8 @@ THREAD_HISTORY = 256
 # which of several alike stalls (a checkpoint every 50 steps) a rank keeps differs between ranks
 LONGEST = 8
 # steps of another optimizer, with none of the one steps are counted at, after which that one is
-# followed instead (a fine-tuning's second stage with a new optimizer, the old one kept alive). More
+# followed instead once every rank asks to (switch_gate; a fine-tuning's second stage with a new
+# optimizer, the old one kept alive). More
 # than a GAN's critic steps per generator step (5 in WGAN), which must not move the count
 SWITCH_AFTER = 8
 # an epoch that began this many steps or more after the last one began is a turnover the detectors
@@ -384,6 +385,10 @@ class StepClock:
         # that counted a pass of its own (rank 0 alone through a DataLoader while the others waited in a
         # barrier) as steps voted on them alone and waited for its peers' votes at every one
         self.adopt_gate: Callable[[str, int], bool] | None = None
+        # asked (steps of another optimizer passed) before steps follow another optimizer: whether every
+        # rank switches (None: at once). A second optimizer stepped on one rank alone (rank 0 fitting a
+        # linear probe while the others waited in a barrier) made that rank alone count its steps
+        self.switch_gate: Callable[[int], bool] | None = None
         self.on_error: Callable[[str], None] | None = None   # see safely()
         self.optimizer_steps = 0          # torch.optim steps seen (the post-hook ran)
         self.skips = 0                    # optimizer steps a GradScaler skipped (_count_skipped_steps)
@@ -486,8 +491,8 @@ class StepClock:
             self._first_opt = weakref.ref(optimizer)
         elif followed is not optimizer:
             self._others += 1
-            if self._others < SWITCH_AFTER:
-                return   # several optimizers a step (a GAN's): one step
+            if self._others < SWITCH_AFTER or not (self.switch_gate is None or self.switch_gate(self._others)):
+                return   # several optimizers a step (a GAN's), or one rank's own: one step
             # the counted one stopped stepping (kept alive, unused): follow this one, from now; the
             # steps in between were no step of either
             self._first_opt, self._others = weakref.ref(optimizer), 0

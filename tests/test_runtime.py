@@ -289,6 +289,25 @@ def test_a_pass_of_one_ranks_own_before_training_neither_stalls_it_nor_switches_
     assert any(c["trigger"] == "baseline" for c in report["captures"]), explain(proc)
 
 
+def test_steps_follow_another_optimizer_where_every_rank_does_and_never_where_one_alone_does(tmp_path) -> None:
+    """After steps 20 and 40 rank 0 alone fits a linear probe (30 steps of an optimizer of its own)
+    while its peers wait in a barrier; then every rank trains 30 steps with a new optimizer, the first
+    kept alive. Rank 0 followed the probe's optimizer after 8 of its steps (as a second stage is
+    followed) and counted the rest as steps: it voted and gathered the baseline capture alone, the
+    capture was lost, eroica went off on every rank after a deadline each, and the job took 60 s
+    instead of 7. Steps follow another optimizer only once every rank asked to, all at the same one of
+    its steps (74 = 60 + 30 - 16 counted on each; learnt at each rank's own pace, 3 ranks switched at
+    three different steps). A deadline longer than the launch's timeout makes any wait for one fail."""
+    proc = eroica_run("--nproc-per-node", "3", "--report-dir", tmp_path, "--deadline", "200",
+                      DATA / "runtime" / "uneven.py", env={"UNEVEN": "probe"}, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.count("trained") == 3, explain(proc)
+    assert "off on this rank" not in proc.stderr, explain(proc)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [r["steps"] for r in report["job"]["per_rank"]] == [74, 74, 74], explain(proc)
+    assert report["captures"][0]["trigger"] == "baseline", explain(proc)
+    assert report["captures"][0]["ranks_analysed"] == 3, explain(proc)
+
+
 def test_a_rank_that_ran_more_steps_than_its_peers_does_not_keep_the_job_from_ending(tmp_path) -> None:
     """Rank 0 takes 6 optimizer steps more than its peer, alone: its votes on them are never matched.
     Every rank's end waited for the others in a barrier on the communicator those votes were posted on,
