@@ -7,7 +7,8 @@ in which no torch.optim optimizer steps (its own update rule, an optimizer from 
 has its steps counted at each ``backward()``, or, with none either, at each DataLoader batch, once
 ADOPT_AFTER of them passed without an optimizer step (an optimizer stepping later takes over).
 eroica's own time inside the boundary is excluded: each duration runs from the end of eroica's work at
-the previous boundary to the start of this one. On CUDA, events recorded at the boundary are read
+the previous boundary to the start of this one, less the part of that work spent waiting for the other
+ranks' votes (a wait for a late peer: the job's, runtime._wait_vote). On CUDA, events recorded at the boundary are read
 lazily once complete (never a device synchronize).
 
 Each step also records what the training thread did with its wall time: CPU time (the thread's
@@ -324,7 +325,7 @@ def _count_joined_steps(clock: StepClock) -> Callable[[], None] | None:
 
 
 class StepClock:
-    def __init__(self, on_boundary: Callable[[int, float], None], history: int = HISTORY,
+    def __init__(self, on_boundary: Callable[[int, float], float | None], history: int = HISTORY,
                  gc_ms: Callable[[], float] | None = None,
                  throttled_ms: Callable[[], float | None] | None = None, long_from: int = 1) -> None:
         self.on_boundary = on_boundary
@@ -610,13 +611,15 @@ class StepClock:
         self.step += 1
         if self._cuda:
             self._record_cuda(step)
-        self.on_boundary(step, ms)
+        waited = self.on_boundary(step, ms) or 0.0
         end = time.perf_counter()
         if end - now > 1e-3:
             # eroica did real work here (a window closed, a capture started): not the next step's.
             # A plain boundary (~15 µs) is left in it rather than paying a second sample every step
             self._t_last = times.sample()
-        self._last = end
+        # but its wait for the other ranks (``on_boundary`` returns it) is the job's: the rank waits
+        # for a late peer there instead of in its next collective (runtime._wait_vote)
+        self._last = end - waited
 
     def _keep_long(self, ms: float, rec: tuple[int, float, float, int, float, float, float]) -> None:
         """Keep one of the longest steps so far (a few µs, only for a step longer than the kept ones)."""

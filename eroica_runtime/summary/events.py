@@ -17,6 +17,9 @@ from eroica_runtime.summary.resumable import CHUNK, Steps, drain
 STEP_PREFIX = "ProfilerStep"
 # eroica's own work at a step boundary, as a profiler range (capture.Capture.own_begin): not the rank's
 OWN_RANGE = "eroica::step_boundary"
+# the part of it spent waiting for the other ranks' votes (capture.Capture.peer_wait): a wait for a
+# peer, as in a collective, and counted as one
+PEER_WAIT_RANGE = "eroica::peer_wait"
 GPU_DEVICE_TYPES = ("CUDA", "HIP", "XPU", "PrivateUse1", "MTIA")
 # (DDP's own reducer ops, "torch.distributed.ddp.reducer::copy_bucket_to_grad" and friends, are
 # local copies after the allreduce, not collectives: they keep the phase they run in.)
@@ -392,7 +395,8 @@ def _class_of(name: str, gpu: bool, annotation: bool, backward_scope: bool,
         if name.startswith(_COLLECTIVE_KERNEL_PREFIXES) or "nccl" in low or "rccl" in low:
             return "collective", "comm", None, False
         return "kernel", None, None, False
-    if name.startswith(_COLLECTIVE_PREFIXES) or ("nccl" in name.lower() and not name.startswith("cuda")):
+    if (name.startswith(_COLLECTIVE_PREFIXES) or ("nccl" in name.lower() and not name.startswith("cuda"))
+            or name == PEER_WAIT_RANGE):
         return "collective", "comm", None, False
     if name.startswith(_OPTIMIZER_PREFIXES):
         return "optimizer", "optimizer", None, False

@@ -9,7 +9,8 @@ no optimizer step meanwhile). UNEVEN=probe: every rank trains 60 DDP steps, and 
 rank 0 alone fits a linear probe on the model's outputs (30 steps of an optimizer of its own) while the
 others wait in a barrier; then every rank trains 30 steps more with a new optimizer (a second stage,
 the first one kept alive). UNEVEN=late: rank 1 stalls 1 s before each of its optimizer steps
-8-17, after the all-reduce, so it reaches those step boundaries 1 s after rank 0.
+8-17, after the all-reduce, so it reaches those step boundaries 1 s after rank 0. UNEVEN=after: rank 1
+stalls 50 ms before each of its optimizer steps from step 30 on (a lock, a synchronous read).
 """
 import os
 import time
@@ -36,6 +37,8 @@ for _epoch in range(2 if mode == "join" else 1):
             model(torch.randn(32, 16)).sum().backward()
             if mode == "late" and rank == 1 and 8 <= step < 18:
                 time.sleep(1.0)   # a stall between backward() and the optimizer step (storage, a lock)
+            if mode == "after" and rank == 1 and step >= 30:
+                time.sleep(0.05)
             opt.step()
             opt.zero_grad()
             if mode == "probe" and step in (20, 40):
