@@ -8,8 +8,8 @@ epochs of 60 batches on rank 1 and 70 on rank 0 (rank 1 shadows rank 0's last 10
 no optimizer step meanwhile). UNEVEN=probe: every rank trains 60 DDP steps, and after steps 20 and 40
 rank 0 alone fits a linear probe on the model's outputs (30 steps of an optimizer of its own) while the
 others wait in a barrier; then every rank trains 30 steps more with a new optimizer (a second stage,
-the first one kept alive). UNEVEN=late: rank 1 stalls 1 s before each of its optimizer steps
-8-17, after the all-reduce, so it reaches those step boundaries 1 s after rank 0. UNEVEN=after: rank 1
+the first one kept alive). UNEVEN=late: every rank trains 60 DDP steps, then rank 1
+takes 2 s more than rank 0 to end (a final save). UNEVEN=after: rank 1
 stalls 50 ms before each of its optimizer steps from step 30 on (a lock, a synchronous read).
 """
 import os
@@ -35,10 +35,8 @@ for _epoch in range(2 if mode == "join" else 1):
     with Join([model], enable=mode == "join"):
         for step in range(60 + (10 if mode == "join" and rank == 0 else 0)):
             model(torch.randn(32, 16)).sum().backward()
-            if mode == "late" and rank == 1 and 8 <= step < 18:
-                time.sleep(1.0)   # a stall between backward() and the optimizer step (storage, a lock)
             if mode == "after" and rank == 1 and step >= 30:
-                time.sleep(0.05)
+                time.sleep(0.05)   # a stall between backward() and the optimizer step (a lock, a read)
             opt.step()
             opt.zero_grad()
             if mode == "probe" and step in (20, 40):
@@ -57,6 +55,8 @@ if mode == "probe":
         model(torch.randn(32, 16)).sum().backward()
         second.step()
         second.zero_grad()
+if mode == "late" and rank == 1:
+    time.sleep(2.0)
 if mode == "extra" and rank == 0:
     for _ in range(6):
         opt.step()
