@@ -106,6 +106,10 @@ Fixtures under data/engine/, all real captures recorded on this 2-core machine:
   detector voted on step noise at step 39, so the capture opened at 43 with the 12 s step (rank 0 on
   CPU 6,979 ms) among the 8 before its window. The engine named rank 0 "COMPUTE ... (steps before
   the window) +223 ms/step", "drain the node if it stays slow".
+- ``blocked-after-allreduce-rank1.msgpack``: tests/data/runtime/uneven.py UNEVEN=after on 3 ranks (rank 1
+  sleeps 50 ms between backward() and its optimizer step from step 30; 2026-12-06), the spike capture at
+  step 43: rank 1's own work 52.8 ms a step, 49.6 of it with its training thread neither on a CPU nor
+  waiting for one.
 """
 
 from __future__ import annotations
@@ -911,3 +915,21 @@ def test_a_burst_that_costs_nothing_on_average_is_a_note_not_a_finding() -> None
     assert d.findings == (), [f.title for f in d.findings]
     note = next(n for n in d.notes if "once, not a fault of the job's" in n)
     assert note.startswith("rank 2 was busy 8.5 ms/step more than its peers in the 8 steps before the window"), note
+
+
+def test_a_rank_blocked_off_the_cpu_is_told_to_look_for_what_blocked_it_not_at_its_cpus() -> None:
+    """A rank whose stall between ops is spent off the CPU (a sleep, a lock, a synchronous read) was told
+    to look for "CPU-side stalls (launch gaps / Python overhead / contention)", and with telemetry
+    "CPU throttling (cgroup quota / frequency)": it got far less CPU than its waiting peers. Its training
+    thread neither ran nor waited for a CPU: no CPU was short (engine/offcpu.py)."""
+    path = FIXTURE.parent / "blocked-after-allreduce-rank1.msgpack"
+    meta, sums, errors = summary.decode_capture(path.read_bytes(), origin=path.name)
+    assert not errors
+    top = _diagnose(meta, sums).findings[0]
+    assert (top.rank, top.category, top.phase) == (1, "host", "host_gap"), top.title
+    off, ref = top.evidence["off_cpu_ms"]
+    assert off > 0.8 * top.evidence["excess_ms"] and ref < 5, top.evidence
+    assert "blocked in a call no profiled op covers" in top.action and "contention" not in top.action, top.action
+    # the fixture is the case: without the step clock's CPU and run-queue times, the generic host action
+    old = _diagnose(meta, [_without_scheduler_data(s) for s in sums]).findings[0]
+    assert old.rank == 1 and "blocked" not in old.action and "contention" in old.action, old.action

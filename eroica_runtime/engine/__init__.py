@@ -66,6 +66,7 @@ from eroica_runtime.engine.impact import Gates, all_fixed
 from eroica_runtime.engine.lonework import describe, lone_steps
 from eroica_runtime.engine.memory import memory_action, memory_evidence, span_culprits
 from eroica_runtime.engine.model import CATEGORIES, Diagnosis, Finding, in_function, ranks_waiting
+from eroica_runtime.engine.offcpu import blocked_action, blocked_evidence
 from eroica_runtime.engine.ownbaseline import lone_culprits
 from eroica_runtime.engine.peers import Peers, form_peers, parse_topology
 from eroica_runtime.engine.quota import (
@@ -166,13 +167,20 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, stopped: dict[str, 
         c = replace(c, category="memory")
     elif memory and c.category == "host":
         c = replace(c, category="io")
-    tele_ev, hint = telemetry_refinement(table, row, ref_rows, c.category, quota_named=bool(quota))
+    # off the CPU through its stall, neither running nor queued: blocked, no CPU was short (offcpu.py)
+    blocked = {} if quota or stopped or contended or memory or c.category != "host" or c.phase != "host_gap" \
+        else blocked_evidence(table, row, ref_rows, c.excess_ms)
+    tele_ev, hint = telemetry_refinement(table, row, ref_rows, c.category, quota_named=bool(quota),
+                                         blocked=bool(blocked))
     if quota:
         tele_ev.update(quota)
         hint = (quota_action(quota, c.step) + " " + hint).strip()
     elif memory:
         tele_ev.update(memory)
         hint = (memory_action(memory) + " " + hint).strip()
+    elif blocked:
+        tele_ev.update(blocked)
+        hint = (blocked_action(blocked, c.own) + " " + hint).strip()
     elif contended and c.sched:
         rq, rq_ref = c.sched["runq_ms"]
         hint = (f"Runnable but waiting for a CPU {rq:.1f} ms/step vs peers' {rq_ref:.1f} (run queue), in the "
@@ -209,7 +217,7 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, stopped: dict[str, 
         (ACTIONS.get(c.category, "") + (" Also: " + hint if hint else ""))
     if "throttling" in hint and "hardware_throttle" in tele_ev:
         action = hint + " " + ACTIONS.get(c.category, "")
-    if quota or memory.get("memory_short"):
+    if quota or memory.get("memory_short") or (blocked and c.category == "host"):
         action = hint
     if c.baseline_step is not None:   # no peers: compared with itself in the baseline capture
         ev["compared_with"] = f"its own baseline capture (step {c.baseline_step})"

@@ -130,9 +130,10 @@ def _cpu_share(t: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
 
 
 def telemetry_refinement(table: Table, row: int, peer_rows: np.ndarray, category: str,
-                         quota_named: bool = False) -> tuple[dict[str, Any], str]:
+                         quota_named: bool = False, blocked: bool = False) -> tuple[dict[str, Any], str]:
     """Evidence and action from telemetry: GPU throttling, CPU contention / CPU share below peers
-    (not when ``quota_named``: the CPU quota that throttled the rank is named by ``quota_action``)."""
+    (not when ``quota_named``: the CPU quota that throttled the rank is named by ``quota_action``; nor
+    when ``blocked``: a thread blocked off the CPU gets less of it for that, engine/offcpu.py)."""
     t = table.telemetry
     ev: dict[str, Any] = {}
     hints: list[str] = []
@@ -177,7 +178,7 @@ def telemetry_refinement(table: Table, row: int, peer_rows: np.ndarray, category
         # well under half of what its (waiting) peers get is being starved.
         if math.isfinite(share) and math.isfinite(peer_share) and peer_share > 0:
             ev["cpu_s_per_wall_s"] = [float(share), peer_share]
-            if category in ("host", "compute") and share < 0.5 * peer_share and not quota_named:
+            if category in ("host", "compute") and share < 0.5 * peer_share and not (quota_named or blocked):
                 ev["cpu_throttled"] = True
                 hints.append(f"The process got {share:.2f} CPU-s per second vs peers' {peer_share:.2f}: "
                              "CPU throttling (cgroup quota / frequency) or contention.")
