@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -313,15 +314,35 @@ def measure_net(mbit: float = 50, delay_ms: float = 10) -> dict[str, Any]:
     return out
 
 
-def run_probe_job(c: netns.Cluster, n: int, mb: float = 4, iters: int = 5, timeout: float = 120) -> list[dict[str, Any]]:
-    """Run scripts/faultlib/probe_ranks.py as an n-rank mpiexec job across the fake hosts."""
+def run_probe_job(c: netns.Cluster, n: int, mb: float = 4, iters: int = 5, timeout: float = 120,
+                  between: Callable[[], None] | None = None) -> list[dict[str, Any]]:
+    """Run scripts/faultlib/probe_ranks.py as an n-rank mpiexec job across the fake hosts. With
+    ``between`` (a change to the network), every rank times once, ``between()`` runs, and every rank
+    times again into its record's "then": one job, one start of every rank."""
     argv, env = c.mpiexec_layout()
     e = dict(os.environ, **env, PROBE_MB=str(mb), PROBE_ITERS=str(iters), MASTER_PORT="29533")
-    r = subprocess.run([*argv, "-n", str(n), sys.executable, str(HERE / "probe_ranks.py")], env=e,
-                       capture_output=True, text=True, timeout=timeout)
-    if r.returncode:
-        raise RuntimeError(f"mpiexec failed rc={r.returncode}: {r.stderr[-2000:]}")
-    return sorted(parse_tagged(r.stdout, "PROBE "), key=lambda x: x["rank"])
+    with tempfile.TemporaryDirectory(prefix="eroica-probe-") as tmp:
+        go = Path(tmp) / "go"
+        if between is not None:
+            e["PROBE_GO"] = str(go)
+        proc = subprocess.Popen([*argv, "-n", str(n), sys.executable, str(HERE / "probe_ranks.py")], env=e,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            if between is not None:
+                ready, end = Path(f"{go}.ready"), time.monotonic() + timeout
+                while not ready.exists() and proc.poll() is None and time.monotonic() < end:
+                    time.sleep(0.05)
+                if ready.exists():
+                    between()
+                go.touch()
+            out, err = proc.communicate(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    if proc.returncode:
+        raise RuntimeError(f"mpiexec failed rc={proc.returncode}: {err[-2000:]}")
+    return sorted(parse_tagged(out, "PROBE "), key=lambda x: x["rank"])
 
 
 def parse_tagged(text: str, tag: str) -> list[dict[str, Any]]:
@@ -340,9 +361,8 @@ def measure_mpi(n: int = 4, mbit: float = 200, slow_host: int = 2) -> dict[str, 
     if reason:
         return {"skipped": reason}
     with netns.cluster(n) as c:
-        clean = run_probe_job(c, n)
-        c.limit_rate(slow_host, mbit)
-        slow = run_probe_job(c, n)
+        clean = run_probe_job(c, n, between=lambda: c.limit_rate(slow_host, mbit))
+        slow = [r["then"] for r in clean]
     return {
         "hostnames": [r["hostname"] for r in clean],
         "clean_gloo_ms": max(r["gloo_allreduce_ms"] for r in clean),
