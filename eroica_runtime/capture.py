@@ -330,8 +330,9 @@ class Capture:
             self._prof.step()
 
     def own_begin(self) -> None:
-        """Open a profiler range over eroica's own work at this step boundary (its vote and the wait for
-        the other ranks' votes, the window's marks, the close), while the profiler records.
+        """Open a profiler range over eroica's own work at this step boundary (its vote, the window's
+        marks, the close; not its wait for the other ranks' votes: ``peer_wait``), while the profiler
+        records.
 
         The boundary runs inside the step's last range: torch calls optimizer step post-hooks inside
         ``Optimizer.step#...``. Unmarked, that time was booked as the rank's optimizer work, and on 8

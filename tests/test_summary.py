@@ -312,6 +312,22 @@ def test_gpu_paths_synthetic() -> None:
     assert by[("Memcpy HtoD (Pag", "memcpy")]["launcher"] == "aten::copy_"
 
 
+def test_a_gloo_collective_on_cuda_tensors_is_the_devices_wait_where_the_device_runs_none() -> None:
+    """gloo on CUDA tensors (the GPU bench's 4 ranks on one GPU, where NCCL refuses two ranks): no
+    collective runs on the device, the host reduces between copies. The device's wait is then the
+    host's wait for its collective while the device ran nothing (50-80 here, as the host's comm);
+    counted as idle, every rank's own work on the device was its whole step. Synthetic events in the
+    shapes of the NCCL step above; what a real GPU records is scripts/gpu-check's to show (issue 11)."""
+    events = [e for e in _gpu_step() if not e.name.startswith(("nccl", "ncclDevKernel"))]
+    events.append(_E("gloo:all_reduce", 40, 80, thread=3))
+    doc = summary.build(events, identity=IDENTITY, capture={"step": 7, "trigger": "t", "k": 1},
+                        steps=[{"step": 7, "ms": 100.0}], gc={"count": 0, "ms": 0.0}, telemetry=TELEMETRY)
+    assert doc["phases"]["comm"] == pytest.approx(30)   # 50-60 idle + 60-80 synchronize, gloo in flight
+    dev = doc["device_phases"]
+    assert dev["comm"] == 0 and dev["compute"] == pytest.approx(20)
+    assert dev["comm_exposed"] == pytest.approx(30) and dev["idle"] == pytest.approx(78.8)
+
+
 def test_device_annotations_are_not_kernels_and_take_no_device_time() -> None:
     """On a GPU every record_function range has a device-side copy (ProfilerStep#N,
     DistributedDataParallel.forward, Optimizer.step#..., nccl:all_reduce): annotations, never kernels."""

@@ -247,14 +247,19 @@ def _pseudo_steps(main_evs: list[Ev], n_steps: int) -> list[tuple[float, float]]
     return pieces[-n_steps:] if len(pieces) > n_steps else pieces
 
 
-def _device_phases(gpu_evs: list[Ev], spans: list[tuple[float, float]],
-                   n_steps: int) -> dict[str, float | int] | None:
+def _device_phases(gpu_evs: list[Ev], spans: list[tuple[float, float]], n_steps: int,
+                   host_wait: list[tuple[float, float]] | None = None) -> dict[str, float | int] | None:
     """Per-step view of the device timeline (an extra block, absent without device events).
 
     On a GPU the host runs ahead and may never block where the wait happens, so the host
     phases can miss it; on the device a victim's wait is the NCCL kernel spinning for its
     peers (``comm_exposed``: collective time with no compute kernel or copy running), and a culprit's
     excess is compute kernel time. Compute per phase comes from the op that launched the kernel.
+    Where no collective ran on the device (gloo on CUDA tensors: the reduction is the host's, between
+    copies; the GPU bench's 4 ranks on one GPU, where NCCL refuses two ranks), the wait is the host's
+    for its collectives (``host_wait``, the main thread's comm intervals) while the device ran nothing:
+    with none, a victim's device sat "idle" through its wait and every rank's own work was its whole
+    step, so no rank could stand out (not yet seen on a GPU: scripts/gpu-check, issue 11).
     Copies are their own time (``transfer``), by direction, with the bytes moved and how many of
     them came from or went to pageable host memory (the slow, synchronous path). Annotations
     take no device time.
@@ -270,9 +275,10 @@ def _device_phases(gpu_evs: list[Ev], spans: list[tuple[float, float]],
     compute = covered(lambda e: e.kind == "kernel")
     transfer = covered(lambda e: e.kind in ("memcpy", "memset"))
     busy = _union(comm + compute + transfer)
+    waited = comm if comm else _intersect(_union(host_wait or []), spans)
     out: dict[str, float] = {
         "busy": _length(busy), "compute": _length(compute), "comm": _length(comm),
-        "comm_exposed": _length(_subtract(comm, _union(compute + transfer))),
+        "comm_exposed": _length(_subtract(waited, _union(compute + transfer))),
         "transfer": _length(transfer), "idle": _length(_subtract(spans, busy))}
     for phase in ("forward", "backward", "optimizer"):
         out[phase] = _length(covered(lambda e, phase=phase: e.kind == "kernel" and e.phase == phase))
@@ -443,7 +449,8 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
         spans = _pseudo_steps(main_evs, n_steps)
         step_source = "window"
 
-    # eroica's own work at the step boundaries (its vote and the wait for it, the window's marks): it
+    # eroica's own work at the step boundaries (its vote, the window's marks; its wait for the other
+    # ranks' votes is a collective of its own, capture.Capture.peer_wait): it
     # runs inside the step's last range (Optimizer.step#..., where torch calls step post-hooks), and
     # is no phase of the rank's step: every phase below is counted over the steps without it
     own_ivs = _intersect(_union([(ev.start, ev.end) for ev in main_evs if ev.name == OWN_RANGE]), spans)
@@ -593,7 +600,10 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
             ev.phase = "other"
 
     yield
-    device = _device_phases([ev for ev in evs if ev.gpu], spans, n_steps)
+    # the main thread's waits for collectives, as phases["comm"] counts them (the device's own wait,
+    # where it runs no collective: _device_phases)
+    comm_union = _union(comm_ivs + busy_by_phase.get("comm", []))
+    device = _device_phases([ev for ev in evs if ev.gpu], spans, n_steps, comm_union)
     yield
 
     # the function table covers the window only (not a lead-in step before it); device work that
@@ -645,7 +655,6 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
         kept = {int(n) for n in (ev.name[len(STEP_PREFIX) + 1:] for ev in step_evs) if n.isdigit()}
         if any(row["step"] in kept for row in step_rows):
             step_rows = [row for row in step_rows if row["step"] in kept]
-        comm_union = _union(comm_ivs + busy_by_phase.get("comm", []))   # as phases["comm"] counts it
         by_number = {row["step"]: row for row in step_rows}
         for ev in step_evs:
             number = ev.name[len(STEP_PREFIX) + 1:]
