@@ -355,13 +355,8 @@ class Capture:
 
     def peer_wait(self) -> Any:
         """A context for the wait for the other ranks' votes inside own_begin's range: recorded as a
-        range of its own that the summary counts as a collective (``summary.events.PEER_WAIT_RANGE``).
-
-        Why: a rank late to its step boundary after its last collective (a stall between backward()
-        and the optimizer step) is waited for in the vote, not in the next collective, on 3 and 6
-        ranks and partly on 8 (MPICH completes the vote one stage per boundary, and it has more stages
-        than the vote's lag there). Left in eroica's range, the waiting ranks showed no wait and no
-        rank was named ("slower, no culprit found"), eroica's own share read 86% of their time."""
+        range of its own that the summary counts as a collective (``summary.events.PEER_WAIT_RANGE``),
+        since it is a wait for a late peer, not eroica's work (why: ``runtime.Runtime._wait_vote``)."""
         if self._own is None:
             return contextlib.nullcontext()
         return self._peer_wait()
