@@ -180,7 +180,7 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, stopped: dict[str, 
         hint = (memory_action(memory) + " " + hint).strip()
     elif blocked:
         tele_ev.update(blocked)
-        hint = (blocked_action(blocked, c.own) + " " + hint).strip()
+        hint = (blocked_action(blocked, float(table.own[row])) + " " + hint).strip()   # the host own work it is of
     elif contended and c.sched:
         rq, rq_ref = c.sched["runq_ms"]
         hint = (f"Runnable but waiting for a CPU {rq:.1f} ms/step vs peers' {rq_ref:.1f} (run queue), in the "

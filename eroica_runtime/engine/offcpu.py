@@ -5,10 +5,12 @@ When its training thread neither ran nor waited for a CPU through most of that t
 short: the thread was blocked in a call no op records (a sleep, a lock or the GIL held by another
 thread of the process, a synchronous read or write of a file, a socket or a subprocess's pipe). Such a
 rank gets far less CPU than its waiting peers (a wait in gloo keeps a thread on a CPU), and the CPU
-share alone read as "CPU throttling (cgroup quota / frequency) or contention": rank 1 of 3 sleeping
-50 ms a step between backward() and its optimizer step got 0.01 CPU-s per second against its peers'
-0.78, with no run-queue wait and no quota. The step clock's CPU and run-queue times of the training
-thread in the window (Table.sch) tell a blocked thread from a starved one.
+share alone read as "CPU throttling (cgroup quota / frequency) or contention": rank 1 of 2 stalling
+2.5 s before its optimizer steps got 0.01 CPU-s per second against its peer's 0.78, with no quota;
+rank 1 of 3 sleeping 50 ms a step there was told "CPU-side stalls (launch gaps / Python overhead /
+contention)". The step clock's CPU and run-queue times of the training thread in the window
+(Table.sch) tell a blocked thread from a starved one: that rank ran 3 ms and queued 0.1 ms of its
+53 ms own work a step.
 """
 
 from __future__ import annotations
