@@ -97,7 +97,7 @@ def test_ctrl_c_ends_the_job_at_once_and_keeps_what_eroica_found(tmp_path: Path)
     env = {**os.environ, **RANK_ENV, "FAULT": "compute", "FAULT_RANK": "2", "FAULT_FROM": "40",
            "FAULT_MATMULS": "1000", "STEPS": "3000"}
     with err_path.open("w") as err:
-        proc = subprocess.Popen([str(BIN / "eroica-run"), "--nproc-per-node", "4", "--report-dir", str(report),
+        proc = subprocess.Popen([str(BIN / "eroica-run"), "--nproc-per-node", str(RANKS), "--report-dir", str(report),
                                  str(DATA / "runtime" / "train.py")], env=env, stdout=subprocess.DEVNULL,
                                 stderr=err, text=True)
         try:

@@ -31,11 +31,13 @@ DATA = Path(__file__).resolve().parent / "data" / "faultbench"
 STEPS = 70
 
 
-def _args(out: Path) -> argparse.Namespace:
+def _args(out: Path, ranks: int = 3) -> argparse.Namespace:
+    # 3 ranks (the bench runs 4): the culprit and two victims; a fourth rank on these 2 cores cost each
+    # case ~2 s of start-up and a quarter more per step (compute 23 -> 17 s, compile 31 -> 23 s)
     # 70 steps (the bench runs 120; this file ran 100 until 2026-12-04, 80 until 2026-12-06): the planted
     # faults are found at step 57 (window 57-59, gathered a few steps later, or at the job's end), and
     # every step after it is slowed by the fault: ~0.23 s each
-    return argparse.Namespace(ranks=4, steps=STEPS, start=50, out=str(out), case_timeout=150)
+    return argparse.Namespace(ranks=ranks, steps=STEPS, start=50, out=str(out), case_timeout=150)
 
 
 def _case(name: str) -> bench.Case:
@@ -57,11 +59,11 @@ def test_compute_fault_named_rank_and_category(tmp_path: Path) -> None:
     assert s.get("scored"), s
     assert s["top"]["rank"] == 1 and s["top"]["category"] == "compute", (s, bench.phases_of(tmp_path / "compute" / "report"))
     assert s["detected"] and s["rank_ok"] and s["category_ok"]
-    assert 1 not in s["top"]["victims"] and set(s["top"]["victims"]) <= {0, 2, 3}
+    assert 1 not in s["top"]["victims"] and set(s["top"]["victims"]) <= {0, 2}
     assert s["ttd_steps"] is not None and s["ttd_steps"] >= 0
     assert s["summary_bytes"]["n"] >= 4 and 0 < s["summary_bytes"]["median"] < 1_000_000
     # what the job lost from the finding on, measured on rank 0's step times, is printed and kept: about
-    # the 150 ms a step planted (its compute shares 2 cores with 3 other ranks: generous bounds)
+    # the 150 ms a step planted (its compute shares 2 cores with 2 other ranks: generous bounds)
     rep = json.loads((tmp_path / "compute" / "report" / "report.json").read_text())
     # the 36 healthy steps before the onset: no capture a detector asked for there blames anyone (the
     # baseline capture, right after warm-up, is left out: under a loaded shared box it can name a rank
@@ -94,7 +96,7 @@ def test_a_culprit_in_an_fsdp2_job_under_torch_compile_is_named_with_its_functio
     named with its function, and its peers are the ones that waited in those collectives."""
     case = _case("compile-compute")
     assert case.script_args == ("--parallel", "fsdp2", "--compile")
-    r = bench.run_case(case, argparse.Namespace(ranks=4, steps=STEPS, start=50, out=str(tmp_path), case_timeout=240), None)
+    r = bench.run_case(case, argparse.Namespace(ranks=3, steps=STEPS, start=50, out=str(tmp_path), case_timeout=240), None)
     if r.skipped:   # no C++ compiler on this machine (the README's set-up does not need one)
         pytest.skip(r.skipped)
     log = (tmp_path / case.name / "launcher.log").read_text()[-4000:]
@@ -103,16 +105,18 @@ def test_a_culprit_in_an_fsdp2_job_under_torch_compile_is_named_with_its_functio
     assert s.get("scored") and s["detected"] and s["rank_ok"] and s["category_ok"], (s, log)
     top = s["top"]
     assert top["rank"] == 1 and top["category"] == "compute" and top["function"] in ("aten::matmul", "aten::mm"), s
-    assert set(top["victims"]) <= {0, 2, 3} and len(top["victims"]) >= 2, s
+    assert set(top["victims"]) == {0, 2}, s
     rep = json.loads((tmp_path / case.name / "report" / "report.json").read_text())
     ev = next(f for f in rep["findings"] if f["rank"] == 1)["evidence"]
     assert ev["comm_wait_ms"][0] < ev["comm_wait_ms"][1] and ev["own_work_ms"][0] > ev["own_work_ms"][1], ev
 
 
 def _named_right(name: str, tmp_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run one bench case; assert it ended and named the planted rank and category. (score, report.json)"""
+    """Run one pipeline case on the bench's 4 ranks (its stages are laid out on 4: 2x2, and 4 stages,
+    where a stage fewer saved ~1 s of ~18); assert it ended and named the planted rank and category.
+    (score, report.json)"""
     case = _case(name)
-    r = bench.run_case(case, _args(tmp_path), None)
+    r = bench.run_case(case, _args(tmp_path, ranks=4), None)
     log = (tmp_path / case.name / "launcher.log").read_text()[-4000:]
     assert not r.timed_out and r.exit_code == 0, log
     s = r.score or {}
@@ -276,4 +280,4 @@ def test_rank_stopped_once_a_second_is_named_though_the_median_never_moves(tmp_p
     report = json.loads((tmp_path / "freeze" / "report" / "report.json").read_text())
     top = report["findings"][0]
     assert top["evidence"].get("stopped", {}).get("stops", 0) >= 2, top["evidence"]
-    assert sorted(top["victims"]) == [0, 2, 3]
+    assert sorted(top["victims"]) == [0, 2]

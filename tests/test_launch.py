@@ -66,7 +66,7 @@ def test_same_environment_and_result_as_torchrun(tmp_path) -> None:
 
 def test_failing_rank_is_named_with_its_exception(tmp_path) -> None:
     t0 = time.monotonic()
-    proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, SCRIPTS / "fail.py",
+    proc = eroica_run("--nproc-per-node", "3", "--report-dir", tmp_path, SCRIPTS / "fail.py",
                       env={"FAIL_RANK": "2", "FAIL_MODE": "raise"}, timeout=150)
     assert proc.returncode != 0, explain(proc)
     assert time.monotonic() - t0 < 100, "survivors were not stopped after the failure"

@@ -698,10 +698,12 @@ def test_usage_errors(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------- real ranks
 TRAIN = ROOT / "scripts" / "faultlib" / "train_bench.py"
 PROFILE_WRAP = ROOT / "scripts" / "faultlib" / "profile_wrap.py"
-# the fault bench's compute, data and gc faults, one after the other on three ranks of one job
+# the fault bench's compute, data and gc faults, one after the other on each rank of a 3-rank job (rank 0,
+# which gathers and analyses, is a culprit too)
+RANKS = 3
 FAULTS = ("compute:rank=1:start=4:stop=12:ms=150;data:rank=2:start=12:stop=20:ms=80;"
-          "gc:rank=3:start=20:stop=28:cycles=2000")
-EXPECTED = [(1, "compute"), (2, "dataloader"), (3, "gc")]
+          "gc:rank=0:start=20:stop=28:cycles=2000")
+EXPECTED = [(1, "compute"), (2, "dataloader"), (0, "gc")]
 
 
 @pytest.mark.multirank
@@ -714,10 +716,10 @@ def test_fault_bench_traces_name_the_live_culprit_and_category(tmp_path: Path) -
     The profiled job runs under eroica too, as a user's would: eroica takes no capture while the job's
     profiler is on and a window of its own gives way when the job's starts (two profilers in a process
     took each other's session: the job segfaulted exporting its first trace), so every trace is written.
-    About 30 s here (two 4-rank jobs of 30 steps); run it under the multi-rank lock."""
+    About 20 s here (two 3-rank jobs of 30 steps); run it under the multi-rank lock."""
     live = tmp_path / "live"
     quiet = ("--spike-ratio", "100", "--drift-pct", "0", "--lost-pct", "0")   # only the manual captures
-    proc = eroica_run("--nproc-per-node", "4", "--report-dir", live, "--no-baseline", "--warmup-steps", "2",
+    proc = eroica_run("--nproc-per-node", str(RANKS), "--report-dir", live, "--no-baseline", "--warmup-steps", "2",
                       "--capture-at-steps", "7,15,23", *quiet, TRAIN, "--steps", "30",
                       env={"EROICA_BENCH_FAULT": FAULTS}, timeout=120)
     assert proc.returncode == 0, explain(proc)
@@ -726,21 +728,21 @@ def test_fault_bench_traces_name_the_live_culprit_and_category(tmp_path: Path) -
     assert [n for _, n in named_live] == [[e] for e in EXPECTED], (named_live, explain(proc))
 
     d = tmp_path / "traces"
-    proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path / "profiled",
+    proc = eroica_run("--nproc-per-node", str(RANKS), "--report-dir", tmp_path / "profiled",
                       PROFILE_WRAP, "--steps", "30", timeout=120,
                       env={"EROICA_BENCH_FAULT": FAULTS, "EROICA_BENCH_TRACE_DIR": str(d), "EROICA_BENCH_TRACE_GC": "1",
                            "EROICA_BENCH_TRACE_SCHEDULE": "skip_first=2,wait=4,warmup=1,active=3,repeat=3"})
     assert proc.returncode == 0, explain(proc)
     files = sorted(p.name for p in d.iterdir())
-    assert len(files) == 12 and all(f.endswith(".pt.trace.json") for f in files), files
+    assert len(files) == 3 * RANKS and all(f.endswith(".pt.trace.json") for f in files), files
     assert "off on this rank" not in proc.stderr, explain(proc)
     held = json.loads((tmp_path / "profiled" / "report.json").read_text())["job"]["job_profiler"]
-    assert held["ranks"] == "ranks 0..3" and held["steps"] >= 12, held   # 3 cycles of warm-up + 3 active
-    assert "the job's own torch.profiler is on (ranks 0..3)" in proc.stderr, explain(proc)
+    assert held["ranks"] == f"ranks 0..{RANKS - 1}" and held["steps"] >= 12, held   # 3 cycles of warm-up + 3 active
+    assert f"the job's own torch.profiler is on (ranks 0..{RANKS - 1})" in proc.stderr, explain(proc)
     res = _analyze("--traces", d, "--out", tmp_path / "from-traces")
     assert res.exit_code == 0, res.output
     caps = json.loads((tmp_path / "from-traces" / "report.json").read_text())["captures"]
     named_traces = [(c["step"], [(f["rank"], f["category"]) for f in c["findings"]][:1]) for c in caps]
     assert named_traces == named_live, (named_traces, named_live, res.stdout)   # steps 7, 15, 23 both ways
     for c in caps:   # the victims are the culprit's peers, not culprits of their own
-        assert sorted(c["findings"][0]["victims"]) == sorted({0, 1, 2, 3} - {c["findings"][0]["rank"]}), c
+        assert sorted(c["findings"][0]["victims"]) == sorted(set(range(RANKS)) - {c["findings"][0]["rank"]}), c
