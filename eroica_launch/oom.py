@@ -92,8 +92,8 @@ class MemoryTrail:
     WHOLE = 64
     RECENT = 8
     # The rank's child processes (its DataLoader workers, most often): each one's private memory (USS,
-    # psutil's memory_full_info: one read of /proc/<pid>/smaps_rollup) and resident size, at its first
-    # sample and its last. A forked worker shares the rank's pages until it writes them, and reading a
+    # psutil's memory_full_info: one read of /proc/<pid>/smaps_rollup) and anonymous resident size, at its
+    # first sample and its last. A forked worker shares the rank's pages until it writes them, and reading a
     # Python object writes its reference count: a worker that reads the dataset's lists, dicts and strings
     # copies every page of them it reads, which RssAnon (the rank's or the worker's) never shows and the
     # memory cgroup charges all the same. smaps_rollup walks the page tables (2 ms at 430 MB here), so
@@ -113,7 +113,7 @@ class MemoryTrail:
         self._whole: list[tuple[float, float]] = []
         self._recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=self.RECENT)
         self._next = self._next_whole = self._next_children = 0.0
-        # pid -> [first read, USS MB then, last read, USS MB, RSS MB, the rank's RSS MB] (memgrowth.ChildMemory)
+        # pid -> [first read, USS MB then, last read, USS MB, anonymous RSS MB, the rank's] (memgrowth.ChildMemory)
         self._children: dict[int, list[float]] = {}
         self._children_at = 0.0   # when the children were last read
 
@@ -151,22 +151,26 @@ class MemoryTrail:
         t0 = time.thread_time()
         try:
             kids = self._proc.children() if self._proc is not None else []
-            rank_rss = self._proc.memory_info().rss / (1 << 20) if kids and self._proc is not None else 0.0
         except Exception:   # the rank gone, or /proc unreadable: no round now
             kids = []
+        # A child's size is weighed against the rank's largest in its recent samples (this one's included),
+        # not a read of it now: a rank the OOM killer is ending shrinks as the kernel frees its memory, and
+        # a round then read its workers' copied pages as memory they took themselves. Both anonymous: the
+        # rank's shared libraries are resident in it, hardly in a worker, and reclaimed under pressure.
+        rank_mb = max((mb for _, mb in self._recent), default=0.0)
         for kid in kids:
             try:
                 mem = kid.memory_full_info()
             except Exception:   # gone meanwhile, or not ours to read
                 continue
-            uss, rss = mem.uss / (1 << 20), mem.rss / (1 << 20)
+            uss, anon = mem.uss / (1 << 20), (mem.rss - mem.shared) / (1 << 20)
             rec = self._children.get(kid.pid)
             if rec is None:
                 if len(self._children) >= self.CHILDREN:   # forget the child seen longest ago
                     del self._children[min(self._children, key=lambda p: self._children[p][2])]
-                self._children[kid.pid] = [now, uss, now, uss, rss, rank_rss]
+                self._children[kid.pid] = [now, uss, now, uss, anon, rank_mb]
             else:
-                rec[2:] = [now, uss, rss, rank_rss]
+                rec[2:] = [now, uss, anon, rank_mb]
         if kids:
             self._children_at = now
         cost = time.thread_time() - t0

@@ -144,3 +144,42 @@ def test_the_wrapper_reads_a_forked_childs_own_memory_as_it_copies_its_parents_o
     finally:
         os.close(w)
         os.waitpid(pid, 0)
+
+
+def test_a_rank_shrinking_as_it_is_killed_leaves_its_workers_copies_said_to_be_copies() -> None:
+    """The OOM killer ends the rank and the kernel frees its memory while its workers still run: a round
+    of the wrapper's reads then found the rank small beside them, and read their copied pages as memory
+    they took themselves (the rank "ran out while starting up", once in the suite's copy-on-read test).
+    Here this process is the rank: a real fork of it reads 300,000 of its Python strings, and then it
+    frees 256 MB it held before the fork before the last round (the fork still maps those pages, now its
+    alone: its USS holds them too, as a reaped rank's workers' do; the verdict is the point here)."""
+    import time
+
+    from eroica_runtime.engine import memgrowth
+
+    held = bytearray(256 << 20)          # touched by its allocation (zeroed), anonymous
+    strings = [f"item-{i:09d}-" * 3 for i in range(300_000)]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the worker: touch every string, wait to be read
+        os.close(w)
+        total = sum(len(x) for x in strings)
+        os.read(r, 1)
+        os._exit(0 if total else 1)
+    os.close(r)
+    try:
+        trail = oom.MemoryTrail(os.getpid(), 0.0, 0.0)
+        trail.CHILDREN_EVERY = 0
+        trail.CHILDREN_BUDGET = 1.0
+        trail.sample()                    # the rank at its size, before the kill
+        time.sleep(1.0)
+        del held                          # the kernel freeing the killed rank's memory
+        trail.sample()                    # the last round, with the rank shrunk
+        kids = [c for c in trail.children() if c[3] >= 20]   # the fork (not another child of this process)
+        assert len(kids) == 1, trail.children()
+        said, copied = memgrowth.children_before_kill(kids, None, time.time())
+        assert copied and "copy-on-read" in said, (said, kids)
+    finally:
+        os.write(w, b"x")
+        os.close(w)
+        os.waitpid(pid, 0)

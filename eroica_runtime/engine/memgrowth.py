@@ -167,15 +167,15 @@ def before_kill(samples: Sequence[tuple[float, float]], killed_mb: float | None,
 
 class ChildMemory(NamedTuple):
     """One child process of a rank (its DataLoader worker, most often) as its wrapper read it last
-    (oom.MemoryTrail): its own memory (USS: pages no other process maps) and resident size, and the
-    rank's resident size at the same read."""
+    (oom.MemoryTrail): its own memory (USS: pages no other process maps) and anonymous resident size,
+    and the rank's anonymous resident size, its largest in the wrapper's recent samples."""
 
     first_s: float        # wall time of its first read
     first_uss_mb: float
     s: float              # wall time of its last read
     uss_mb: float
-    rss_mb: float
-    rank_rss_mb: float
+    anon_mb: float
+    rank_anon_mb: float
 
 
 CHILDREN_MB = 64.0     # the rank's children holding this much memory of their own or more,
@@ -201,7 +201,7 @@ def children_before_kill(children: Sequence[tuple[float, ...]], rank_mb: float |
     own = sum(k.uss_mb for k in kids)
     if own < max(CHILDREN_MB, CHILDREN_SHARE * (rank_mb or 0.0)):
         return "", False
-    copied = sum(max(k.uss_mb - max(k.rss_mb - k.rank_rss_mb, 0.0), 0.0) for k in kids)
+    copied = sum(max(k.uss_mb - max(k.anon_mb - k.rank_anon_mb, 0.0), 0.0) for k in kids)
     n, at, since = len(kids), max(k.s for k in kids), min(k.first_s for k in kids)
     first = sum(k.first_uss_mb for k in kids)
     who, their = (("its child process (its DataLoader worker, most often)", "its") if n == 1 else
