@@ -94,6 +94,22 @@ def test_hang_fault_blocks_its_step_once() -> None:
     assert t[0] < 0.1 and t[1] >= 0.3 and t[2] < 0.1, t
 
 
+def test_stall_fault_sleeps_after_the_collectives_of_its_steps_only() -> None:
+    """The stall is not in the step's start (ctl.step) but where the job says its collectives are done."""
+    ctl = faults.FaultController(faults.parse_specs("stall:rank=0:start=1:stop=2:ms=200"), 0, log=lambda m: None)
+    starts, afters = [], []
+    for step in range(3):
+        t0 = time.perf_counter()
+        ctl.step(step)
+        t1 = time.perf_counter()
+        ctl.after_collectives(step)
+        starts.append(t1 - t0)
+        afters.append(time.perf_counter() - t1)
+    ctl.close()
+    assert max(starts) < 0.1 and afters[0] < 0.1 and afters[1] >= 0.2 and afters[2] < 0.1, (starts, afters)
+    assert ctl.events == [(1, "stall", "on"), (2, "stall", "off")]
+
+
 @pytest.mark.parametrize("flag,value,said", [("--batch-size", "0", "0 must be at least 1"),
                                              ("--steps", "-3", "-3 must be at least 1"),
                                              ("--workers", "two", "'two' is not an integer")])

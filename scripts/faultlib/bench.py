@@ -94,6 +94,9 @@ CASES: list[Case] = [
     Case("freeze", "freeze:rank={rank}:start={start}:ms=250:every=1.0", ("host",), note="SIGSTOP 250 ms / s",
          min_steps=180),
     Case("freeze-int", "freeze:rank={rank}:start={start}:ms=250:every=1.0:{int}", ("host",), min_steps=180),
+    # a host stall after the all-reduce (the thread off the CPU): its peers wait in the next step's
+    Case("stall", "stall:rank={rank}:start={start}:ms=80", ("host",), note="80 ms asleep after its all-reduce"),
+    Case("stall-int", "stall:rank={rank}:start={start}:ms=80:{int}", ("host",)),
     Case("data", "data:rank={rank}:start={start}:ms=80", ("dataloader",)),
     Case("data-int", "data:rank={rank}:start={start}:ms=80:{int}", ("dataloader",)),
     Case("gc", "gc:rank={rank}:start={start}", ("gc",)),

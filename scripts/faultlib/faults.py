@@ -29,6 +29,8 @@ Spec (``EROICA_BENCH_FAULT``; several separated by ``;``)::
   (root, block device), else through a pipe fed at ``mbps`` by a helper process
 - ``link``     mbit=100 — tbf on this rank's own interface (egress); only inside a fake host; root
 - ``hang``     seconds=inf — the rank stops inside its first faulty step (peers block in a collective)
+- ``stall``    ms=50 — sleeps ``ms`` after the step's collectives, before the optimizer step (peers wait
+  in the next step's); only where the script calls ``after_collectives`` (train_bench.py does)
 - ``memory``   mb=256 cache=32 — memory pressure: every rank reads its items from a memory-mapped file
   of ``mb`` MB (one page each, as token datasets are read); this rank's memory cgroup (v1
   memory.limit_in_bytes, v2 memory.max) then leaves its page cache ``cache`` MB above its anonymous
@@ -136,6 +138,11 @@ class Fault:
 
     def tick(self, step: int) -> None:
         """Per-step work while on (in-process faults)."""
+
+    def after_collectives(self, step: int) -> None:
+        """Per-step work while on, after the step's collectives: backward() has returned (DDP's all-reduce
+        done), the optimizer step not begun. Only the jobs that call FaultController.after_collectives
+        (train_bench.py) run it."""
 
     def stop(self) -> None:
         """Turn the fault off and undo everything it changed; must be idempotent."""
@@ -772,6 +779,20 @@ def eroica_fault_hang(seconds: float) -> None:
         time.sleep(min(1.0, max(0.0, end - time.monotonic())))
 
 
+def eroica_fault_stall_after_collectives(seconds: float) -> None:
+    """The planted stall: this rank sleeps after its step's all-reduce (a synchronous write of a log or a
+    metric, a lock): its peers go on and wait for it in the next step's collective."""
+    time.sleep(seconds)
+
+
+class StallFault(Fault):
+    """A stall of ``ms`` (default 50) after the step's collectives, before the optimizer step: the rank's
+    time is neither compute nor a wait in a collective, and its thread is off the CPU."""
+
+    def after_collectives(self, step: int) -> None:
+        eroica_fault_stall_after_collectives(self.spec.num("ms", 50.0) / 1e3)
+
+
 class HangFault(Fault):
     """A hang: at its first step the rank sleeps ``seconds`` (default: for ever) inside the step."""
 
@@ -794,6 +815,7 @@ KINDS: dict[str, type[Fault]] = {
     "io": IoFault,
     "link": LinkFault,
     "hang": HangFault,
+    "stall": StallFault,
     "mark": MarkFault,
     "memory": MemoryFault,
 }
@@ -871,6 +893,11 @@ class FaultController:
                 self.log(f"step {step}: {spec.kind} off")
             if i in self.active:
                 fault.tick(step)
+
+    def after_collectives(self, step: int) -> None:
+        """Call after the step's collectives (backward() returned), before the optimizer step."""
+        for i in sorted(self.active):
+            self.faults[i][1].after_collectives(step)
 
     def close(self) -> None:
         """Undo every fault (idempotent; also registered with atexit)."""

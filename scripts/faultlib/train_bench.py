@@ -191,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             loss.backward()
             if args.device_ms:
                 time.sleep(args.device_ms / 1e3)
+            ctl.after_collectives(step)
             opt.step()
             if save is not None and step % args.checkpoint_every == args.checkpoint_every - 1:
                 save(model, opt)
