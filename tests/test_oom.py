@@ -112,36 +112,52 @@ def test_what_a_ranks_workers_held_says_copy_on_read_from_their_size_not_their_g
     assert memgrowth.children_before_kill([], None, 1.0) == ("", False)
 
 
+def _fork_reading(strings: list[str], wait_first: bool) -> tuple[int, int]:
+    """A real fork of this process that reads every one of ``strings`` (copying their pages: reading a
+    Python object writes its reference count), once a byte comes down the pipe if ``wait_first``, and
+    then waits for one more before it exits. (its pid, the pipe's end to write to) The caller holds on
+    to ``strings``: freed here, their pages would be the fork's alone before it read any."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(w)
+        if wait_first:
+            os.read(r, 1)
+        total = sum(len(x) for x in strings)
+        os.read(r, 1)
+        os._exit(0 if total else 1)
+    os.close(r)
+    return pid, w
+
+
+def _children_trail() -> oom.MemoryTrail:
+    """The wrapper's trail of this process, reading its children at every sample."""
+    trail = oom.MemoryTrail(os.getpid(), 0.0, 0.0)
+    trail.CHILDREN_EVERY = 0
+    trail.CHILDREN_BUDGET = 1.0
+    return trail
+
+
 def test_the_wrapper_reads_a_forked_childs_own_memory_as_it_copies_its_parents_objects() -> None:
     """A real fork of this process that reads 300,000 Python strings of its parent's: its own memory
     (USS) grows by their pages while its resident size does not, as the trail's reads of it say."""
     import time
 
-    strings = [f"item-{i:09d}-" * 3 for i in range(300_000)]
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:   # the child: wait for the first read, touch every string, wait to be read again
-        os.close(w)
-        os.read(r, 1)
-        total = sum(len(x) for x in strings)
-        os.read(r, 1)
-        os._exit(0 if total else 1)
-    os.close(r)
+    strings = [f"item-{i:09d}-" * 3 for i in range(300_000)]   # held here: freed, its pages became the fork's
+    pid, w = _fork_reading(strings, wait_first=True)
     try:
-        trail = oom.MemoryTrail(os.getpid(), 0.0, 0.0)
-        trail.CHILDREN_EVERY = 0
-        trail.CHILDREN_BUDGET = 1.0
+        trail = _children_trail()
         trail.sample()
         first = {c[:2]: c for c in trail.children()}   # by when first read and its USS then
         os.write(w, b"x")
         time.sleep(1.0)
         trail.sample()
-        os.write(w, b"x")
         # this process may have other children (a Slurm daemon a test started): the fork is the one that grew
         kid = max((c for c in trail.children() if c[:2] in first), key=lambda c: c[3] - c[1])
         grew_uss, grew_rss = kid[3] - kid[1], kid[4] - first[kid[:2]][4]
         assert grew_uss >= 20 and grew_rss < 0.5 * grew_uss, (kid, first)
     finally:
+        os.write(w, b"x")
         os.close(w)
         os.waitpid(pid, 0)
 
@@ -159,18 +175,9 @@ def test_a_rank_shrinking_as_it_is_killed_leaves_its_workers_copies_said_to_be_c
 
     held = bytearray(256 << 20)          # touched by its allocation (zeroed), anonymous
     strings = [f"item-{i:09d}-" * 3 for i in range(300_000)]
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:   # the worker: touch every string, wait to be read
-        os.close(w)
-        total = sum(len(x) for x in strings)
-        os.read(r, 1)
-        os._exit(0 if total else 1)
-    os.close(r)
+    pid, w = _fork_reading(strings, wait_first=False)
     try:
-        trail = oom.MemoryTrail(os.getpid(), 0.0, 0.0)
-        trail.CHILDREN_EVERY = 0
-        trail.CHILDREN_BUDGET = 1.0
+        trail = _children_trail()
         trail.sample()                    # the rank at its size, before the kill
         time.sleep(1.0)
         del held                          # the kernel freeing the killed rank's memory
