@@ -152,9 +152,9 @@ def test_a_slowdown_the_spent_budget_refused_is_captured_when_a_capture_comes_ba
 
 
 def test_a_job_that_evaluates_every_25_steps_opens_two_throughput_captures_not_one_per_cooldown(tmp_path) -> None:
-    """Every rank evaluates for 0.5 s after every 25 steps (~28 ms each): the share of time the
-    throughput rule reads as lost swings between ~3% and ~29% with how many evaluations its window
-    holds. It opened a capture after every cooldown, each found healthy (85, 166, 260, 336 in 400
+    """Every rank evaluates for 0.5 s after every 25 steps (20 ms of sleep and a few of work each): the
+    share of time the throughput rule reads as lost swings between ~3% and ~29% with how many
+    evaluations its window holds. It opened a capture after every cooldown, each found healthy (85, 166, 260, 336 in 400
     steps: the capture budget a real slowdown would need); now the share the first capture saw is
     its reference, the one capture rank 0's analysis found nothing in is retried once, and then the
     job's own evaluations are left alone. 300 steps: three of the old captures fall in them (3 ranks, the
