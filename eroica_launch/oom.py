@@ -20,11 +20,15 @@ import collections
 import os
 import re
 import time
+from collections.abc import Callable
 
 import psutil
 
 VMSTAT = "/proc/vmstat"
 KMSG = "/dev/kmsg"
+# the rank's children's own memory (USS, MB) from which the wrapper asks whether part of it is copies of
+# the rank's pages (memgrowth.CHILDREN_MB, without the engine's import)
+CHILDREN_MB = 64.0
 MAX_RECORDS = 200_000      # the kernel's ring buffer holds far fewer; a bound on a pathological reader
 ACTION = ("raise the memory limit of the ranks' container or job (Kubernetes resources.limits.memory, Slurm "
           "--mem) or use less: fewer DataLoader workers or a smaller prefetch_factor, pinned-memory buffers, "
@@ -103,8 +107,11 @@ class MemoryTrail:
     CHILDREN_BUDGET = 0.01
     CHILDREN = 64
 
-    def __init__(self, pid: int, every_s: float, startup_s: float) -> None:
+    def __init__(self, pid: int, every_s: float, startup_s: float,
+                 warn: Callable[[str], None] | None = None) -> None:
         self.startup_s = startup_s   # EROICA_MEMORY_STARTUP_S: killed this soon after its start, it was starting up
+        # told once, while the rank runs, when its children hold copies of its pages (copy-on-read)
+        self._warn = warn
         try:
             self._proc: psutil.Process | None = psutil.Process(pid)
         except (psutil.Error, ValueError):
@@ -173,8 +180,30 @@ class MemoryTrail:
                 rec[2:] = [now, uss, anon, rank_mb]
         if kids:
             self._children_at = now
+            if self._warn is not None:
+                self._say_copies()
         cost = time.thread_time() - t0
         self._next_children = now + max(self.CHILDREN_EVERY * self._base, cost / self.CHILDREN_BUDGET)
+
+    def _say_copies(self) -> None:
+        """Warn once if the last round's children hold copies of the rank's pages worth a share of its
+        memory (memgrowth.copies_while_running), the one sign of copy-on-read before the OOM killer ends
+        the rank. The engine is imported only once they hold CHILDREN_MB of their own: the copies are
+        part of that (MemoryTrail's docstring says why the wrapper does not import it at its start)."""
+        kids = self.children()
+        if sum(k[3] for k in kids) < CHILDREN_MB:
+            return
+        warn, self._warn = self._warn, None   # once, whatever happens below
+        try:
+            from eroica_runtime.engine import memgrowth
+
+            said = memgrowth.copies_while_running(kids)
+        except Exception:   # the wrapper waiting for its rank must not fail over a warning
+            return
+        if said is None:
+            self._warn = warn   # not yet: ask again at the next round
+        elif warn is not None:
+            warn(said)
 
     def children(self, pid: int | None = None) -> list[tuple[float, ...]]:
         """The rank's children as read at one round, memgrowth.ChildMemory's fields each. The last round;

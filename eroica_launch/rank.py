@@ -233,7 +233,9 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
 
     for name in FORWARDED:
         signal.signal(getattr(signal, name), forward if forward_signals else signal.SIG_IGN)
-    trail = oom.MemoryTrail(child.pid, memory_sample_s(base), _setting(base, "memory_startup_s"))
+    trail = oom.MemoryTrail(child.pid, memory_sample_s(base), _setting(base, "memory_startup_s"),
+                            warn=lambda said: print(f"eroica-run: rank {ident.rank} (pid {child.pid}): {said}",
+                                                    file=sys.stderr, flush=True))
     rc, message = wait_with_exit_guard(child, attempt_dir / EXIT_MARKER, exit_grace_s(base), tick=trail.sample)
     ended = time.time()  # before draining output: a killed rank's end must not look later than its victims'
     if message:

@@ -247,6 +247,19 @@ class Analyst:
         self._queue.put(None)
 
 
+def _no_steps_why(unsynced: Any) -> str:
+    """The job summary's line on why no step was counted: where steps are counted, or (``unsynced``:
+    "batch", "backward") that the job's loop had no collective (runtime._adopt_gate)."""
+    if unsynced in ("batch", "backward"):
+        what = "DataLoader batches" if unsynced == "batch" else "backward() calls"
+        return (f"  its loop ({what}, no torch.optim optimizer step) has no collective: its ranks never wait for "
+                "each other, and a step counted at each would make them wait for each other's votes; "
+                "eroica_runtime.mark_step() once per step counts them all the same")
+    return ("  eroica counts a step at each torch.optim optimizer step, or, in a job without one, at each "
+            f"backward() or DataLoader batch once {stepclock.ADOPT_AFTER} passed; a loop with none of these should "
+            "call eroica_runtime.mark_step() once per step")
+
+
 def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int,
               seen: Mapping[int, longsteps.StepSeen] | None = None,
               busy: imbalance.BusySteps | None = None) -> dict[str, Any]:
@@ -363,9 +376,7 @@ def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]]) -> s
         # a job that ran for hours with eroica silent must say why: steps are counted at optimizer steps
         lines = [f"eroica: job summary: no training step was seen on {count_ranks(stats['world_size'])}, so there was "
                  "nothing to time or diagnose",
-                 "  eroica counts a step at each torch.optim optimizer step, or, in a job without one, at each "
-                 f"backward() or DataLoader batch once {stepclock.ADOPT_AFTER} passed; a loop with none of these should "
-                 "call eroica_runtime.mark_step() once per step",
+                 _no_steps_why(stats.get("unsynced_loop")),
                  f"  captures: {caps}"]
     else:
         at = {"backward": " (counted at each backward(): no torch.optim optimizer stepped)",

@@ -137,6 +137,11 @@ class Runtime:
         # where steps are counted, changed by every rank at once: "adopt" (at backward()s or batches),
         # "switch" (another optimizer)
         self._agreements: dict[str, Agreement] = {}
+        # the Flight Recorder's count of collectives when steps were first asked to be counted at backward()s
+        # or batches (_adopt_gate), and where that loop was found to have none ("batch", "backward"; then
+        # never asked again, and the job summary says so)
+        self._collectives_at_ask: int | None = None
+        self._unsynced: str | None = None
         self.clock.on_error = self._disable
         self._next_file_check = 0.0
         self._own_s = 0.0
@@ -639,8 +644,35 @@ class Runtime:
         training while the others wait in a barrier) counted its batches as steps, waited the side
         channel's deadline (20 s) for votes its peers never cast, switched eroica off, and its peers
         did the same when training began: a 2-second job took 41. A rank whose peers never ask counts
-        nowhere until an optimizer steps (then as any job). Off eroica: at once, as before."""
-        return self._agreed("adopt", passed)
+        nowhere until an optimizer steps (then as any job). Off eroica: at once, as before.
+
+        Nor where the loop has no collective (torch's Flight Recorder counted none while every rank
+        agreed: each rank infers on its own shard, or trains a model of its own). Its ranks never wait
+        for each other, so each runs at its own pace, while a vote at every counted step makes them
+        wait for each other, and the agreement's answer reaches a rank that ran ahead past the step it
+        names: two ranks reading 122 batches each (one through slower workers) counted from different
+        batches, and the one ahead waited the side channel's deadline for a vote its peer never cast
+        (a 10-second job took 27, eroica off on that rank). Such a loop is said once and counts nowhere."""
+        from eroica_runtime.hang import collectives_recorded
+
+        if self._unsynced:
+            return False
+        if self._collectives_at_ask is None:
+            self._collectives_at_ask = collectives_recorded()
+        if not self._agreed("adopt", passed):
+            return False
+        before, now = self._collectives_at_ask, collectives_recorded()
+        if before is None or now is None or now > before:
+            return True
+        self._unsynced = at
+        if self.rank == 0:
+            from eroica_runtime.analyst import say
+
+            say(f"eroica: {passed} {'backward() calls' if at == 'backward' else 'DataLoader batches'} with no "
+                "optimizer step and no collective between them: the ranks do not wait for each other there, so "
+                "eroica counts no steps in this loop (a step counted at each would make them wait for each "
+                "other's votes). eroica_runtime.mark_step() once per iteration counts them all the same")
+        return False
 
     def _switch_gate(self, passed: int) -> bool:
         """Whether steps follow another optimizer from this one of its steps (``passed`` of them since
@@ -830,7 +862,10 @@ class Runtime:
             return None
         if got.unreadable:
             self._warn(f"job end: unreadable statistics from rank(s) {', '.join(map(str, got.unreadable[:8]))}")
-        return job_stats(got.per_rank, side.size, got.seen, busy=got.busy)
+        job = job_stats(got.per_rank, side.size, got.seen, busy=got.busy)
+        if self._unsynced is not None and not job["steps"]:   # the same loop, so the same verdict, on every rank
+            job["unsynced_loop"] = self._unsynced
+        return job
 
     def _time_lost(self) -> dict[str, Any]:
         """``{"time_lost": ...}``: what the job lost from its first finding on, measured on rank 0's

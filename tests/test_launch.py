@@ -207,6 +207,31 @@ def test_a_rank_killed_for_what_its_dataloader_workers_copied_is_said_to_be_thei
     assert "copy-on-read" in root and "numpy arrays" in root and "while starting up" not in root, explain(proc)
 
 
+def test_a_rank_whose_dataloader_workers_copy_its_python_objects_is_warned_of_while_it_runs(tmp_path) -> None:
+    """Copy-on-read ends a job late, by the OOM killer, with nothing said before: rank 1 reads 2 million
+    Python strings through 2 forked DataLoader workers, which copy the pages of those they read; rank 0
+    reads the same bytes from one numpy array. While the job runs, rank 1's wrapper says that its workers
+    hold copies of the rank's memory, why, and what to change; nothing of the kind for rank 0; the job
+    ends well.
+
+    The same pass has no collective: its ranks never wait for each other, each at its own pace (rank 1's
+    workers are slower). eroica counted a step at each batch from the 72nd, on each rank from where the
+    agreement's answer reached it, and rank 0 waited the side channel's deadline (20 s) in a vote rank 1
+    never cast, and switched eroica off (2 of 2 runs; the job took 27 s instead of 6): it now counts no
+    steps in such a loop, and says why."""
+    proc = eroica_run("--nproc-per-node", "2", "--report-dir", tmp_path, SCRIPTS / "copies.py",
+                      env={"COPIES_RANK": "1", "EROICA_MEMORY_SAMPLE_S": "0.2"}, timeout=150)
+    assert proc.returncode == 0 and "rank 1 read" in proc.stdout and "rank 0 read" in proc.stdout, explain(proc)
+    said = [ln for ln in proc.stderr.splitlines() if "pages copied from the rank's memory" in ln]
+    assert len(said) == 1 and said[0].startswith("eroica-run: rank 1 (pid "), explain(proc)
+    assert "its 2 child processes (its DataLoader workers" in said[0] and "copy-on-read" in said[0], said
+    assert "numpy arrays" in said[0], said
+    assert "no collective between them: the ranks do not wait for each other" in proc.stderr, explain(proc)
+    assert "off on this rank" not in proc.stderr + proc.stdout, explain(proc)
+    assert "its loop (DataLoader batches, no torch.optim optimizer step) has no collective" in proc.stdout + \
+        proc.stderr, explain(proc)
+
+
 def test_max_restarts_relaunches_the_job(tmp_path) -> None:
     proc = eroica_run("--nproc-per-node", "2", "--max-restarts", "1", "--report-dir", tmp_path,
                       SCRIPTS / "fail.py", env={"FAIL_RANK": "1", "FAIL_ATTEMPTS": "1"}, timeout=150)

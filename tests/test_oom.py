@@ -112,6 +112,27 @@ def test_what_a_ranks_workers_held_says_copy_on_read_from_their_size_not_their_g
     assert memgrowth.children_before_kill([], None, 1.0) == ("", False)
 
 
+def test_workers_holding_copies_of_a_quarter_of_the_rank_are_said_while_it_runs() -> None:
+    """While the rank runs, its workers' copies of its pages are said once they are a quarter of its own
+    memory (and 64 MB): the one sign of copy-on-read before the OOM killer ends the rank. Memory the
+    workers took themselves, or copies small beside the rank, are not said. The wrapper asks only once its
+    children hold 64 MB of their own (the engine's import waits till then): the same bar as the engine's."""
+    from eroica_runtime.engine import memgrowth
+
+    # (first read s, USS then, last read s, USS, anonymous RSS, the rank's), per worker
+    copied = [(100.0, 50.0, 130.0, 300.0, 2150.0, 2200.0), (100.0, 50.0, 130.0, 300.0, 2150.0, 2200.0)]
+    said = memgrowth.copies_while_running(copied)
+    assert said is not None and said.startswith("its 2 child processes (its DataLoader workers, most often) hold "
+                                                "600 MB of pages copied from the rank's memory"), said
+    assert "0.3x the rank's own 2.1 GB" in said and "copy-on-read" in said and "numpy arrays" in said, said
+    assert memgrowth.copies_while_running(copied[:1]) is None              # 300 MB of 2.2 GB: under a quarter
+    took = [(100.0, 50.0, 130.0, 900.0, 3100.0, 2200.0)]                    # resident 900 MB over the rank's
+    assert memgrowth.copies_while_running(took) is None
+    assert memgrowth.copies_while_running([(0.0, 5.0, 0.0, 60.0, 150.0, 150.0)]) is None   # under 64 MB
+    assert memgrowth.copies_while_running([]) is None
+    assert oom.CHILDREN_MB == memgrowth.CHILDREN_MB
+
+
 def _fork_reading(strings: list[str], wait_first: bool) -> tuple[int, int]:
     """A real fork of this process that reads every one of ``strings`` (copying their pages: reading a
     Python object writes its reference count), once a byte comes down the pipe if ``wait_first``, and

@@ -181,6 +181,50 @@ class ChildMemory(NamedTuple):
 CHILDREN_MB = 64.0     # the rank's children holding this much memory of their own or more,
 CHILDREN_SHARE = 0.1   # and this share of the rank's at the kill, are said to have taken it
 COPIED = 0.5           # copied pages this share of their own memory or more: copy-on-read
+# copied pages this share of the rank's own memory (and CHILDREN_MB or more) are said while the rank runs:
+# see copies_while_running
+WARN_SHARE = 0.25
+COPY_FIX = ("keep the dataset in numpy arrays, torch tensors or a memory-mapped file rather than Python objects, "
+            "or use fewer workers")
+COPY_WHY = ("copy-on-read: reading a Python object writes its reference count, so a forked worker that reads the "
+            "dataset's lists, dicts and strings makes each page of them its own")
+
+
+def copied_mb(kids: Sequence[ChildMemory]) -> float:
+    """The rank's pages its children hold copies of: each one's own memory (USS) beyond what it maps over
+    the rank's size (its anonymous resident size less the rank's); the rest is memory it took itself."""
+    return sum(max(k.uss_mb - max(k.anon_mb - k.rank_anon_mb, 0.0), 0.0) for k in kids)
+
+
+def _who(n: int) -> tuple[str, str]:
+    return (("its child process (its DataLoader worker, most often)", "its") if n == 1 else
+            (f"its {n} child processes (its DataLoader workers, most often)", "their"))
+
+
+def copies_while_running(children: Sequence[tuple[float, ...]]) -> str | None:
+    """What to say while the rank runs when its children (``children``: ChildMemory's fields each, one
+    round of the wrapper's reads) hold copies of its pages worth WARN_SHARE of its own memory, and
+    CHILDREN_MB or more, most of what they hold (COPIED); None otherwise.
+
+    Copy-on-read kills a job late: each worker's copies grow as it reads through the dataset (and start
+    again with every epoch's new workers), the host's or the job's memory limit charges every copy, and
+    the OOM killer then ends the largest process, the rank, whose own memory never grew. The one sign
+    before is its workers' memory, which neither the rank's own samples nor a job's usual metrics show
+    (a fork's copied pages leave its resident size as it was). The bar is the rank's own size, not an
+    absolute one: a worker allocating in heap pages it inherited copies some too, tens of MB against a
+    training process's GBs, while a dataset of Python objects read by its workers is copied at its own
+    size, once per worker."""
+    kids = [ChildMemory(*c) for c in children]
+    rank_mb = max((k.rank_anon_mb for k in kids), default=0.0)
+    copied = copied_mb(kids)
+    if rank_mb <= 0 or copied < max(CHILDREN_MB, WARN_SHARE * rank_mb) or \
+            copied < COPIED * sum(k.uss_mb for k in kids):
+        return None
+    who, _ = _who(len(kids))
+    return (f"{who} hold {_mb(copied)} of pages copied from the rank's memory as they read them, "
+            f"{copied / rank_mb:.1f}x the rank's own {_mb(rank_mb)} ({COPY_WHY}); every worker's copies count "
+            "against the memory limit of the host or the job, and the OOM killer ends the rank once they fill it: "
+            f"{COPY_FIX}")
 
 
 def children_before_kill(children: Sequence[tuple[float, ...]], rank_mb: float | None,
@@ -201,19 +245,15 @@ def children_before_kill(children: Sequence[tuple[float, ...]], rank_mb: float |
     own = sum(k.uss_mb for k in kids)
     if own < max(CHILDREN_MB, CHILDREN_SHARE * (rank_mb or 0.0)):
         return "", False
-    copied = sum(max(k.uss_mb - max(k.anon_mb - k.rank_anon_mb, 0.0), 0.0) for k in kids)
+    copied = copied_mb(kids)
     n, at, since = len(kids), max(k.s for k in kids), min(k.first_s for k in kids)
     first = sum(k.first_uss_mb for k in kids)
-    who, their = (("its child process (its DataLoader worker, most often)", "its") if n == 1 else
-                  (f"its {n} child processes (its DataLoader workers, most often)", "their"))
+    who, their = _who(n)
     held = (f"{who} held {_mb(own)} of {their} own memory (USS) {max(died_at - at, 0.0):.0f} s before the kill"
             + (f", {_mb(first)} when first read {_span(at - since)} earlier" if at - since >= 1.0 else ""))
     if copied >= COPIED * own:
         return (f"{held}, about {_mb(copied)} of it pages of the rank's memory copied as {'it' if n == 1 else 'they'} "
-                "read them (copy-on-read: reading a Python object writes its reference count, so a forked worker "
-                "that reads the dataset's lists, dicts and strings makes each page of them its own); keep the "
-                "dataset in numpy arrays, torch tensors or a memory-mapped file rather than Python objects, or use "
-                "fewer workers"), True
+                f"read them ({COPY_WHY}); {COPY_FIX}"), True
     return (f"{held}: memory {'it' if n == 1 else 'they'} took {'itself' if n == 1 else 'themselves'} (a dataset "
             "loaded again in each worker, a cache in the Dataset, items kept across batches)"), False
 
