@@ -145,10 +145,12 @@ def flight_recorder() -> dict[str, Any] | None:
 
 def collectives_recorded() -> int | None:
     """How many collectives torch's Flight Recorder has recorded on this rank so far (every process
-    group's), or None when it is off or cannot be read (one dump of its ring: ~2.5 ms at 200 entries)."""
-    if not os.environ.get("TORCH_FR_BUFFER_SIZE"):
-        return None
+    group's), or None when it is off or cannot be read (one dump of its ring: ~2.5 ms at 200 entries).
+    Off includes a size of 0 (the job's own setting, which eroica-run keeps): an empty ring then says
+    nothing about the job's collectives."""
     try:
+        if int(os.environ.get("TORCH_FR_BUFFER_SIZE") or 0) <= 0:
+            return None
         import torch._C._distributed_c10d as c10d
 
         entries = json.loads(c10d._dump_fr_trace_json(True, False)).get("entries") or []

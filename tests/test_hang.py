@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -26,6 +27,29 @@ def _report(rank: int, file: str, line: int, seq: int | None, moving: dict | Non
 
 
 STILL = {"seconds": 2.0, "stack_moved": False, "storage_bytes": 0, "collectives": 0}
+
+COUNTED = """
+import torch, torch.distributed as dist
+from eroica_runtime.hang import collectives_recorded
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+before = collectives_recorded()
+for _ in range(3):
+    dist.all_reduce(torch.ones(2))
+print(before, collectives_recorded())
+"""
+
+
+@pytest.mark.parametrize("size, want", [("200", "0 3"), ("0", "None None"), (None, "None None")])
+def test_the_flight_recorders_count_of_collectives_grows_with_them_and_is_none_when_it_is_off(
+        size: str | None, want: str) -> None:
+    """runtime._adopt_gate counts no steps in a loop where this count did not grow: a recorder off (not
+    set, or a size of 0, which eroica-run leaves as the job set it) must say nothing, not "none ran"."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_FR_BUFFER_SIZE"}
+    if size is not None:
+        env["TORCH_FR_BUFFER_SIZE"] = size
+    proc = subprocess.run([sys.executable, "-c", COUNTED], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[-2] == want, proc.stdout
 
 
 def test_analyse_names_the_rank_outside_the_collective() -> None:
