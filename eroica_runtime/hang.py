@@ -144,17 +144,29 @@ def flight_recorder() -> dict[str, Any] | None:
 
 
 def collectives_recorded() -> int | None:
-    """How many collectives torch's Flight Recorder has recorded on this rank so far (every process
-    group's), or None when it is off or cannot be read (one dump of its ring: ~2.5 ms at 200 entries).
-    Off includes a size of 0 (the job's own setting, which eroica-run keeps): an empty ring then says
-    nothing about the job's collectives."""
+    """A count that grows with every collective this rank runs, and every send or receive on the
+    default group, or None when it cannot be read: torch's Flight Recorder's count of what it recorded
+    (every process group's collectives; one dump of its ring, ~2.5 ms at 200 entries) plus the default
+    group's sequence number. The recorder misses gloo's sends and receives (a pipeline's stages on CPU:
+    3 sends left its count at 0), which that number counts (0 -> 3, and 4 after an all-reduce).
+    None where the recorder is off, a size of 0 included (the job's own setting, which eroica-run
+    keeps), or the default group's backend is neither gloo nor NCCL (MPI, oneCCL, HCCL: the recorder
+    is theirs alone): an empty ring then says nothing about the job's collectives."""
     try:
         if int(os.environ.get("TORCH_FR_BUFFER_SIZE") or 0) <= 0:
             return None
         import torch._C._distributed_c10d as c10d
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return None
+        backends = {part.split(":")[-1] for part in str(dist.get_backend()).split(",")}
+        if not backends or not backends <= {"gloo", "nccl"}:
+            return None
 
         entries = json.loads(c10d._dump_fr_trace_json(True, False)).get("entries") or []
-        return int(entries[-1]["record_id"]) + 1 if entries else 0
+        return (int(entries[-1]["record_id"]) + 1 if entries else 0) + \
+            int(dist.group.WORLD._get_sequence_number_for_group())
     except Exception:
         return None
 

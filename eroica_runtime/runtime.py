@@ -48,6 +48,10 @@ from eroica_runtime.trigger import Trigger
 
 TRIGGER_FILE_EVERY_S = 1.0
 HISTORY_STEPS = 32   # steps before a window shipped in its summary (~0.9 KB)
+# steps of a job in which no collective ran, from this step on, after which eroica stands down for the job:
+# its ranks never wait for each other, and its vote at every step makes them (_check_synchronised)
+UNSYNCED_FROM = 16
+UNSYNCED_STEPS = 32
 # Deferred work (a summary being built) per step boundary: up to 20 ms, or 20% of the job's median
 # step where that is more, and never more than half a step. A 50 ms step gets 20 ms slices (the 50 ms
 # a closing step may add is the ceiling for any step; the ~0.4-0.7 s of a summary take ~30 steps,
@@ -141,6 +145,7 @@ class Runtime:
         # or batches (_adopt_gate), and where that loop was found to have none ("batch", "backward"; then
         # never asked again, and the job summary says so)
         self._collectives_at_ask: int | None = None
+        self._collectives_from: int | None = None   # the same at step UNSYNCED_FROM (_check_synchronised)
         self._unsynced: str | None = None
         self.clock.on_error = self._disable
         self._next_file_check = 0.0
@@ -240,12 +245,14 @@ class Runtime:
     def _warn(self, msg: str) -> None:
         print(f"[eroica rank {self.rank}] {msg}", file=sys.stderr, flush=True)
 
-    def _disable(self, why: str) -> None:
-        """Switch eroica off on this rank (once), leaving the training untouched."""
+    def _disable(self, why: str, *, quiet: bool = False) -> None:
+        """Switch eroica off on this rank (once), leaving the training untouched; ``quiet``: every rank
+        does so at once, and rank 0 has said why for all of them."""
         if not self.enabled:
             return
         self.enabled = False
-        self._warn(f"off on this rank: {why}; training continues")
+        if not quiet:
+            self._warn(f"off on this rank: {why}; training continues")
         self._pending = None
         self.capture.abandon()
         self.job_profilers.uninstall()
@@ -309,9 +316,44 @@ class Runtime:
         after the gather (rank 0's analyst starts there). Every rank answers alike (agreed steps)."""
         return self.capture.active or self._pending is not None or step <= self._quiet_until
 
+    def _check_synchronised(self, step: int) -> bool:
+        """Whether eroica stands down for the job at this step: no collective ran on this rank in its
+        steps UNSYNCED_FROM to UNSYNCED_FROM + UNSYNCED_STEPS (torch's Flight Recorder's count,
+        hang.collectives_recorded; nothing is judged where it cannot say). Every rank runs the same
+        loop, so every rank stands down at this same boundary, and no vote is left for one alone.
+
+        Why: eroica's vote at every step waits for every rank's, vote_lag steps later. Ranks that never
+        wait for each other (each training a model of its own: a sweep or an ensemble launched as one
+        job) then wait for each other in the vote instead: two ranks training 300 steps of 10 and 20 ms
+        alone took 3.3 and 6.4 s under torchrun and 6.5 and 6.5 s under eroica-run, whose report named
+        the slower rank for the faster one's wait. Their pace is their own: there is no slowest rank
+        that every rank waits for to find."""
+        if step == UNSYNCED_FROM:
+            from eroica_runtime.hang import collectives_recorded
+
+            self._collectives_from = collectives_recorded()
+            return False
+        if step != UNSYNCED_FROM + UNSYNCED_STEPS or self._collectives_from is None:
+            return False
+        from eroica_runtime.hang import collectives_recorded
+
+        if collectives_recorded() != self._collectives_from:
+            return False
+        if self.rank == 0:
+            from eroica_runtime.analyst import say
+
+            say(f"eroica: steps {UNSYNCED_FROM}-{step} ran no collective: the job's ranks do not wait for each other "
+                "(each trains on its own), and eroica's vote at every step would make them. eroica is off for this "
+                "job from here: it finds the rank that the others wait for, and here none does")
+        self.votes.clear()   # cast by every rank: the side channel completes them at the job's end (drain)
+        self._disable("no collective in the job's steps", quiet=True)
+        return True
+
     def _boundary(self, step: int, ms: float, t0: float) -> None:
         assert self.side is not None
         cfg = self.cfg
+        if (step == UNSYNCED_FROM or step == UNSYNCED_FROM + UNSYNCED_STEPS) and self._check_synchronised(step):
+            return
         pending = self._pending
         if step % REFRESH_EVERY == 0:
             self.pg_keeper.refresh()

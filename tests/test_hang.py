@@ -39,7 +39,7 @@ print(before, collectives_recorded())
 """
 
 
-@pytest.mark.parametrize("size, want", [("200", "0 3"), ("0", "None None"), (None, "None None")])
+@pytest.mark.parametrize("size, want", [("200", "grew"), ("0", "None None"), (None, "None None")])
 def test_the_flight_recorders_count_of_collectives_grows_with_them_and_is_none_when_it_is_off(
         size: str | None, want: str) -> None:
     """runtime._adopt_gate counts no steps in a loop where this count did not grow: a recorder off (not
@@ -49,7 +49,12 @@ def test_the_flight_recorders_count_of_collectives_grows_with_them_and_is_none_w
         env["TORCH_FR_BUFFER_SIZE"] = size
     proc = subprocess.run([sys.executable, "-c", COUNTED], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split("\n")[-2] == want, proc.stdout
+    got = proc.stdout.split("\n")[-2]
+    if want == "grew":   # the recorder's 3 and the group's sequence number's 3: only growth is read
+        before, after = map(int, got.split())
+        assert after - before >= 3, got
+    else:
+        assert got == want, got
 
 
 def test_analyse_names_the_rank_outside_the_collective() -> None:
