@@ -621,7 +621,12 @@ def format_job(report: dict[str, Any], report_dir: str | os.PathLike[str] | None
     looked = [c for c in caps if c.get("trigger") == HANG_TRIGGER
               or conclusive(int(c.get("ranks_analysed") or 0), int(report.get("world_size") or 0))]
     slower = [c for c in looked if _unexplained(c)]   # slower than the baseline, no culprit found
-    if not findings and not caps:
+    stood = job.get("stood_down") if isinstance(job, dict) else None
+    if not findings and not caps and isinstance(stood, dict) and isinstance(stood.get("why"), str):
+        # eroica switched itself off for this job (runtime._check_synchronised): say why, not "nothing taken"
+        head = (f"{title}: nothing diagnosed: eroica stood down at step {_text(stood.get('step'))}: "
+                f"{_text(stood['why'], 600)} — world size {report.get('world_size')}{where}")
+    elif not findings and not caps:
         head = (f"{title}: no capture was taken, so nothing was diagnosed — world size "
                 f"{report.get('world_size')}, {steps}{where}")
     elif not findings and not looked:

@@ -48,10 +48,10 @@ from eroica_runtime.trigger import Trigger
 
 TRIGGER_FILE_EVERY_S = 1.0
 HISTORY_STEPS = 32   # steps before a window shipped in its summary (~0.9 KB)
-# steps of a job in which no collective ran, from this step on, after which eroica stands down for the job:
-# its ranks never wait for each other, and its vote at every step makes them (_check_synchronised)
-UNSYNCED_FROM = 16
-UNSYNCED_STEPS = 32
+# a job in which no collective ran from the end of this step to the end of its warm-up (cfg.warmup_steps, at
+# least the step after this one) is one eroica stands down for: its ranks never wait for each other, and
+# its vote at every step makes them (_check_synchronised)
+UNSYNCED_FROM = 1
 # Deferred work (a summary being built) per step boundary: up to 20 ms, or 20% of the job's median
 # step where that is more, and never more than half a step. A 50 ms step gets 20 ms slices (the 50 ms
 # a closing step may add is the ceiling for any step; the ~0.4-0.7 s of a summary take ~30 steps,
@@ -316,11 +316,14 @@ class Runtime:
         after the gather (rank 0's analyst starts there). Every rank answers alike (agreed steps)."""
         return self.capture.active or self._pending is not None or step <= self._quiet_until
 
-    def _check_synchronised(self, step: int) -> bool:
-        """Whether eroica stands down for the job at this step: no collective ran on this rank in its
-        steps UNSYNCED_FROM to UNSYNCED_FROM + UNSYNCED_STEPS (torch's Flight Recorder's count,
-        hang.collectives_recorded; nothing is judged where it cannot say). Every rank runs the same
-        loop, so every rank stands down at this same boundary, and no vote is left for one alone.
+    def _check_synchronised(self, step: int, until: int) -> bool:
+        """Whether eroica stands down for the job at this step: no collective ran on this rank after
+        step UNSYNCED_FROM up to step ``until``, the warm-up's end (hang.collectives_recorded; nothing
+        is judged where it cannot say). Every rank runs the same loop, so every rank stands down at
+        this same boundary, and no vote is left for one alone; before the baseline capture, whose
+        window would compare ranks that waited only for eroica's vote (at step 48, as first built, the
+        baseline had named the slower rank for the other's wait). A job whose ranks meet less often than
+        that (local SGD with a long period) is left too: between its meetings the vote would hold them.
 
         Why: eroica's vote at every step waits for every rank's, vote_lag steps later. Ranks that never
         wait for each other (each training a model of its own: a sweep or an ensemble launched as one
@@ -333,7 +336,7 @@ class Runtime:
 
             self._collectives_from = collectives_recorded()
             return False
-        if step != UNSYNCED_FROM + UNSYNCED_STEPS or self._collectives_from is None:
+        if step != until or self._collectives_from is None:
             return False
         from eroica_runtime.hang import collectives_recorded
 
@@ -342,9 +345,16 @@ class Runtime:
         if self.rank == 0:
             from eroica_runtime.analyst import say
 
-            say(f"eroica: steps {UNSYNCED_FROM}-{step} ran no collective: the job's ranks do not wait for each other "
-                "(each trains on its own), and eroica's vote at every step would make them. eroica is off for this "
-                "job from here: it finds the rank that the others wait for, and here none does")
+            why = (f"steps {UNSYNCED_FROM}-{step} ran no collective: the job's ranks do not wait for each other "
+                   "(each trains on its own), and eroica's vote at every step would make them. eroica is off for this "
+                   "job from here: it finds the rank that the others wait for, and here none does")
+            if self.analyst is not None:   # report.json says it too (written before it is said)
+                try:
+                    self.analyst.write_job(steps=step + 1, job={"partial": True, "stood_down": {"step": step, "why": why}},
+                                           history=self.clock.all_ms[:])
+                except Exception as exc:
+                    self._warn(f"cannot write the report: {type(exc).__name__}: {exc}")
+            say(f"eroica: {why}")
         self.votes.clear()   # cast by every rank: the side channel completes them at the job's end (drain)
         self._disable("no collective in the job's steps", quiet=True)
         return True
@@ -352,7 +362,8 @@ class Runtime:
     def _boundary(self, step: int, ms: float, t0: float) -> None:
         assert self.side is not None
         cfg = self.cfg
-        if (step == UNSYNCED_FROM or step == UNSYNCED_FROM + UNSYNCED_STEPS) and self._check_synchronised(step):
+        until = max(cfg.warmup_steps, UNSYNCED_FROM + 1)
+        if (step == UNSYNCED_FROM or step == until) and self._check_synchronised(step, until):
             return
         pending = self._pending
         if step % REFRESH_EVERY == 0:
