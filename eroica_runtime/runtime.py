@@ -324,6 +324,7 @@ class Runtime:
         window would compare ranks that waited only for eroica's vote (at step 48, as first built, the
         baseline had named the slower rank for the other's wait). A job whose ranks meet less often than
         that (local SGD with a long period) is left too: between its meetings the vote would hold them.
+        Not asked of a job of one rank, whose vote waits for nobody.
 
         Why: eroica's vote at every step waits for every rank's, vote_lag steps later. Ranks that never
         wait for each other (each training a model of its own: a sweep or an ensemble launched as one
@@ -363,7 +364,7 @@ class Runtime:
         assert self.side is not None
         cfg = self.cfg
         until = max(cfg.warmup_steps, UNSYNCED_FROM + 1)
-        if (step == UNSYNCED_FROM or step == until) and self._check_synchronised(step, until):
+        if (step == UNSYNCED_FROM or step == until) and self.side.size > 1 and self._check_synchronised(step, until):
             return
         pending = self._pending
         if step % REFRESH_EVERY == 0:
@@ -710,6 +711,8 @@ class Runtime:
 
         if self._unsynced:
             return False
+        if self.side is None or self.side.size == 1:   # one rank waits for nobody: its vote holds nothing
+            return self._agreed("adopt", passed)
         if self._collectives_at_ask is None:
             self._collectives_at_ask = collectives_recorded()
         if not self._agreed("adopt", passed):

@@ -402,7 +402,8 @@ def test_ranks_that_never_wait_for_each_other_are_not_made_to_by_eroica(tmp_path
     times as long: eroica's vote at every step made rank 0 wait for rank 1 (its 240 steps took as long
     as rank 1's: 6.45 s against 3.28 under torchrun in a job of this shape). It finds no collective in
     steps 1-10 (the warm-up), says so, and stands down for the job before its baseline capture, which
-    named rank 1 for rank 0's wait in the vote: rank 0 keeps its own pace, every rank ends well."""
+    named rank 1 for rank 0's wait in the vote: rank 0 keeps its own pace, every rank ends well. A job of
+    one rank is watched as ever."""
     proc = eroica_run("--nproc-per-node", "2", "--report-dir", tmp_path, DATA / "runtime" / "independent.py",
                       timeout=120)
     assert proc.returncode == 0, explain(proc)
@@ -415,6 +416,12 @@ def test_ranks_that_never_wait_for_each_other_are_not_made_to_by_eroica(tmp_path
     assert stood["step"] == 10 and "ran no collective" in stood["why"], stood
     # rank 0 alone: ~1.3 s (10 steps at rank 1's pace) of rank 1's ~3.7; held at it, ~1.0
     assert took[0] < 0.7 * took[1], took
+    # one rank waits for nobody, its vote holds nothing: watched as ever (its baseline capture taken)
+    alone = eroica_run("--nproc-per-node", "1", "--report-dir", tmp_path / "alone", DATA / "runtime" / "independent.py",
+                       env={"STEPS": "40"}, timeout=120)
+    assert alone.returncode == 0 and "ran no collective" not in alone.stderr, explain(alone)
+    assert [c["trigger"] for c in json.loads((tmp_path / "alone" / "report.json").read_text())["captures"]] == \
+        ["baseline"], explain(alone)
 
 
 def test_a_one_off_stall_names_the_rank_the_others_waited_for_and_where_it_was(tmp_path) -> None:
