@@ -82,15 +82,18 @@ def test_a_second_stage_with_a_new_optimizer_is_still_counted() -> None:
             del first
             second = _opt()
             for _ in range(20):
-                time.sleep(0.01)
+                time.sleep(0.02)
                 second.step()
         finally:
             clock.uninstall()
         assert len(kept) == int(keep)
         lost = SWITCH_AFTER if keep else 0
         assert seen == list(range(5 + 20 - lost)), (keep, seen)
-        later = [ms for step, ms in clock.durations if step >= 5]   # recorded: never one spanning 9 steps
-        assert max(later) < 4.5 * sorted(later)[len(later) // 2], clock.durations
+        # recorded: never one spanning the SWITCH_AFTER steps the switch took (9 sleeps, 180 ms). The bar
+        # leaves a step 120 ms to lose to the scheduler: at 10 ms sleeps and 4.5x the median, one step of
+        # 48 ms on a loaded box (stage one beside the Slurm tests) failed it
+        later = [ms for step, ms in clock.durations if step >= 5]
+        assert max(later) < (SWITCH_AFTER - 1) * sorted(later)[len(later) // 2], clock.durations
 
 
 def test_mark_step_replaces_the_optimizer_hook() -> None:
