@@ -146,6 +146,7 @@ class Runtime:
         # never asked again, and the job summary says so)
         self._collectives_at_ask: int | None = None
         self._collectives_from: int | None = None   # the same at step UNSYNCED_FROM (_check_synchronised)
+        self._unsynced_until = max(cfg.warmup_steps, UNSYNCED_FROM + 1)   # ... and the step it is judged at
         self._unsynced: str | None = None
         self.clock.on_error = self._disable
         self._next_file_check = 0.0
@@ -332,15 +333,13 @@ class Runtime:
         alone took 3.3 and 6.4 s under torchrun and 6.5 and 6.5 s under eroica-run, whose report named
         the slower rank for the faster one's wait. Their pace is their own: there is no slowest rank
         that every rank waits for to find."""
-        if step == UNSYNCED_FROM:
-            from eroica_runtime.hang import collectives_recorded
+        from eroica_runtime.hang import collectives_recorded
 
+        if step == UNSYNCED_FROM:
             self._collectives_from = collectives_recorded()
             return False
         if step != until or self._collectives_from is None:
             return False
-        from eroica_runtime.hang import collectives_recorded
-
         if collectives_recorded() != self._collectives_from:
             return False
         if self.rank == 0:
@@ -363,7 +362,7 @@ class Runtime:
     def _boundary(self, step: int, ms: float, t0: float) -> None:
         assert self.side is not None
         cfg = self.cfg
-        until = max(cfg.warmup_steps, UNSYNCED_FROM + 1)
+        until = self._unsynced_until
         if (step == UNSYNCED_FROM or step == until) and self.side.size > 1 and self._check_synchronised(step, until):
             return
         pending = self._pending
