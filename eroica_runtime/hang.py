@@ -151,15 +151,20 @@ def collectives_recorded() -> int | None:
     3 sends left its count at 0), which that number counts (0 -> 3, and 4 after an all-reduce).
     None where the recorder is off, a size of 0 included (the job's own setting, which eroica-run
     keeps), or the default group's backend is neither gloo nor NCCL (MPI, oneCCL, HCCL: the recorder
-    is theirs alone): an empty ring then says nothing about the job's collectives."""
+    is theirs alone): an empty ring then says nothing about the job's collectives. 0 while no process
+    group exists (torch.distributed not initialized, or not built): no torch collective can have run.
+    Ranks launched together that never make one (a sweep's trials, shards of an inference, each reading
+    RANK alone) were held at the slowest one's pace by eroica's vote: 3.8 s for rank 0's 240 steps that
+    took 1.3 s under torchrun, and the baseline capture named its peer for the wait."""
     try:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return 0
         if int(os.environ.get("TORCH_FR_BUFFER_SIZE") or 0) <= 0:
             return None
         import torch._C._distributed_c10d as c10d
-        import torch.distributed as dist
 
-        if not dist.is_initialized():
-            return None
         backends = {part.split(":")[-1] for part in str(dist.get_backend()).split(",")}
         if not backends or not backends <= {"gloo", "nccl"}:
             return None

@@ -343,10 +343,14 @@ class Runtime:
         if collectives_recorded() != self._collectives_from:
             return False
         if self.rank == 0:
+            import torch.distributed as dist
+
             from eroica_runtime.analyst import say
 
+            alone = "each trains on its own" if dist.is_available() and dist.is_initialized() else \
+                "no process group: torch.distributed was never initialized"
             why = (f"steps {UNSYNCED_FROM}-{step} ran no collective: the job's ranks do not wait for each other "
-                   "(each trains on its own), and eroica's vote at every step would make them. eroica is off for this "
+                   f"({alone}), and eroica's vote at every step would make them. eroica is off for this "
                    "job from here: it finds the rank that the others wait for, and here none does")
             if self.analyst is not None:   # report.json says it too (written before it is said)
                 try:

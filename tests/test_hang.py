@@ -57,6 +57,15 @@ def test_the_flight_recorders_count_of_collectives_grows_with_them_and_is_none_w
         assert got == want, got
 
 
+def test_no_process_group_counts_no_collective_whatever_the_recorder() -> None:
+    """Ranks that never made a process group ran no torch collective: 0, so the runtime stands down
+    for them (their pace is their own) even where the recorder is off."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_FR_BUFFER_SIZE"}
+    code = "from eroica_runtime.hang import collectives_recorded; print(collectives_recorded())"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0 and proc.stdout.split() == ["0"], proc.stdout + proc.stderr
+
+
 def test_analyse_names_the_rank_outside_the_collective() -> None:
     reports = {r: _report(r, "/job/train.py", 80, 41) for r in (0, 1, 3)}
     reports[2] = _report(2, "/job/model.py", 12, 40)

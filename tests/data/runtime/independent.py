@@ -1,14 +1,17 @@
 """Each rank trains a model of its own (a sweep or an ensemble launched as one job): no collective
-between its steps, only a barrier at the end. Rank 0's steps sleep INDEPENDENT_MS (5), the others'
-three times that; each rank prints how long its own steps took."""
+between its steps, only a barrier at the end; with NO_GROUP=1 not even that (no process group at all:
+a sweep's trials, each reading RANK). Rank 0's steps sleep INDEPENDENT_MS (5), the others' three times
+that; each rank prints how long its own steps took."""
 import os
 import time
 
 import torch
 import torch.distributed as dist
 
-dist.init_process_group("gloo")
-rank = dist.get_rank()
+group = os.environ.get("NO_GROUP") != "1"
+if group:
+    dist.init_process_group("gloo")
+rank = int(os.environ["RANK"])
 torch.manual_seed(rank)
 model = torch.nn.Linear(64, 64)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -21,5 +24,6 @@ for _ in range(int(os.environ.get("STEPS", "240"))):
     opt.zero_grad()
     time.sleep(pause)
 print(f"rank {rank} trained in {time.perf_counter() - t0:.3f} s", flush=True)
-dist.barrier()
-dist.destroy_process_group()
+if group:
+    dist.barrier()
+    dist.destroy_process_group()
