@@ -440,6 +440,19 @@ def _unexplained(d: dict[str, Any]) -> bool:
                                          for k in ("median", "baseline", "unexplained_ms"))
 
 
+def stood_down_text(report: dict[str, Any]) -> str:
+    """"nothing diagnosed: eroica stood down at step N: <why>" for a job eroica switched itself off for
+    (runtime._check_synchronised: its ranks never wait for each other) and so took no capture, else "":
+    the text report's head and report.html say why, not "no capture" or "no findings", which read as
+    eroica failing or as a verdict on ranks it never compared."""
+    job = report.get("job")
+    stood = job.get("stood_down") if isinstance(job, dict) else None
+    if report.get("findings") or report.get("captures") or not isinstance(stood, dict) \
+            or not isinstance(stood.get("why"), str):
+        return ""
+    return f"nothing diagnosed: eroica stood down at step {_text(stood.get('step'))}: {_text(stood['why'], 600)}"
+
+
 def slower_text(d: dict[str, Any]) -> str:
     """What a capture slower than the baseline with no culprit looked like ("" for any other capture):
     the text line and report.html say it instead of "healthy"."""
@@ -621,11 +634,9 @@ def format_job(report: dict[str, Any], report_dir: str | os.PathLike[str] | None
     looked = [c for c in caps if c.get("trigger") == HANG_TRIGGER
               or conclusive(int(c.get("ranks_analysed") or 0), int(report.get("world_size") or 0))]
     slower = [c for c in looked if _unexplained(c)]   # slower than the baseline, no culprit found
-    stood = job.get("stood_down") if isinstance(job, dict) else None
-    if not findings and not caps and isinstance(stood, dict) and isinstance(stood.get("why"), str):
-        # eroica switched itself off for this job (runtime._check_synchronised): say why, not "nothing taken"
-        head = (f"{title}: nothing diagnosed: eroica stood down at step {_text(stood.get('step'))}: "
-                f"{_text(stood['why'], 600)} — world size {report.get('world_size')}{where}")
+    stood = stood_down_text(report)
+    if stood:
+        head = f"{title}: {stood} — world size {report.get('world_size')}{where}"
     elif not findings and not caps:
         head = (f"{title}: no capture was taken, so nothing was diagnosed — world size "
                 f"{report.get('world_size')}, {steps}{where}")

@@ -20,6 +20,7 @@ from eroica_runtime.report import (
     ranks_text,
     refused_summary,
     slower_text,
+    stood_down_text,
     transient_lines,
 )
 
@@ -222,6 +223,9 @@ def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
         # the text report's head says the same: no culprit, but not healthy either
         parts[-1] = (f'<p class="cat">No findings, but the capture(s) at step(s) {_e(", ".join(map(str, slower)))} '
                      "were slower than the baseline with no culprit found (below).</p>")
+    stood = stood_down_text(report)
+    if stood:
+        parts[-1] = f'<p class="cat">{_e(stood[0].upper() + stood[1:])}.</p>'
     transient = transient_lines(report)
     if transient:
         parts.append("<h3>Transient (not findings)</h3>" + "".join(f"<p>{_e(line.strip())}</p>" for line in transient))

@@ -355,12 +355,16 @@ def test_a_job_whose_budget_refused_captures_says_so_under_healthy(tmp_path: Pat
 def test_a_job_eroica_stood_down_for_says_why_instead_of_no_capture(tmp_path: Path) -> None:
     """A job whose ranks never wait for each other: eroica switched itself off after its warm-up
     (runtime._check_synchronised) and took no capture. `eroica show` says that and why, not "no capture
-    was taken", which reads as eroica failing; a hand-edited value falls back to the plain line."""
+    was taken", which reads as eroica failing, and report.html says it instead of "No findings: ranks
+    behaved like their peers"; a hand-edited value falls back to the plain line."""
     why = "steps 1-10 ran no collective: the job's ranks do not wait for each other (each trains on its own)"
     doc = report.write_job(tmp_path, diagnoses=[], world_size=2, steps=11,
                            job={"partial": True, "stood_down": {"step": 10, "why": why}, "captures_taken": []})
     head = report.format_job(doc).splitlines()[0]
     assert head == f"eroica: job report: nothing diagnosed: eroica stood down at step 10: {why} — world size 2", head
+    page = (tmp_path / "report.html").read_text()
+    assert "Nothing diagnosed: eroica stood down at step 10: steps 1-10 ran no collective" in page
+    assert "No findings" not in page
     for odd in ({"step": 10}, "yes", None):
         doc = report.write_job(tmp_path, diagnoses=[], world_size=2, steps=11, job={"stood_down": odd})
         assert "no capture was taken" in report.format_job(doc), odd
