@@ -176,6 +176,24 @@ def collectives_recorded() -> int | None:
         return None
 
 
+def collective_times() -> list[int]:
+    """When this rank created each collective the Flight Recorder still holds (its last 200 at
+    eroica-run's TORCH_FR_BUFFER_SIZE), epoch ns in order; sends and receives left out (only some
+    backends record them). Empty where the recorder is off or cannot be read. gloo records no start
+    or end of a collective (both 0 in torch 2.13), only its creation: lateness.py compares it across
+    ranks. One dump, ~2 ms, once per capture."""
+    if int(os.environ.get("TORCH_FR_BUFFER_SIZE") or 0) <= 0:
+        return []
+    try:
+        import torch._C._distributed_c10d as c10d
+
+        entries = json.loads(c10d._dump_fr_trace_json(True, False)).get("entries") or []
+        return [int(e["time_created_ns"]) for e in entries
+                if not e.get("is_p2p") and int(e.get("time_created_ns") or 0) > 0]
+    except Exception:
+        return []
+
+
 class Watchdog(threading.Thread):
     """Per-rank thread: fires once per stall, exchanges positions over the side channel.
 

@@ -369,8 +369,8 @@ def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
     elif "cpu_ms" in ev:
         # named from the step clock's steps before the window: every rank's step is alike there (the
         # others waited); what differs is where the rank's own time went
-        for key, label in (("cpu_ms", "on CPU"), ("run_queue_ms", "waiting for a CPU"),
-                           ("data_ms", "waiting for data"), ("gc_ms", "in GC")):
+        for key, label in (("late_ms", "late to its collectives"), ("cpu_ms", "on CPU"),
+                           ("run_queue_ms", "waiting for a CPU"), ("data_ms", "waiting for data"), ("gc_ms", "in GC")):
             v = ev.get(key)
             if isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v) \
                     and v[0] - v[1] >= 1.0:

@@ -31,7 +31,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from eroica_runtime import __version__, errorfile, reportdir, telemetry
+from eroica_runtime import __version__, errorfile, lateness, reportdir, telemetry
 from eroica_runtime import summary as summary_mod
 from eroica_runtime.agreement import Agreement
 from eroica_runtime.capture import Capture, JobProfilers
@@ -40,7 +40,7 @@ from eroica_runtime.engine import imbalance, longsteps, timelost
 from eroica_runtime.gather import gather_capture, gather_job_end
 from eroica_runtime.memwatch import MemoryWatch
 from eroica_runtime.pgkeeper import REFRESH_EVERY, GroupKeeper
-from eroica_runtime.sidechannel import DeadlineMissed, SideChannel, leave_mpi
+from eroica_runtime.sidechannel import DeadlineMissed, SideChannel, Vote, leave_mpi
 from eroica_runtime.signals import Signals, describe
 from eroica_runtime.stepclock import StepClock
 from eroica_runtime.summary import rawevents
@@ -97,6 +97,9 @@ class _Pending:
     build: summary_mod.Resumable[dict[str, Any]]
     probe: dict[str, Any] | None = None   # rank 0: the link probe run as the window opened
     gave_way: str = ""          # the window gave way to the job's own profiler on this rank: nothing to send
+    # when this rank made each of the HISTORY_STEPS steps' last collective before the window, and the
+    # all-reduce of the earliest of those (_post_arrivals)
+    arrivals: tuple[np.ndarray, Vote] | None = None
 
 
 def _no_summary() -> summary_mod.resumable.Steps[dict[str, Any]]:
@@ -519,6 +522,7 @@ class Runtime:
         pending, self._pending = self._pending, None
         if pending is None:
             return
+        late = self._late_ms(pending)
         self._quiet_until = step + 1 + self.cfg.vote_lag
         self._deferred.append((pending.close_step + 1, self._quiet_until))
         if gave is None:
@@ -530,7 +534,11 @@ class Runtime:
                 self.analyst.add_gave_way(pending.first, pending.trigger, gave)
             return
         pending.build.run(None)
-        blob = summary_mod.encode(pending.build.result)  # type: ignore[arg-type]
+        doc = pending.build.result
+        hist = doc.get("history") if isinstance(doc, dict) else None
+        if late and isinstance(hist, dict) and "late" in hist:
+            hist["late"] = [late.get(hist["first"] + j, 0.0) for j in range(len(hist["late"]))]
+        blob = summary_mod.encode(doc)  # type: ignore[arg-type]
         first, trigger, probe = pending.first, pending.trigger, pending.probe
         gathered = gather_capture(self.side, blob, step=first, trigger=trigger,
                                   deadline_s=self.cfg.deadline_s, report_dir=self.report_dir,
@@ -553,13 +561,16 @@ class Runtime:
         gc_count1, gc_ms1 = self.gc.snapshot()
         gave_way = cap.gave_way
         events = cap.stop()
+        arrivals = self._post_arrivals(first)
         if gave_way:
             self._pending = _Pending(first, trigger, step, summary_mod.Resumable(_no_summary()),  # type: ignore[arg-type]
-                                     self._window.get("probe"), gave_way=gave_way)
+                                     self._window.get("probe"), gave_way=gave_way, arrivals=arrivals)
             return
         if self.cfg.keep_raw_events:
             self._keep_raw(events, first)
         steps, history = self._step_records(first, step)
+        if history is not None and arrivals is not None:   # the size the build budgets for; filled at the gather
+            history["late"] = [0.0] * len(history["ms"])
         n = max(len(steps), 1)
         ident = {"rank": self.rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
                  "world_size": self.side.size, "pid": os.getpid(), "host": socket.gethostname(),
@@ -570,7 +581,32 @@ class Runtime:
             history=history, gc={"count": (gc_count1 - gc_count0) / n, "ms": (gc_ms1 - gc_ms0) / n},
             telemetry={"start": self._window["tele_start"], "end": telemetry.sample()}, records=summary_mod.RECORDS)
         self._pending = _Pending(first, trigger, step, summary_mod.Resumable(build),  # type: ignore[arg-type]
-                                 self._window.get("probe"))
+                                 self._window.get("probe"), arrivals=arrivals)
+
+    def _post_arrivals(self, first: int) -> tuple[np.ndarray, Vote] | None:
+        """When this rank made the last collective of each of the HISTORY_STEPS steps before the window
+        (lateness.last_created, from the Flight Recorder: one dump, ~2 ms), and an all-reduce of the
+        earliest rank's, started (collective: every rank at the same window's close, data or not)."""
+        assert self.side is not None
+        if self.side.size == 1:
+            return None
+        from eroica_runtime.hang import collective_times
+
+        to_epoch = time.time_ns() - time.perf_counter_ns()
+        ends = {s: int(t * 1e9) + to_epoch for s, t, _ in self.clock.ends}
+        held = {s: int(w * 1e9) for s, _, w in self.clock.ends}
+        mine = lateness.last_created(collective_times(), range(first - HISTORY_STEPS, first), ends, held)
+        return mine, self.side.post_min(mine)
+
+    def _late_ms(self, pending: _Pending) -> dict[int, float]:
+        """step -> ms this rank came late to the step's collectives (lateness.lateness), for the steps
+        before the window; waits for the all-reduce ``_post_arrivals`` started (collective)."""
+        if pending.arrivals is None:
+            return {}
+        assert self.side is not None
+        mine, vote = pending.arrivals
+        late = lateness.lateness(mine, self.side.wait_vote(vote, self.cfg.deadline_s))
+        return {pending.first - HISTORY_STEPS + i: round(float(v), 3) for i, v in enumerate(late)}
 
     def _keep_raw(self, events: Any, first: int) -> None:
         """EROICA_KEEP_RAW_EVENTS=1: write the window's raw events (a debugging aid; its cost, ~7 µs an

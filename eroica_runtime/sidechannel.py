@@ -63,9 +63,10 @@ def leave_mpi(*, failing: bool) -> None:
         pass
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Vote:
-    """One Iallreduce in flight (its buffers must live until it completes)."""
+    """One Iallreduce in flight (its buffers must live until it completes). Equal only to itself: a
+    vote removed from behind others (``wait_vote``) was compared field by field, numpy buffers and all."""
 
     req: object
     send: np.ndarray
@@ -175,6 +176,16 @@ class SideChannel:
         send = np.ascontiguousarray(values, dtype=np.int64)
         recv = np.zeros_like(send)
         vote = Vote(self.voting.Iallreduce(send, recv, op=self.MPI.MAX), send, recv)
+        self._votes.append(vote)
+        return vote
+
+    def post_min(self, values: np.ndarray) -> Vote:
+        """Start an Iallreduce(MIN) of a small float64 array on the voting communicator, moved on by
+        every later ``post_vote``; complete it with ``wait_vote``. Every rank posts it at the same step
+        boundary (a window's close), so its order among the votes is the same everywhere."""
+        send = np.ascontiguousarray(values, dtype=np.float64)
+        recv = np.zeros_like(send)
+        vote = Vote(self.voting.Iallreduce(send, recv, op=self.MPI.MIN), send, recv)
         self._votes.append(vote)
         return vote
 

@@ -343,6 +343,9 @@ class StepClock:
         # the process was held throttled by its CPU quota) of the training thread, eroica's own
         # boundary work excluded
         self.thread: deque[tuple[int, float, float, int, float, float, float]] = deque(maxlen=THREAD_HISTORY)
+        # (step, perf_counter() at its end, s eroica's vote held the rank there after it): which step a
+        # collective was made in, and how late eroica made it (lateness.py)
+        self.ends: deque[tuple[int, float, float]] = deque(maxlen=THREAD_HISTORY)
         self.continued = 0                # SIGCONTs received (the runtime's handler counts them)
         self._continued_last = 0
         self.data_ms = 0.0                # time in DataLoader next() (waiting for a batch), cumulative
@@ -612,6 +615,8 @@ class StepClock:
         if self._cuda:
             self._record_cuda(step)
         waited = self.on_boundary(step, ms) or 0.0
+        if step > 0:
+            self.ends.append((step, now, waited))
         end = time.perf_counter()
         if end - now > 1e-3:
             # eroica did real work here (a window closed, a capture started): not the next step's.

@@ -110,6 +110,14 @@ Fixtures under data/engine/, all real captures recorded on this 2-core machine:
   sleeps 50 ms between backward() and its optimizer step from step 30; 2026-12-06), the spike capture at
   step 43: rank 1's own work 52.8 ms a step, 49.6 of it with its training thread neither on a CPU nor
   waiting for one.
+- ``stalled-in-bursts-rank1.msgpack``: fault bench "stall-int" (rank 1 of 4 asleep 80 ms before its
+  optimizer step, 8 steps in 20 from step 50; 2026-12-07, at 0c37add with lateness.py's runtime half),
+  the spike capture at step 99, whose window opened as a burst ended: every rank alike in it, rank 1
+  72-90 ms late to its collectives in the 8 steps before it (its peers 0-27), its CPU time no more
+  than theirs.
+- ``read-in-bursts-rank1.msgpack``: fault bench "io-int" (rank 1 reads 2 MiB at 8 MB/s before its
+  step, 8 steps in 20; 2026-12-07), the spike capture at step 98: rank 1 came 234 ms a step late to its
+  collectives before the window (peers 5) and read 2 MiB in it (peers 0).
 """
 
 from __future__ import annotations
@@ -933,3 +941,39 @@ def test_a_rank_blocked_off_the_cpu_is_told_to_look_for_what_blocked_it_not_at_i
     # the fixture is the case: without the step clock's CPU and run-queue times, the generic host action
     old = _diagnose(meta, [_without_scheduler_data(s) for s in sums]).findings[0]
     assert old.rank == 1 and "blocked" not in old.action and "contention" in old.action, old.action
+
+
+def test_a_rank_asleep_in_bursts_is_named_for_coming_late_to_its_collectives() -> None:
+    """Neither CPU, run-queue nor batch time shows a rank blocked off the CPU (its waiting peers are
+    off the CPU as long, in gloo); when each rank made its collectives does: rank 1 came ~80 ms late in
+    each burst step before the window. Read as an older eroica wrote it (no lateness column), the
+    capture names nobody, as the fault bench's stall-int did; a manual capture claims nothing."""
+    meta, sums = _capture("stalled-in-bursts-rank1.msgpack")
+    assert meta["trigger"] == "spike"
+    d = _diagnose(meta, sums)
+    assert [(f.rank, f.category, f.function) for f in d.findings] == [(1, "host", HISTORY_FUNCTION)], \
+        [f.title for f in d.findings]
+    f = d.findings[0]
+    assert sorted(f.victims) == [0, 2, 3] and "late to its collectives" in f.title, f.title
+    late, peers = f.evidence["late_ms"]
+    assert late > 60.0 and peers < 20.0, f.evidence
+    assert f.evidence["cpu_ms"][0] < 1.5 * f.evidence["cpu_ms"][1], f.evidence   # not extra CPU work
+    # a burst: what it costs on average over the 32 steps shipped, under a slow step's excess
+    assert 0.2 * f.evidence["excess_ms"] < f.impact_ms_per_step < f.evidence["excess_ms"], f.evidence
+    assert "py-spy dump" in f.action and "late to its collectives" in "\n".join(report.format_finding(f))
+    older = copy.deepcopy(sums)
+    for s in older:
+        s["history"].pop("late")
+    assert _diagnose(meta, older).findings == ()
+    assert diagnose(sums, step=meta["step"], trigger="manual", world_size=meta["world_size"]).findings == ()
+
+
+def test_a_rank_late_to_its_collectives_while_it_read_far_more_than_its_peers_is_named_for_storage() -> None:
+    """The same lateness while the window's I/O counters say the rank read 2 MiB and its peers none:
+    storage I/O, with the storage action, not a sleep's."""
+    meta, sums = _capture("read-in-bursts-rank1.msgpack")
+    d = _diagnose(meta, sums)
+    assert [(f.rank, f.category) for f in d.findings] == [(1, "io")], [f.title for f in d.findings]
+    f = d.findings[0]
+    assert f.evidence["io"] and f.evidence["io_bytes"][0] >= 2**20 > f.evidence["io_bytes"][1], f.evidence
+    assert f.evidence["late_ms"][0] > 100.0 and "filesystem" in f.action, f.action

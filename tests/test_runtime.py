@@ -348,7 +348,9 @@ def test_a_rank_stalling_after_its_all_reduce_is_named_and_its_peers_wait_is_not
     ranks). Booked as eroica's own time, that wait was in no step: the spike capture named nobody, or
     rank 1 with one of its two victims (benchmarks §18), and eroica's own work at the boundaries read
     up to 1.8 s, 87% of a peer's time. The wait is the step's and, in a
-    window, a collective's: rank 1 is named, both others its victims."""
+    window, a collective's: rank 1 is named, both others its victims. Its summary says when it came to
+    its all-reduces in the steps before the window (lateness.py): ~50 ms after the earliest rank in
+    each stalled step, its peers on time."""
     proc = eroica_run("--nproc-per-node", "3", "--report-dir", tmp_path, DATA / "runtime" / "uneven.py",
                       env={"UNEVEN": "after"}, timeout=120)
     assert proc.returncode == 0 and proc.stdout.count("trained") == 3, explain(proc)
@@ -357,6 +359,12 @@ def test_a_rank_stalling_after_its_all_reduce_is_named_and_its_peers_wait_is_not
     assert later and later[0]["findings"], explain(proc)
     top = later[0]["findings"][0]
     assert top["rank"] == 1 and top["victims"] == [0, 2], explain(proc)
+    late = {}
+    for s in captures(tmp_path)[later[0]["step"]][1]:
+        h = s["history"]
+        late[s["rank"]] = statistics.mean(x for j, x in enumerate(h["late"]) if h["first"] + j > 32) \
+            if h["first"] + len(h["late"]) > 34 else None
+    assert late[1] is not None and late[1] > 30.0 and max(late[0], late[2]) < 0.3 * late[1], (late, later[0]["step"])
     # the 30 stalls took 1.5 s; eroica's own work at the boundaries stays well under that on every rank
     assert max(r["eroica_ms"] for r in report["job"]["per_rank"]) < 750, report["job"]["per_rank"]
 

@@ -129,6 +129,22 @@ def _cpu_share(t: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
         return np.where(wall > 0, t["cpu_s"][rows] / wall, np.nan)
 
 
+def storage_io(table: Table, row: int, peers: np.ndarray) -> dict[str, Any]:
+    """``{"io_bytes": [rank's, peers' median], "io": True}`` when this rank read and wrote far more than
+    its peers in the window (4x, and 1 MiB more), else {}: a plain read() is no profiled op, so a host
+    stall (or a rank late to its collectives, history.py) while it did is storage I/O."""
+    t = table.telemetry
+    if "io_read_bytes" not in t:
+        return {}
+    io = t["io_read_bytes"][row] + t["io_write_bytes"][row]
+    peer_vals = t["io_read_bytes"][peers] + t["io_write_bytes"][peers]
+    peer_vals = peer_vals[np.isfinite(peer_vals)]
+    peer_io = float(np.median(peer_vals)) if peer_vals.size else float("nan")
+    if math.isfinite(io) and math.isfinite(peer_io) and io > 4.0 * peer_io + (1 << 20):
+        return {"io_bytes": [float(io), peer_io], "io": True}
+    return {}
+
+
 def telemetry_refinement(table: Table, row: int, peer_rows: np.ndarray, category: str,
                          quota_named: bool = False, blocked: bool = False) -> tuple[dict[str, Any], str]:
     """Evidence and action from telemetry: GPU throttling, CPU contention / CPU share below peers
@@ -150,18 +166,12 @@ def telemetry_refinement(table: Table, row: int, peer_rows: np.ndarray, category
                 hints.append(f"GPU clock {sm:.0f} MHz of {smax:.0f} MHz max (peers {peer_sm:.0f})"
                              + (f", throttle reasons: {', '.join(reasons)}" if reasons else "")
                              + ": hardware throttling — check cooling/power capping, drain the node.")
-    if category == "host" and "io_read_bytes" in t:
-        # a plain read() is no profiled op: a host stall while this rank read far more than its peers
-        # is storage I/O
-        io = t["io_read_bytes"][row] + t["io_write_bytes"][row]
-        peer_vals = t["io_read_bytes"][peers] + t["io_write_bytes"][peers]
-        peer_vals = peer_vals[np.isfinite(peer_vals)]
-        peer_io = float(np.median(peer_vals)) if peer_vals.size else float("nan")
-        if math.isfinite(io) and math.isfinite(peer_io) and io > 4.0 * peer_io + (1 << 20):
-            ev["io_bytes"] = [float(io), peer_io]
-            ev["io"] = True
-            hints.append(f"{io / 2**20:.1f} MiB read/written in the window vs peers' {peer_io / 2**20:.1f} MiB: "
-                         "the stall is storage I/O.")
+    io = storage_io(table, row, peers) if category == "host" else {}
+    if io:
+        ev.update(io)
+        mine, theirs = io["io_bytes"]
+        hints.append(f"{mine / 2**20:.1f} MiB read/written in the window vs peers' {theirs / 2**20:.1f} MiB: "
+                     "the stall is storage I/O.")
     if category in ("compute", "host", "dataloader", "gc"):
         with np.errstate(all="ignore"):
             inv = _per_cpu_s(t, "ctx_invol", np.asarray([row]))[0]

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from eroica_runtime.engine.attribution import CONTENTION_SHARE, grown_functions
-from eroica_runtime.engine.baseline import Thresholds, center, column_reference, significant
-from eroica_runtime.engine.categories import ACTIONS, work_action, work_evidence
+from eroica_runtime.engine.baseline import Thresholds, center, column_reference, group_bars, significant
+from eroica_runtime.engine.categories import ACTIONS, storage_io, work_action, work_evidence
 from eroica_runtime.engine.model import Finding, in_function, ranks_waiting
 from eroica_runtime.engine.peers import Peers
 from eroica_runtime.engine.quota import (
@@ -85,6 +85,8 @@ def history_culprits(table: Table, peers: Peers, th: Thresholds, trigger: str,
                         _over_eight_steps(excess, z, step_ref, th, len(rows)) or \
                         _persistent_contention(table, rows, row, excess, z, step_ref, kind, th):
                     best[row] = (excess, kind)
+        for row, excess in _late(table, rows, measures, step_ref, th, named | set(best)).items():
+            best[row] = (excess, "late")
         for row, (excess, kind) in best.items():
             f = _finding(table, rows, row, excess, step_ref, kind, th)
             average = f.evidence.get("average_ms")
@@ -105,6 +107,40 @@ def history_culprits(table: Table, peers: Peers, th: Thresholds, trigger: str,
     return out
 
 
+# a rank came late to its collectives by this share of the step beyond its own busy and batch time
+# before it is named for it: see _late
+LATE_SHARE = 0.35
+
+
+def _late(table: Table, rows: np.ndarray, measures: dict[str, np.ndarray], step_ref: float, th: Thresholds,
+          skip: set[int]) -> dict[int, float]:
+    """row -> ms a step it came late to its collectives in the steps before the window beyond its
+    peers, less what its own extra busy and batch-waiting time there explains (lateness.py), for
+    ranks not named otherwise: the others waited for it while its training thread was off the CPU (a
+    sleep, a lock, a synchronous write), which neither of those measures shows.
+
+    Its own bar, LATE_SHARE of the step with the group's z: the step-by-step lead of one rank of four
+    on 2 shared cores is noisy (0-43 ms a step against the earliest on a 55 ms step in a healthy
+    fault-bench run, 3-15 ms on average over 8 steps), while stall-int's rank 1 (asleep 80 ms a step in
+    bursts) came 72-98 ms late in each burst step, its peers 0-29."""
+    late = table.sch("hist_late")
+    if not np.isfinite(late[rows]).all():   # older summaries, one rank: not measured
+        return {}
+    busy, data = measures["busy"][rows], measures["data"][rows]
+    if not np.isfinite(busy).all():
+        return {}
+    own = np.maximum(busy - np.median(busy), 0.0) + np.maximum(data - np.median(data), 0.0)
+    values = late[rows] - own
+    c = center(values, th.sigma_floor_rel)
+    out = {}
+    for k in np.flatnonzero(values - c.ref >= max(th.abs_ms, LATE_SHARE * step_ref)).tolist():
+        row, excess = int(rows[k]), float(values[k] - c.ref)
+        z = excess / c.sigma if c.sigma > 0 else float("inf")
+        if row not in skip and z >= group_bars(len(rows), th)[1]:
+            out[row] = excess
+    return out
+
+
 # what a burst of a kind asks of its user, where it differs from the kind's action
 BURST_ACTIONS = {
     # extra CPU work in bursts on one rank is most often work only it does now and then (a 4-rank job
@@ -113,6 +149,10 @@ BURST_ACTIONS = {
                "metrics or logging, an evaluation on one rank): make it asynchronous, share it among the "
                "ranks or do it less often. Otherwise " + ACTIONS["compute"][0].lower() + ACTIONS["compute"][1:],
 }
+
+IO_LATE = "It read or wrote {mine:.1f} MiB in the window against its peers' {theirs:.1f}."
+LATE_ACTION = ("py-spy dump --pid on this rank while it is slow shows where its training thread waits; "
+               "move that call off the training loop (a background thread or process), or make it wait less.")
 
 # a small group's share-of-step bar for the steps before the window (HISTORY_RECENT steps, not a window's 3)
 HISTORY_SMALL_SHARE = 0.20
@@ -139,10 +179,10 @@ CONTENTION_Z = 2.0
 def _cause(table: Table, rows: np.ndarray, row: int, excess: float, kind: str) -> str:
     """What the rank's excess before the window was: "data" (waiting for its next batch), "runq"
     (starved: its run-queue wait grew far more than its CPU time; a rank computing more on a loaded
-    host queues more too, while its peers sleep in the collective), "gc" (most of it in GC pauses) or
-    "cpu" (extra work)."""
-    if kind == "data":
-        return "data"
+    host queues more too, while its peers sleep in the collective), "gc" (most of it in GC pauses),
+    "late" (late to its collectives, off the CPU: ``_late``) or "cpu" (extra work)."""
+    if kind in ("data", "late"):
+        return kind
     peers = rows[rows != row]
     cpu, runq = table.sch("hist_cpu"), table.sch("hist_runq")
     gc = np.nan_to_num(table.sch("hist_gc"))
@@ -189,7 +229,7 @@ def _in_window_too(table: Table, rows: np.ndarray, row: int, excess: float, meas
     and only the steps before the window named it. That is no burst, and the window's functions say
     what it did."""
     column = {"cpu": table.sch("cpu"), "runq": table.sch("runq"), "gc": table.col("gc"),
-              "data": table.col("data")}[measure]
+              "data": table.col("data"), "late": table.col("host_gap")}[measure]
     peers = rows[rows != row]
     if not (np.isfinite(column[row]) and np.isfinite(column[peers]).any()):
         return None
@@ -208,7 +248,8 @@ def _burst_cost(table: Table, rows: np.ndarray, row: int, excess: float, kind: s
     The steps before the window are the burst (the vote caught it there), so their excess is what a
     slow step costs, not what the job loses a step: fault-bench runs 22-28 put the bursty cases'
     estimates at 2.2x (0.67-3.13) of the loss measured over the run (8 slow steps in 20)."""
-    col = table.sch("span_data") if kind == "data" else busy(table, "span")
+    col = table.sch("span_data") if kind == "data" else table.sch("span_late") if kind == "late" \
+        else busy(table, "span")
     n = table.sch("span_steps")[row]
     peers = rows[rows != row]
     if not (np.isfinite(col[row]) and np.isfinite(col[peers]).all() and np.isfinite(n)) or n <= HISTORY_RECENT:
@@ -227,7 +268,12 @@ def _finding(table: Table, rows: np.ndarray, row: int, excess: float, step_ref: 
     data_ref, gc_ref = float(np.median(data[peers])), float(np.median(gc[peers]))
     cause = _cause(table, rows, row, excess, kind)
     starved, collecting = cause == "runq", cause == "gc"
-    category = "dataloader" if kind == "data" else "host" if starved else "gc" if collecting else "compute"
+    category = "dataloader" if kind == "data" else "host" if starved or kind == "late" \
+        else "gc" if collecting else "compute"
+    io = storage_io(table, row, peers) if kind == "late" else {}
+    if io:   # what it was blocked in: reads and writes of its own (the window's I/O counters)
+        category = "io"
+    late, late_ref = table.sch("hist_late")[row], float(np.median(table.sch("hist_late")[peers]))
     rank = int(table.rank[row])
     host = table.hosts[int(table.host_idx[row])]
     victims = tuple(int(r) for r in table.rank[peers].tolist())
@@ -238,25 +284,33 @@ def _finding(table: Table, rows: np.ndarray, row: int, excess: float, step_ref: 
         return _quota_finding(table, rows, row, excess, step_ref, quota, steady is not None)
     what = (f"waiting for its next batch {data[row]:.1f} ms/step vs peers' {data_ref:.1f}"
             if kind == "data" else
+            f"late to its collectives {late:.1f} ms/step vs peers' {late_ref:.1f} (on CPU {cpu[row]:.1f} vs "
+            f"{cpu_ref:.1f}, waiting for a CPU {runq[row]:.1f} vs {runq_ref:.1f}): off the CPU, blocked in a call no "
+            "profiled op covers (a sleep, a lock or the GIL held by another thread, a synchronous read or write of "
+            "a file, socket or pipe), while its peers waited for it" if kind == "late" else
             f"in Python GC pauses {gc[row]:.1f} ms/step vs peers' {gc_ref:.1f}" if collecting else
             f"runnable but waiting for a CPU {runq[row]:.1f} ms/step vs peers' {runq_ref:.1f}: CPU contention "
             "or a CPU quota (cgroup) on this rank" if starved else
             f"on CPU {cpu[row]:.1f} ms/step vs peers' {cpu_ref:.1f}: extra work")
     seen_in = f"the {HISTORY_RECENT} steps before the window (step clock)"
-    function, phase = HISTORY_FUNCTION, "data" if kind == "data" else "host_gap" if starved \
+    function, phase = HISTORY_FUNCTION, "data" if kind == "data" else "host_gap" if starved or kind == "late" \
         else "gc" if collecting else "forward"
     ev = {"excess_ms": excess, "seen_in": seen_in,
           "cpu_ms": [float(cpu[row]), cpu_ref], "run_queue_ms": [float(runq[row]), runq_ref],
           "data_ms": [float(data[row]), data_ref], "gc_ms": [float(gc[row]), gc_ref],
           "step_ms": [float(table.sch("hist_ms")[row]), step_ref], "victims_count": len(victims),
-          **({"cpu_starved": True} if starved else {})}
-    cost = excess
+          **({"cpu_starved": True} if starved else {}),
+          **({"late_ms": [float(late), late_ref]} if kind == "late" else {}), **io}
+    cost, how = excess, "late to its collectives" if kind == "late" else "busy"
+    # what a rank blocked off the CPU asks of its user: not "check the host for contention"
+    late_action = (ACTIONS["io"] + " " + IO_LATE.format(mine=io["io_bytes"][0] / 2**20, theirs=io["io_bytes"][1] / 2**20)
+                   if io else LATE_ACTION) if kind == "late" else None
     if steady is None:
         cost, on_average = _burst_cost(table, rows, row, excess, kind, ev)
         action = (f"In the steps just before the window this rank was {what}, in bursts. The window missed "
-                  "the slow steps: " + BURST_ACTIONS.get(category, ACTIONS.get(category, "")))
+                  "the slow steps: " + (late_action or BURST_ACTIONS.get(category, ACTIONS.get(category, ""))))
         title = (f"rank {rank} on {host}: {category} in the {HISTORY_RECENT} steps before the window "
-                 f"(+{excess:.1f} ms/step busy{on_average}, {ranks_waiting(len(victims))})")
+                 f"(+{excess:.1f} ms/step {how}{on_average}, {ranks_waiting(len(victims))})")
     else:
         # a steady fault: the window shows it as well, and what the rank ran there names the function
         ev["seen_in"] = f"the window (+{steady:.1f} ms/step) and {seen_in}"
@@ -264,13 +318,13 @@ def _finding(table: Table, rows: np.ndarray, row: int, excess: float, step_ref: 
         col, fn_phase, ev["functions"] = grown_functions(
             table, row, column_reference(table.fn_ms, rows), category, steady, th, rows)
         function, phase = (table.fn_names[col], fn_phase or phase) if col is not None else (f"({phase})", phase)
-        action = ACTIONS.get(category, "")
+        action = late_action or ACTIONS.get(category, "")
         if category == "compute" and col is not None:
             work_ev, work = work_evidence(table, row, rows, col)
             ev.update(work_ev)
             action = work_action(work_ev, work, action)
         action = f"This rank was {what}, in the window and the steps before it. " + action
-        title = (f"rank {rank} on {host}: {category}{in_function(function)} (+{excess:.1f} ms/step busy in the window "
+        title = (f"rank {rank} on {host}: {category}{in_function(function)} (+{excess:.1f} ms/step {how} in the window "
                  f"and the {HISTORY_RECENT} steps before it, {ranks_waiting(len(victims))})")
     return Finding(category=category, rank=rank, host=host, function=function, phase=phase,
                    impact_ms_per_step=cost, what_if_step_ms=max(step_ref - excess, 0.0), victims=victims,

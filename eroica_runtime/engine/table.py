@@ -45,11 +45,12 @@ TELEMETRY_KEYS = _HOST_COUNTERS + _HOST_GAUGES + _GPU_GAUGES
 # shipped (up to 32, not only the recent ones: "span_*", what a burst costs on average) and how many
 # steps that is ("span_steps"), and how much the rank's busy time (CPU + run-queue + batch wait) varied from
 # step to step over them, less a pause ("span_busy_sd", the sample standard deviation: engine/turns.py);
-# NaN for ranks that did not record it
+# ms a step it came late to its collectives against the earliest rank ("hist_late", "span_late":
+# lateness.py); NaN for ranks that did not record it
 SCHED_COLUMNS = ("cpu", "runq", "hist_ms", "hist_cpu", "hist_runq", "hist_data", "hist_gc", "stops", "stop_ms",
-                 "steps_seen", "hist_thr", "span_ms", "span_cpu", "span_runq", "span_thr", "span_data", "span_steps",
-                 "span_busy_sd")
-SPAN_OF = ("ms", "cpu", "runq", "thr", "data")   # the "span_*" columns, in order
+                 "steps_seen", "hist_thr", "span_ms", "span_cpu", "span_runq", "span_thr", "span_data", "span_late",
+                 "span_steps", "span_busy_sd", "hist_late")
+SPAN_OF = ("ms", "cpu", "runq", "thr", "data", "late")   # the "span_*" columns, in order
 SCHED_INDEX = {c: i for i, c in enumerate(SCHED_COLUMNS)}
 HISTORY_RECENT = 8     # a burst is seen by the vote 6-7 steps before the window opens
 # the one step of the history shipped this many times the rank's median step is a pause outside its
@@ -924,7 +925,7 @@ def _sched_block(doc: dict[str, Any], col: Any, m: int) -> np.ndarray:
         return [col(("history", c, j)) for j in range(len(list(hist.get(c) or [])))]
 
     pause = _pause_cols(hist_cols("ms"))
-    recent = {c: hist_cols(c)[-HISTORY_RECENT:] for c in ("ms", "cpu", "runq", "data", "gc", "thr")}
+    recent = {c: hist_cols(c)[-HISTORY_RECENT:] for c in ("ms", "cpu", "runq", "data", "gc", "thr", "late")}
     ms = hist_cols("ms") + [col(("steps", i, "ms")) for i in win]
     if hist.get("stops"):
         stops = [c != 0 for c in hist_cols("stops")]
@@ -936,7 +937,7 @@ def _sched_block(doc: dict[str, Any], col: Any, m: int) -> np.ndarray:
     out = np.full((m, len(SCHED_COLUMNS)), np.nan)
     out[:, SCHED_INDEX["cpu"]] = _seq_mean([col(("steps", i, "cpu")) for i in win], m)
     out[:, SCHED_INDEX["runq"]] = _seq_mean([col(("steps", i, "runq")) for i in win], m)
-    for c in ("ms", "cpu", "runq", "data", "gc", "thr"):
+    for c in ("ms", "cpu", "runq", "data", "gc", "thr", "late"):
         out[:, SCHED_INDEX[f"hist_{c}"]] = _kept_mean(recent[c], pause, m)
     n_hist = len(hist_cols("cpu"))
     for c in SPAN_OF:   # thr only where the process was held: none shipped is none held
@@ -974,7 +975,8 @@ def _sched_row(s: dict[str, Any]) -> list[float]:
         marks = pause[len(pause) - len(xs):] if len(xs) <= len(pause) else [False] * (len(xs) - len(pause)) + pause
         return [x for x, out in zip(xs, marks, strict=True) if not out]
 
-    recent = {c: kept(list(hist.get(c) or [])[-HISTORY_RECENT:]) for c in ("ms", "cpu", "runq", "data", "gc", "thr")}
+    recent = {c: kept(list(hist.get(c) or [])[-HISTORY_RECENT:])
+              for c in ("ms", "cpu", "runq", "data", "gc", "thr", "late")}
     ms = [float(x) for x in hist.get("ms") or []] + [float(x["ms"]) for x in win]
     stops = [bool(x) for x in hist.get("stops") or [0] * len(hist.get("ms") or [])] + \
         [bool(x.get("stops")) for x in win]
@@ -990,7 +992,7 @@ def _sched_row(s: dict[str, Any]) -> list[float]:
             _mean(recent["gc"]),
             float(sum(stops)) if win else math.nan, stop_ms if win else math.nan, float(len(ms)) if win else math.nan,
             _mean(recent["thr"]), *(float(_span_round(_mean(xs))) for xs in span),
-            float(n_hist) if n_hist else math.nan, busy_sd]
+            float(n_hist) if n_hist else math.nan, busy_sd, _mean(recent["late"])]
 
 
 def _ragged(rows: list[list[float]]) -> np.ndarray:

@@ -75,9 +75,10 @@ MAX_HISTORY = 4096
 STEP_EXTRAS = ("cpu", "runq", "comm", "stops", "data", "gc", "thr")
 # the steps before the window, one column each: wall ms, thread CPU ms, run-queue ms; optional:
 # SIGCONTs received in the step (present when there were some), ms in DataLoader next(), ms in
-# GC pauses, ms held throttled by a CPU quota (present when some step was)
+# GC pauses, ms held throttled by a CPU quota (present when some step was), ms it came late to the
+# step's collectives against the earliest rank (lateness.py; present in jobs of more than one rank)
 HISTORY_COLUMNS = ("ms", "cpu", "runq")
-HISTORY_OPTIONAL = ("stops", "data", "gc", "thr")
+HISTORY_OPTIONAL = ("stops", "data", "gc", "thr", "late")
 MAX_NAME = 4096
 MAX_TELEMETRY_DEPTH = 4
 MAX_TELEMETRY_LEAVES = 4096
