@@ -966,6 +966,12 @@ def test_a_rank_asleep_in_bursts_is_named_for_coming_late_to_its_collectives() -
         s["history"].pop("late")
     assert _diagnose(meta, older).findings == ()
     assert diagnose(sums, step=meta["step"], trigger="manual", world_size=meta["world_size"]).findings == ()
+    # ranks with a device timeline (a GPU job, device times alike here): a slow GPU whose host syncs on it
+    # comes late too, so lateness names nobody there until it is seen on a GPU (issue 11)
+    on_gpus = copy.deepcopy(sums)
+    for s in on_gpus:
+        s["device_phases"] = {"busy": 20.0, "compute": 15.0, "comm": 5.0, "comm_exposed": 2.0, "idle": 30.0}
+    assert _diagnose(meta, on_gpus).findings == ()
 
 
 def test_a_rank_late_to_its_collectives_while_it_read_far_more_than_its_peers_is_named_for_storage() -> None:
