@@ -161,15 +161,12 @@ def collectives_recorded() -> int | None:
 
         if not (dist.is_available() and dist.is_initialized()):
             return 0
-        if int(os.environ.get("TORCH_FR_BUFFER_SIZE") or 0) <= 0:
-            return None
-        import torch._C._distributed_c10d as c10d
-
         backends = {part.split(":")[-1] for part in str(dist.get_backend()).split(",")}
         if not backends or not backends <= {"gloo", "nccl"}:
             return None
-
-        entries = json.loads(c10d._dump_fr_trace_json(True, False)).get("entries") or []
+        entries = _recorded()
+        if entries is None:
+            return None
         return (int(entries[-1]["record_id"]) + 1 if entries else 0) + \
             int(dist.group.WORLD._get_sequence_number_for_group())
     except Exception:
@@ -182,16 +179,20 @@ def collective_times() -> list[int]:
     backends record them). Empty where the recorder is off or cannot be read. gloo records no start
     or end of a collective (both 0 in torch 2.13), only its creation: lateness.py compares it across
     ranks. One dump, ~2 ms, once per capture."""
-    if int(os.environ.get("TORCH_FR_BUFFER_SIZE") or 0) <= 0:
-        return []
     try:
-        import torch._C._distributed_c10d as c10d
-
-        entries = json.loads(c10d._dump_fr_trace_json(True, False)).get("entries") or []
-        return [int(e["time_created_ns"]) for e in entries
+        return [int(e["time_created_ns"]) for e in _recorded() or []
                 if not e.get("is_p2p") and int(e.get("time_created_ns") or 0) > 0]
     except Exception:
         return []
+
+
+def _recorded() -> list[dict[str, Any]] | None:
+    """The Flight Recorder's ring (one dump, no stacks), None where it is off: a size of 0 or unset."""
+    if int(os.environ.get("TORCH_FR_BUFFER_SIZE") or 0) <= 0:
+        return None
+    import torch._C._distributed_c10d as c10d
+
+    return list(json.loads(c10d._dump_fr_trace_json(True, False)).get("entries") or [])
 
 
 class Watchdog(threading.Thread):

@@ -12,8 +12,10 @@ in the steps before it (benchmarks §20).
 What tells the stalled rank from its victims is when each got to its collectives. torch's Flight
 Recorder (which eroica-run turns on) keeps when each of a rank's last collectives was created, in
 wall-clock ns; gloo records nothing else (no start, no end). Per step before the window, each rank
-takes the creation of the last collective it made in that step (``last_created``; every rank makes
-the same collectives in the same order, so the last one is the same operation everywhere), the ranks
+takes the creation of the last collective it made in that step (``last_created``; in data parallelism
+every rank makes the same collectives in the same order, so the last one is the same operation
+everywhere; where groups differ, a pipeline stage or a tensor-parallel group, a rank's last one is
+always the same operation of its own and stands apart by about as much every step), the ranks
 take the earliest of those per step in one all-reduce at the window's close, and each ships how much
 later than that it was, less its usual lead (``lateness``): a host whose clock runs apart, or a
 pipeline stage that is always later by design, is late every step and so not late at all.
