@@ -180,10 +180,13 @@ class MemoryTrail:
                 rec[2:] = [now, uss, anon, rank_mb]
         if kids:
             self._children_at = now
-            if self._warn is not None:
-                self._say_copies()
+        # the reads' cost only: the warning's first judgement imports the engine (~65 ms of CPU here), which
+        # counted held the next round off 6.5 s, and workers that had copied too little at that round to be
+        # warned of were never read again before they exited (the copy-on-read test, 2 of 30 runs)
         cost = time.thread_time() - t0
         self._next_children = now + max(self.CHILDREN_EVERY * self._base, cost / self.CHILDREN_BUDGET)
+        if kids and self._warn is not None:
+            self._say_copies()
 
     def _say_copies(self) -> None:
         """Warn once if the last round's children hold copies of the rank's pages worth a share of its

@@ -211,3 +211,34 @@ def test_a_rank_shrinking_as_it_is_killed_leaves_its_workers_copies_said_to_be_c
         os.write(w, b"x")
         os.close(w)
         os.waitpid(pid, 0)
+
+
+def test_the_first_copy_on_read_judgement_does_not_hold_off_the_next_read_of_the_workers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wrapper reads the rank's children every CHILDREN_EVERY samples' time, later when its reads cost
+    more CPU than CHILDREN_BUDGET. The warning's first judgement imports the engine (~65 ms of CPU), which
+    counted as a read held the next round off 6.5 s: workers that had copied too little to be warned of at
+    that round exited unread (the copy-on-read launch test, 2 of 30 runs). Here the judgement burns 100
+    ms of CPU and the next round still comes at the usual pace."""
+    import subprocess
+    import time
+
+    def judge() -> None:   # what the engine's import costs the wrapper's thread, and no warning yet
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.1:
+            pass
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        trail = oom.MemoryTrail(os.getpid(), 0.2, 0.0, warn=lambda said: None)
+        monkeypatch.setattr(trail, "_say_copies", judge)
+        trail.sample()
+        first = max(c[2] for c in trail.children())
+        until = time.time() + 4.0   # the usual pace: 5 samples of 0.2 s; held off, 10 s
+        while time.time() < until and max(c[2] for c in trail.children()) == first:
+            time.sleep(0.05)
+            trail.sample()
+        assert max(c[2] for c in trail.children()) > first, "the children were not read again within 4 s"
+    finally:
+        child.kill()
+        child.wait()
