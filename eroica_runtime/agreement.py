@@ -47,7 +47,7 @@ class Agreement:
         if self._asked is None:
             self._asked = side.post_max(np.array([passed], dtype=np.int64), self._about)
         asked = self._asked
-        if side.done(asked):
+        if side.settle(asked):
             target = int(asked.recv[0]) + MARGIN
             if passed < target:
                 return False

@@ -28,7 +28,7 @@ class Side:
         vote = self.posted[-1]
         vote.recv[0], vote.done = most, True
 
-    def done(self, vote: Vote) -> bool:
+    def settle(self, vote: Vote) -> bool:
         return vote.done
 
     def progress(self, vote: Vote, deadline: float) -> bool:

@@ -437,6 +437,26 @@ def test_ranks_that_never_wait_for_each_other_are_not_made_to_by_eroica(tmp_path
         ["baseline"], explain(alone)
 
 
+def test_a_loop_without_a_collective_is_said_once_though_one_rank_came_to_it_while_the_other_paused(
+        tmp_path) -> None:
+    """Two ranks read 100 DataLoader batches each with no optimizer step and no collective; rank 1
+    starts 1 s after rank 0, which holds 3 s before its last batch. Each rank asks the other where to
+    count steps at its 64th batch: rank 0 first, then rank 1 while rank 0 holds, which learns the
+    answer at once and, past its margin, calls MPI no more. MPICH completes rank 0's request only at
+    the second Test after its pause (sidechannel.SideChannel.settle): tested once at its last batch, it
+    never learned it, counted no steps without saying why, and its peer was left with a request of
+    its own (2 of 90 runs of the copy-on-read launch test here, which this schedule makes certain)."""
+    proc = eroica_run("--nproc-per-node", "2", "--report-dir", tmp_path, DATA / "runtime" / "late_batches.py",
+                      timeout=120)
+    assert proc.returncode == 0, explain(proc)
+    assert "rank 0 read 100 batches" in proc.stdout and "rank 1 read 100 batches" in proc.stdout, explain(proc)
+    said = [ln for ln in proc.stderr.splitlines() if "no optimizer step and no collective between them" in ln]
+    assert len(said) == 1 and re.match(r"\[rank0\]:eroica: \d+ DataLoader batches", said[0]), explain(proc)
+    assert "its loop (DataLoader batches, no torch.optim optimizer step) has no collective" in proc.stderr, \
+        explain(proc)
+    assert "off on this rank" not in proc.stderr + proc.stdout, explain(proc)
+
+
 def test_a_one_off_stall_names_the_rank_the_others_waited_for_and_where_it_was(tmp_path) -> None:
     """Rank 3 works alone for 2 s once (as a recompile or a lone save does): no detector captures a
     stall that is over, but the job summary says which step, which rank, and the line it was at. Two
