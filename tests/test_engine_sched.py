@@ -24,6 +24,9 @@ Fixtures under data/engine/, all real captures recorded on this 2-core machine:
   the 8 steps before the window (its workers starting), 0.0 more on average over the 32 before it.
 - ``frozen-in-window-rank1.msgpack``: the same fault (run 45, 3c0426e), the throughput capture at
   step 75, whose window held a stop (252 ms in step 89, inside DDP's copy_bucket_to_grad).
+- ``frozen-edge-rank1.msgpack``: the same fault (the suite's freeze test, 2026-12-07, dcbe578), the
+  throughput capture at step 77, where one stop's wait fell on the window's edge: rank 0 waited it in
+  the window (53.1 ms steps), rank 2 in the step before (37.1 ms steps).
 - ``bursty-contention-rank1.msgpack``: fault bench "contend-int" (2 hogs on rank 1's core, 8 steps
   on, 12 off), the spike capture whose window opened as the burst ended.
 - ``bursty-gc-rank1.msgpack``: fault bench "gc-int" (GC storms on rank 1 in bursts), a spike capture
@@ -135,6 +138,7 @@ from eroica_runtime.engine.attribution import closest_straggler, one_part_stragg
 from eroica_runtime.engine.baseline import median_of_others
 from eroica_runtime.engine.history import HISTORY_FUNCTION, history_culprits
 from eroica_runtime.engine.peers import form_peers
+from eroica_runtime.engine.stalls import waited_on
 
 FIXTURE = Path(__file__).parent / "data" / "engine" / "healthy-runq-luck.msgpack"
 
@@ -332,6 +336,23 @@ def test_a_stop_the_window_caught_names_the_stops_not_the_op_it_fell_in() -> Non
     assert "process stopped 3 times in 48 steps" in f.title and "SIGSTOP/SIGCONT" in f.action, f.title
     # what grew stays in the evidence
     assert f.evidence["functions"][0]["name"] == "torch.distributed.ddp.reducer::copy_bucket_to_grad"
+
+
+def test_every_rank_waits_out_a_stopped_ranks_stops_wherever_the_windows_edge_cut_one() -> None:
+    """Rank 1 is named for its stops from the window's comparison, and its victims were the ranks whose
+    window waits grew by half its excess: rank 2 waited out one stop in the step before its window (a
+    ring all-reduce let rank 0 finish that step first), so the finding said "1 rank waiting on it" (the
+    suite's freeze test, 1 of 15 runs). Each stop is waited out by every rank: both are its victims, as
+    when the stops alone name it (stalls.stall_finding), and a rank named for a fault of its own is not."""
+    meta, sums = _capture("frozen-edge-rank1.msgpack")
+    table = build_table(sums)
+    wait = dict(zip(table.rank.tolist(), (table.col("comm") / table.col("step")).tolist(), strict=True))
+    assert wait[2] - wait[1] < 0.5 * (wait[0] - wait[1]), wait   # rank 2's window holds no stop's wait
+    f = _diagnose(meta, sums).findings[0]
+    assert (f.rank, f.category, f.function) == (1, "host", "(stopped)"), f.title
+    assert sorted(f.victims) == [0, 2] and "2 ranks waiting on it" in f.title, f.title
+    row = int(table.rows_of([1])[0])
+    assert waited_on(table, row, set(table.rows_of([2]).tolist())) == (0,)
 
 
 def test_a_burst_the_window_missed_is_named_from_the_steps_before_it() -> None:

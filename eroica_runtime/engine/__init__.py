@@ -37,7 +37,7 @@ and pass that Table, so it is converted once and the dicts can be dropped.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -76,7 +76,7 @@ from eroica_runtime.engine.quota import (
     quota_findings,
     quota_limit,
 )
-from eroica_runtime.engine.stalls import STOPPED_FUNCTION, stall_finding, stalls
+from eroica_runtime.engine.stalls import STOPPED_FUNCTION, stall_finding, stalls, waited_on
 from eroica_runtime.engine.stalls import action as stall_action
 from eroica_runtime.engine.table import Table, TableBuilder, build_table
 from eroica_runtime.engine.turns import by_chance
@@ -145,8 +145,10 @@ def _beside_the_network(findings: list[Finding], gates: Gates) -> list[Finding]:
     return out
 
 
-def _culprit_finding(table: Table, peers: Peers, c: Culprit, stopped: dict[str, Any] | None = None) -> Finding:
-    """A culprit's finding; its what-if step is set once every culprit is known (_what_ifs)."""
+def _culprit_finding(table: Table, peers: Peers, c: Culprit, stopped: dict[str, Any] | None = None,
+                     culprits: Collection[int] = ()) -> Finding:
+    """A culprit's finding; its what-if step is set once every culprit is known (_what_ifs). ``culprits``:
+    every culprit's row (a rank named for its stops is waited on by all the others)."""
     row, ref_rows = c.row, c.peer_rows(peers)
     rank = int(table.rank[row])
     host = table.hosts[int(table.host_idx[row])]
@@ -158,7 +160,8 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, stopped: dict[str, 
     if stopped and stopped["lost_ms_per_step"] >= STOPS_EXPLAIN * c.excess_ms:
         # the stops are the excess: whichever op a stop fell in is incidental, as for a quota (the
         # fault bench's freeze, a stop in the window: "host in ...reducer::copy_bucket_to_grad")
-        c = replace(c, function=STOPPED_FUNCTION, phase="host_gap")
+        c = replace(c, function=STOPPED_FUNCTION, phase="host_gap",
+                    victims=np.asarray(waited_on(table, row, culprits), dtype=np.int64))
     if quota:   # held by its CPU quota: whichever op the throttling fell in is incidental
         c = replace(c, category="host", function=QUOTA_FUNCTION, phase="host_gap")
     # waited for pages: memory it lost (whichever op the faults fell in), or files storage supplied
@@ -381,7 +384,8 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
                          + ", ".join(f"rank {int(table.rank[c.row])} +{c.excess_ms:.1f} ms" for c in dropped[:5]))
             culprits = [c for c in culprits if len(c.victims)]
     stopped = stalls(table, th)
-    findings = [_culprit_finding(table, peers, c, stopped.get(c.row)) for c in culprits]
+    rows = {c.row for c in culprits}
+    findings = [_culprit_finding(table, peers, c, stopped.get(c.row), rows) for c in culprits]
     # a lead within what the ranks' step-to-step variation gives the busiest by chance: turns, no culprit
     chance = [by_chance(table, peers.groups, f, c.group) for f, c in zip(findings, culprits, strict=True)]
     for f, ev in zip(findings, chance, strict=True):
@@ -393,7 +397,7 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
                                 culprits, step_med, healthy)
     excesses = [c.excess_ms for c in culprits]
     named = {c.row for c in culprits}
-    findings.extend(stall_finding(table, row, ev, step_med) for row, ev in stopped.items() if row not in named)
+    findings.extend(stall_finding(table, row, ev, step_med, named) for row, ev in stopped.items() if row not in named)
     if not findings:
         earlier = history_culprits(table, peers, th, trigger, named, notes)
         findings.extend(earlier)
