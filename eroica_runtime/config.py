@@ -40,7 +40,10 @@ class Config:
     enabled: bool = setting(True)
     report_dir: str = setting("", "Where diagnoses and reports go (default ./eroica-report/<job id>).",
                               metavar="DIR")
-    warmup_steps: int = setting(10, "Steps ignored by the detectors at the start.", metavar="N", lo=0)
+    warmup_steps: int = setting(10, "Steps ignored by the detectors at the start. A job of several ranks "
+                                "with no collective in them is left alone from here (its ranks never "
+                                "wait for each other); for local SGD averaging every P steps, set it above P.",
+                                metavar="N", lo=0)
     window_steps: int = setting(3, "Steps profiled per capture.", metavar="K", lo=1, hi=1000)
     baseline: bool = setting(True)
     spike_ratio: float = setting(1.5, "Spike rule: all but one of the last --spike-steps steps above this x "

@@ -328,6 +328,9 @@ class Runtime:
         window would compare ranks that waited only for eroica's vote (at step 48, as first built, the
         baseline had named the slower rank for the other's wait). A job whose ranks meet less often than
         that (local SGD with a long period) is left too: between its meetings the vote would hold them.
+        Said so, with the way to keep it watched: --warmup-steps above its period (a 3-rank job averaging
+        every 16 steps, one rank 10 ms a step slower: with 20, named "host ... 2 ranks waiting on it";
+        the vote's lockstep costs such a job what its meetings would have, the slowest rank's pace).
         Not asked of a job of one rank, whose vote waits for nobody.
 
         Why: eroica's vote at every step waits for every rank's, vote_lag steps later. Ranks that never
@@ -350,11 +353,14 @@ class Runtime:
 
             from eroica_runtime.analyst import say
 
-            alone = "each trains on its own" if dist.is_available() and dist.is_initialized() else \
-                "no process group: torch.distributed was never initialized"
+            group = dist.is_available() and dist.is_initialized()
+            alone = "each trains on its own" if group else "no process group: torch.distributed was never initialized"
             why = (f"steps {UNSYNCED_FROM}-{step} ran no collective: the job's ranks do not wait for each other "
                    f"({alone}), and eroica's vote at every step would make them. eroica is off for this "
                    "job from here: it finds the rank that the others wait for, and here none does")
+            if group:   # a local-SGD job meets every N steps: whoever is slow makes the others wait then
+                why += (f". Ranks that meet less often (local SGD averaging every N steps) are watched with "
+                        f"--warmup-steps above N (now {step})")
             if self.analyst is not None:   # report.json says it too (written before it is said)
                 try:
                     self.analyst.write_job(steps=step + 1, job={"partial": True, "stood_down": {"step": step, "why": why}},

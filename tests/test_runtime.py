@@ -421,6 +421,9 @@ def test_ranks_that_never_wait_for_each_other_are_not_made_to_by_eroica(tmp_path
     assert set(took) == {0, 1}, explain(proc)
     assert "steps 1-10 ran no collective: the job's ranks do not wait for each other" in proc.stderr, explain(proc)
     assert ("torch.distributed was never initialized" in proc.stderr) == (group == "no process group"), explain(proc)
+    # ranks with a process group may meet less often than the warm-up (local SGD): how to keep eroica on
+    assert ("Ranks that meet less often (local SGD averaging every N steps) are watched with --warmup-steps above "
+            "N (now 10)" in proc.stderr) == (group == "a process group"), explain(proc)
     assert "off on this rank" not in proc.stderr + proc.stdout, explain(proc)
     assert not (tmp_path / "captures").exists() or not list((tmp_path / "captures").iterdir()), explain(proc)
     stood = json.loads((tmp_path / "report.json").read_text())["job"]["stood_down"]
@@ -435,6 +438,22 @@ def test_ranks_that_never_wait_for_each_other_are_not_made_to_by_eroica(tmp_path
     assert alone.returncode == 0 and "ran no collective" not in alone.stderr, explain(alone)
     assert [c["trigger"] for c in json.loads((tmp_path / "alone" / "report.json").read_text())["captures"]] == \
         ["baseline"], explain(alone)
+
+
+def test_a_local_sgd_job_watched_from_a_warm_up_past_its_period_names_the_rank_its_meetings_wait_for(
+        tmp_path) -> None:
+    """Three ranks average their parameters every 16 steps (local SGD); rank 1 sleeps 10 ms a step more
+    from step 80. With the default warm-up (steps 1-10, no collective) eroica stands down and says how
+    to keep it on; with --warmup-steps 20, as it says, the job is watched (the vote's lockstep between
+    meetings costs it what its meetings would have: the slowest rank's pace) and rank 1 is named."""
+    proc = eroica_run("--nproc-per-node", "3", "--warmup-steps", "20", "--report-dir", tmp_path,
+                      DATA / "runtime" / "localsgd.py", timeout=150)
+    assert proc.returncode == 0 and proc.stdout.count(" done") == 3, explain(proc)
+    assert "ran no collective" not in proc.stderr and "off on this rank" not in proc.stderr + proc.stdout, \
+        explain(proc)
+    findings = json.loads((tmp_path / "report.json").read_text())["findings"]
+    assert findings and (findings[0]["rank"], findings[0]["category"]) == (1, "host"), explain(proc)
+    assert sorted(findings[0]["victims"]) == [0, 2], findings[0]
 
 
 def test_a_loop_without_a_collective_is_said_once_though_one_rank_came_to_it_while_the_other_paused(
