@@ -41,9 +41,9 @@ class Config:
     report_dir: str = setting("", "Where diagnoses and reports go (default ./eroica-report/<job id>).",
                               metavar="DIR")
     warmup_steps: int = setting(10, "Steps ignored by the detectors at the start. A job of several ranks "
-                                "with no collective in them is left alone from here (its ranks never "
-                                "wait for each other); for local SGD averaging every P steps, set it above P.",
-                                metavar="N", lo=0)
+                                "with no collective in them (nor up to step 32, where they made a process "
+                                "group) is left alone (its ranks never wait for each other); for local SGD "
+                                "averaging less often, set it above the period.", metavar="N", lo=0)
     window_steps: int = setting(3, "Steps profiled per capture.", metavar="K", lo=1, hi=1000)
     baseline: bool = setting(True)
     spike_ratio: float = setting(1.5, "Spike rule: all but one of the last --spike-steps steps above this x "

@@ -52,6 +52,9 @@ HISTORY_STEPS = 32   # steps before a window shipped in its summary (~0.9 KB)
 # least the step after this one) is one eroica stands down for: its ranks never wait for each other, and
 # its vote at every step makes them (_check_synchronised)
 UNSYNCED_FROM = 1
+# ... unless a process group exists: then it is judged again at this step before eroica stands down (a
+# local-SGD job's ranks meet every few steps, and wait for the slowest then)
+UNSYNCED_LONGEST = 32
 # Deferred work (a summary being built) per step boundary: up to 20 ms, or 20% of the job's median
 # step where that is more, and never more than half a step. A 50 ms step gets 20 ms slices (the 50 ms
 # a closing step may add is the ceiling for any step; the ~0.4-0.7 s of a summary take ~30 steps,
@@ -326,12 +329,16 @@ class Runtime:
         is judged where it cannot say). Every rank runs the same loop, so every rank stands down at
         this same boundary, and no vote is left for one alone; before the baseline capture, whose
         window would compare ranks that waited only for eroica's vote (at step 48, as first built, the
-        baseline had named the slower rank for the other's wait). A job whose ranks meet less often than
-        that (local SGD with a long period) is left too: between its meetings the vote would hold them.
-        Said so, with the way to keep it watched: --warmup-steps above its period (a 3-rank job averaging
-        every 16 steps, one rank 10 ms a step slower: with 20, named "host ... 2 ranks waiting on it";
-        the vote's lockstep costs such a job what its meetings would have, the slowest rank's pace).
-        Not asked of a job of one rank, whose vote waits for nobody.
+        baseline had named the slower rank for the other's wait). Where a process group exists, a
+        warm-up without a collective is looked at again at step UNSYNCED_LONGEST, no rule judging and no
+        baseline taken meanwhile (Trigger.hold): a local-SGD job whose ranks average every 16 steps
+        waits for the slowest at every meeting, and is watched from there; the vote holds its ranks
+        together between meetings too, which its ranks' own jitter pays for (3 ranks, 200 steps of ~9
+        ms: 1.87-2.02 s a rank with no capture against 1.62-1.95 under torchrun; docs/benchmarks.md
+        §23). One meeting less often is left too, and told that --warmup-steps above its period keeps
+        it watched. Ranks with no process group are left at the warm-up's end (their cost: 10 steps at
+        the slowest rank's pace, 32 with a group). Not asked of a job of one rank, whose vote waits for
+        nobody.
 
         Why: eroica's vote at every step waits for every rank's, vote_lag steps later. Ranks that never
         wait for each other (each training a model of its own: a sweep or an ensemble launched as one
@@ -348,19 +355,25 @@ class Runtime:
             return False
         if collectives_recorded() != self._collectives_from:
             return False
-        if self.rank == 0:
-            import torch.distributed as dist
+        import torch.distributed as dist
 
+        group = dist.is_available() and dist.is_initialized()
+        if group and step < UNSYNCED_LONGEST:
+            # its ranks may meet less often than the warm-up (local SGD): look until UNSYNCED_LONGEST, with
+            # no rule judging and no baseline meanwhile (every rank alike: the same loop, the same steps)
+            self._unsynced_until = UNSYNCED_LONGEST
+            self.trigger.hold(UNSYNCED_LONGEST)
+            return False
+        if self.rank == 0:
             from eroica_runtime.analyst import say
 
-            group = dist.is_available() and dist.is_initialized()
             alone = "each trains on its own" if group else "no process group: torch.distributed was never initialized"
             why = (f"steps {UNSYNCED_FROM}-{step} ran no collective: the job's ranks do not wait for each other "
                    f"({alone}), and eroica's vote at every step would make them. eroica is off for this "
                    "job from here: it finds the rank that the others wait for, and here none does")
             if group:   # a local-SGD job meets every N steps: whoever is slow makes the others wait then
-                why += (f". Ranks that meet less often (local SGD averaging every N steps) are watched with "
-                        f"--warmup-steps above N (now {step})")
+                why += (". Ranks that meet less often than that (local SGD averaging every N steps) are watched "
+                        "with --warmup-steps above N")
             if self.analyst is not None:   # report.json says it too (written before it is said)
                 try:
                     self.analyst.write_job(steps=step + 1, job={"partial": True, "stood_down": {"step": step, "why": why}},

@@ -537,6 +537,7 @@ class Trigger:
         self.said: list[Refusal] = []   # what the budget refused, for rank 0 to say
         self.said_since_capture = False   # a refused slowdown is said once until a capture is taken again
         self.held: list[int] = []   # first steps of the drift captures found healthy this rank applied
+        self.quiet_until = -1   # no rule judges a step up to this one, nor is the baseline taken before (hold)
 
     def relearn(self, step: int) -> None:
         """What a step is changed from step ``step`` on (the step clock counts at an optimizer now,
@@ -545,9 +546,18 @@ class Trigger:
         recovery, and the baseline is taken again after a new warm-up: one taken in an evaluation
         before the training would be the reference every later capture is compared with."""
         self.detector = Detector(self.cfg)
-        if self.cfg.baseline:
-            self.baseline_step = step + self.cfg.warmup_steps + 2
+        if self.cfg.baseline:   # never inside a hold
+            self.baseline_step = max(step + self.cfg.warmup_steps, self.quiet_until) + 2
             self.baseline_due, self.baseline_late = True, False
+
+    def hold(self, until: int) -> None:
+        """No rule judges a step up to ``until``, nor is the baseline taken before it (a person's or a
+        scheduled capture still is): until then the runtime looks for the job's first collective
+        (runtime._check_synchronised), and a window meanwhile would compare ranks that may have waited
+        only for eroica's vote. The rules learn the job's pace from there."""
+        self.quiet_until = max(self.quiet_until, until)
+        if self.baseline_step is not None and self.baseline_due and not self.baseline_late:
+            self.baseline_step = max(self.baseline_step, until + 2)
 
     # ---- local side ----------------------------------------------------------------------------------
     def local_flags(self, step: int, ms: float, in_window: bool, stops: int = 0, unjudged: bool = False) -> np.ndarray:
@@ -559,7 +569,7 @@ class Trigger:
         if self.manual_pending:
             flags[2] = 1
             self.manual_pending = False
-        if step < self.cfg.warmup_steps:
+        if step < self.cfg.warmup_steps or step <= self.quiet_until:
             return flags
         if in_window or step <= self.busy_until:
             if step > self.window_until and (self.window_trigger == "baseline" or self.detector.learning()):

@@ -42,6 +42,24 @@ def test_gradual_drift_fires_drift_but_jitter_does_not() -> None:
     assert any(det.observe(ms)[1] for ms in ramp)
 
 
+def test_a_held_trigger_judges_no_step_and_takes_no_baseline_before_its_end_but_a_persons_capture() -> None:
+    """While the runtime looks for a job's first collective past its warm-up (a local-SGD job meets
+    every few steps), no rule judges a step and the baseline waits; a person's request is still taken."""
+    t = Trigger(Config(warmup_steps=10))
+    t.hold(32)
+    assert not t.local_flags(20, 500.0, False).any()                    # a spike in the hold: not judged
+    t.manual_pending = True
+    assert t.local_flags(21, 5.0, False)[2] == 1                        # SIGUSR1 is voted all the same
+    # the baseline's lead-in was step 12: now the step after the hold's end
+    assert [(d.start_step, d.trigger) for step in range(40) if (d := t.decide(step, None))] == [(34, "baseline")]
+    # steps counted somewhere else from step 15 (an optimizer after backward()s): a new warm-up, still no
+    # baseline inside the hold
+    t = Trigger(Config(warmup_steps=10))
+    t.hold(32)
+    t.relearn(15)
+    assert [(d.start_step, d.trigger) for step in range(40) if (d := t.decide(step, None))] == [(34, "baseline")]
+
+
 def test_baseline_and_budget_schedule_is_identical_everywhere() -> None:
     cfg = Config(warmup_steps=5, window_steps=3, cooldown_steps=10, max_captures=3)
     a, b = Trigger(cfg), Trigger(cfg)

@@ -16,6 +16,7 @@ opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 x = torch.randn(64, 256)
 sync, start = int(os.environ.get("SYNC", "16")), int(os.environ.get("FROM", "80"))
 slow = float(os.environ.get("SLOW_MS", "10")) / 1e3 if rank == int(os.environ.get("FAULT_RANK", "1")) else 0.0
+t0 = time.perf_counter()
 for step in range(int(os.environ.get("STEPS", "200"))):
     model(x).pow(2).mean().backward()
     opt.step()
@@ -27,5 +28,5 @@ for step in range(int(os.environ.get("STEPS", "200"))):
             for p in model.parameters():
                 dist.all_reduce(p)
                 p /= world
-print(f"rank {rank} done", flush=True)
+print(f"rank {rank} done in {time.perf_counter() - t0:.3f} s", flush=True)
 dist.destroy_process_group()
