@@ -61,7 +61,7 @@ def waited_on(table: Table, row: int, culprits: Collection[int] = ()) -> tuple[i
     collective. Not the window's waits: where a window's edge cuts one stop's wait is chance. A ring
     all-reduce let rank 0 finish the step a stop fell in and wait in the window's first collective
     while rank 2 still waited in the step before it (rank 2's window steps 37 ms, rank 0's 53): the
-    window's rule named rank 0 alone a victim, in 1 of 15 runs of the fault bench's freeze test."""
+    window's rule named rank 0 alone a victim, in 1 of 15 runs of the suite's freeze test (and once in CI)."""
     others = set(culprits) | {row}
     return tuple(int(table.rank[r]) for r in range(table.n) if r not in others)
 
