@@ -329,7 +329,7 @@ def ranks_text(f: dict[str, Any]) -> str:
     rank, the ranks a host finding merges ("1, 3"), or for one of all ranks "all", or how many of them
     slowed where it spared some ("3 of 4"); "–" for none (a communication finding)."""
     ev = f.get("evidence") or {}
-    if f.get("category") == "regression" or ev.get("all_ranks"):
+    if (f.get("category") == "regression" or ev.get("all_ranks")) and f.get("rank") is None:
         spared, n = _count(ev.get("ranks_spared_count")), _count(ev.get("ranks_compared"))
         return f"{n - spared} of {n}" if 0 < spared < n else "all"
     if isinstance(ev.get("ranks"), list) and ev["ranks"]:
@@ -349,8 +349,8 @@ def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
         on = _count(ev.get("ranks_on_host"))
         who = f"{len(ranks)} of {on} ranks" if on >= len(ranks) else count_ranks(len(ranks))
     where = f" on {_text(f['host'])}" if f.get("host") else ""
-    if f.get("category") == "regression" or ev.get("all_ranks"):
-        who = f"{ranks_text(f)} ranks"
+    if (f.get("category") == "regression" or ev.get("all_ranks")) and f.get("rank") is None:
+        who = f"{ranks_text(f)} ranks"   # a regression of one rank compared names it
     head = (f"  #{index} {_text(f.get('category', '?')).upper()}: {who}{where} — "
             f"{_text(f.get('function') or '?')} [{_text(f.get('phase') or '-')}], "
             f"+{_ms(f.get('impact_ms_per_step'))} ms/step" + (f" ({if_fixed_text(f)})" if if_fixed_text(f) else ""))

@@ -141,6 +141,31 @@ def test_every_ranks_input_slowing_alike_is_a_regression_with_the_input_pipeline
                                                                                        f.what_if_step_ms, now, base_step)
 
 
+def test_a_one_rank_jobs_slower_dataset_names_that_rank_and_its_input_path_not_all_ranks() -> None:
+    """A job of one process whose dataset slowed 40 ms a batch (tests/data/faultbench/one-rank-data, a
+    real eroica-run --nproc-per-node 1 job): compared with its own baseline, the rank and its host are
+    named. It read "REGRESSION: all ranks", "every rank's batches take longer", "something all ranks
+    share slowed" and "The same 1 calls of ..." for a job with no other rank."""
+    (_, base, _), (meta, spike, errors) = (
+        summary.decode_capture(p.read_bytes())
+        for p in sorted((DATA.parent / "faultbench" / "one-rank-data" / "captures").glob("*.msgpack"),
+                        key=lambda p: int(p.stem)))
+    assert not errors and meta["step"] == 67 and len(spike) == 1
+    d = diagnose(spike, step=67, trigger=meta["trigger"], world_size=1, baseline=base)
+    assert [(f.category, f.rank, f.host) for f in d.findings] == [("regression", 0, spike[0]["host"])], \
+        [f.title for f in d.findings]
+    f = d.findings[0]
+    assert f.phase == "data" and "DataLoader" in str(f.function), (f.phase, f.function)
+    assert f.title.startswith("Rank 0 slower than its baseline capture"), f.title
+    head = format_finding(f)[0]
+    assert f"REGRESSION: rank 0 on {spike[0]['host']} — " in head, head
+    assert f.action.startswith(f"The same call of {f.function} a step as in the baseline, slower"), f.action
+    assert "next batch" in f.action and "storage or network path to the dataset" in f.action, f.action
+    for many in ("every rank", "Every rank", "all ranks", "each rank"):
+        assert many not in f.action and many not in f.title, (many, f.title, f.action)
+    assert report.ranks_text(f.to_json()) == "0"
+
+
 def test_fixing_the_worse_of_two_culprits_brings_the_step_down_to_the_other_ones_level() -> None:
     """Two faults at once in a real 4-rank job (tests/data/faultbench/two-culprits): rank 3 runs 150 ms
     of extra matmuls a step and rank 1's dataset sleeps 80 ms a batch. Both are named, rank 3 first.

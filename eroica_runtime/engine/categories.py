@@ -63,6 +63,24 @@ ACTIONS = {
     "regression_transfer": "Host<->device copies grew on every rank against this job's own healthy baseline: "
                            "copy from pinned memory (DataLoader pin_memory=True, tensor.pin_memory()) with "
                            "non_blocking=True, and look for copies added to the loop (.item(), .cpu(), .to()).",
+    # the same, for a job of one rank (or one rank compared): no peer, so no "every rank" or "all ranks share"
+    "regression_one": "The rank is slower than its own healthy baseline: check what changed (code, input shapes, "
+                      "library versions, clocks) in the functions that grew.",
+    "regression_one_dataloader": "The rank waits longer for its next batch than in its own healthy baseline: most "
+                                 "often the storage or network path to the dataset slowed (a shared filesystem, an "
+                                 "object store), or the samples got bigger or costlier to transform; also check "
+                                 "DataLoader num_workers and prefetch_factor against the CPUs the rank has.",
+    "regression_one_gc": "Python GC pauses grew against the rank's own healthy baseline: objects pile up (a growing "
+                         "cache, tensors or losses kept for logging); freeze long-lived state with gc.freeze(), "
+                         "raise gc thresholds, or collect at a fixed step.",
+    "regression_one_io": "Storage reads/writes grew against the rank's own healthy baseline: check its filesystem "
+                         "and the checkpoint settings (how often, synchronous saves).",
+    "regression_one_host": "CPU-side time outside any op grew against the rank's own healthy baseline: check what "
+                           "else runs on the host, CPU limits and pinning, and Python work added to the training "
+                           "loop (logging, metrics).",
+    "regression_one_transfer": "Host<->device copies grew against the rank's own healthy baseline: copy from "
+                               "pinned memory (DataLoader pin_memory=True, tensor.pin_memory()) with "
+                               "non_blocking=True, and look for copies added to the loop (.item(), .cpu(), .to()).",
     "hang": "Ranks stopped making progress: collect stacks (py-spy dump) on the named rank(s).",
 }
 
@@ -250,21 +268,23 @@ def work_against(name: str, calls: float, ms: float, ref_calls: float, ref_ms: f
     if verdict == "slower":
         ev["work"] = "slower"
         than = "in its baseline capture" if baseline else "as its peers"
-        return ev, (f"The same {_count(calls)} calls of {name} a step {than}, each slower ({per_call:.3g} vs "
+        return ev, (f"{_the_same_calls(calls)} of {name} a step {than}{', each' if calls != 1 else ','} slower "
+                    f"({per_call:.3g} vs "
                     f"{ref_per_call:.3g} ms): the same work runs slower on this rank (throttled or slower "
                     "hardware, another job on its GPU/CPU) or on larger inputs (shapes are not recorded).")
     return ev, ""
 
 
-# what the same calls of a function, each slower on every rank, say, by the category of its phase (the
-# regression's action then says what to check)
+# what the same calls of a function, each slower on every rank (``whose``: "every rank's", or "the
+# rank's" in a job of one), say, by the category of its phase (the regression's action then says what
+# to check)
 _SLOWER_BECAUSE = {
-    "compute": "clocks or thermals on every node, a library version, or larger inputs",
-    "dataloader": "every rank's batches take longer to fetch or prepare",
-    "io": "every rank's reads or writes take longer",
-    "gc": "every rank's collections take longer",
-    "host": "every rank's CPU-side work takes longer",
-    "transfer": "every rank's copies take longer",
+    "compute": "clocks or thermals on {whose} node, a library version, or larger inputs",
+    "dataloader": "{whose} batches take longer to fetch or prepare",
+    "io": "{whose} reads or writes take longer",
+    "gc": "{whose} collections take longer",
+    "host": "{whose} CPU-side work takes longer",
+    "transfer": "{whose} copies take longer",
 }
 SPARED_SHOWN = 8   # ranks a regression spared, named in its action
 
@@ -289,12 +309,15 @@ def host_lead(host: str, slow: int, on_host: int, hosts: int, more_work: bool) -
 
 
 def regression_action(phase: str, spared: list[int] | None = None, slow: int = 0,
-                      hosts: list[str] | None = None, more_work: bool = False) -> str:
+                      hosts: list[str] | None = None, more_work: bool = False, one: bool = False) -> str:
     """The action of a job-wide regression whose own work grew most in ``phase``: a shared input
     pipeline that slowed on every rank is no matter of clocks or library versions. ``spared``: ranks
     that did not slow (``slow`` ranks did): what differs between the two sets is the lead; ``hosts``:
     the slow ranks are every rank of these hosts and of no other, the host the suspect unless they run
-    more calls (``more_work``)."""
+    more calls (``more_work``). ``one``: one rank was compared (a job of one process), which shares
+    nothing with any other ("every rank ... something all ranks share" read odd for it)."""
+    if one:
+        return ACTIONS.get(f"regression_one_{PHASE_CATEGORY.get(phase, 'compute')}", ACTIONS["regression_one"])
     if spared and hosts:
         where = ", ".join(hosts[:SPARED_SHOWN]) + (" and more" if len(hosts) > SPARED_SHOWN else "")
         lead = f"{slow} ranks slowed alike against this job's own healthy baseline, every rank on {where} and none elsewhere"
@@ -326,9 +349,10 @@ def regression_verdict(fn: dict[str, Any]) -> str | None:
     return work_verdict(*got) if got is not None else None
 
 
-def regression_work(fn: dict[str, Any], spared: bool = False) -> str:
+def regression_work(fn: dict[str, Any], spared: bool = False, one: bool = False) -> str:
     """A sentence for a job-wide regression from its top grown function's calls now and in the baseline
-    (``_function_growth``), or '' when they do not tell; ``spared``: some ranks did not slow."""
+    (``_function_growth``), or '' when they do not tell; ``spared``: some ranks did not slow; ``one``:
+    one rank was compared."""
     got = _regression_calls(fn)
     if got is None:
         return ""
@@ -336,14 +360,22 @@ def regression_work(fn: dict[str, Any], spared: bool = False) -> str:
     verdict = work_verdict(now_calls, now_ms, was_calls, was_ms)
     if verdict == "more":
         return (f"{fn['name']} runs {_count(now_calls)} times a step now vs {_count(was_calls)} in the baseline: "
-                f"{'the slow ranks do' if spared else 'every rank does'} more work per step (a code, configuration "
+                f"{'the slow ranks do' if spared else 'the rank does' if one else 'every rank does'} more work per "
+                "step (a code, configuration "
                 "or data change), not the same work slower.")
     if verdict == "slower":
         because = "on the slow ranks only: their hardware, its clocks, or their inputs" if spared else \
-            _SLOWER_BECAUSE.get(PHASE_CATEGORY.get(str(fn.get("phase")), "compute"), _SLOWER_BECAUSE["compute"])
-        return (f"The same {_count(now_calls)} calls of {fn['name']} a step as in the baseline, each slower "
-                f"({now_ms / now_calls:.3g} vs {was_ms / was_calls:.3g} ms): {because}.")
+            _SLOWER_BECAUSE.get(PHASE_CATEGORY.get(str(fn.get("phase")), "compute"), _SLOWER_BECAUSE["compute"]) \
+            .format(whose="the rank's" if one else "every rank's")
+        return (f"{_the_same_calls(now_calls)} of {fn['name']} a step as in the baseline"
+                f"{', each' if now_calls != 1 else ','} slower ({now_ms / now_calls:.3g} vs {was_ms / was_calls:.3g} ms): "
+                f"{because}.")
     return ""
+
+
+def _the_same_calls(calls: float) -> str:
+    """"The same 3 calls", or "The same call" for one a step ("The same 1 calls of enumerate(DataLoader)")."""
+    return "The same call" if calls == 1 else f"The same {_count(calls)} calls"
 
 
 def _count(calls: float) -> str:

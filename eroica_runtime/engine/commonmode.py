@@ -351,27 +351,33 @@ def common_mode(cur: Table, base: Table, th: Thresholds, culprit_excess: float,
             slow_hosts = hosts_alone(cur, ra, rc[spared])
             if slow_hosts:
                 ev["slow_hosts"] = slow_hosts[:SPARED_LISTED]
-        who = f"{len(rc) - int(spared.sum())} of {len(rc)} ranks" if spared.any() else "All ranks"
+        # one rank compared (a job of one process): it is named, with its host, as itself, not "all ranks"
+        one = int(cur.rank[rc[0]]) if len(rc) == 1 else None
+        who = f"{len(rc) - int(spared.sum())} of {len(rc)} ranks" if spared.any() else \
+            "All ranks" if one is None else f"Rank {one}"
         top = fns[0]["name"] if fns else f"({phase})"
         if phase in COMPUTE_PHASES and fns and fns[0]["phase"] in COMPUTE_PHASES:
             phase = fns[0]["phase"]
-        action = (regression_work(fns[0], bool(spared.any())) + " " if fns else "") \
+        action = (regression_work(fns[0], bool(spared.any()), one is not None) + " " if fns else "") \
             + regression_action(phase, ev.get("ranks_spared"), len(rc) - int(spared.sum()), slow_hosts,
-                                bool(fns) and regression_verdict(fns[0]) == "more") \
+                                bool(fns) and regression_verdict(fns[0]) == "more", one is not None) \
             + (" Grew most: " + ", ".join(f["name"] for f in fns[:3]) if fns else "")
+        if one is not None:
+            slow_hosts = [cur.hosts[int(cur.host_idx[rc[0]])]]
         memory = regression_memory(cur, base, ra, rba)   # every slow rank waited for pages it had lost
         if memory:
             ev.update(memory)
             ev["all_ranks"] = True
             action = memory_action(memory, all_ranks=True)
         findings.append(Finding(
-            category="memory" if memory else "regression", rank=None,
+            category="memory" if memory else "regression", rank=one,
             host=",".join(slow_hosts) if 0 < len(slow_hosts) <= HOSTS_NAMED else None, function=top, phase=phase,
             # fixed, the job steps about as in its baseline, not faster: own work that grew more than the
             # step did (its waits shrank) must not print "step -> 0.0 ms if fixed"
             impact_ms_per_step=m_own, what_if_step_ms=max(now_step - m_own, min(base_step, now_step)), evidence=ev,
             action=action,
-            title=f"{who} slower than the baseline capture{', short of memory' if memory else ''}: own work "
+            title=f"{who} slower than {'the' if one is None else 'its'} baseline capture"
+                  f"{', short of memory' if memory else ''}: own work "
                   f"+{m_own:.1f} ms/step"))
     # with a culprit, the residual wait is a small difference of big numbers: judge it against the
     # current step as well (a 270 ms culprit on a 13 ms baseline step leaves a few ms of slack)
