@@ -22,6 +22,13 @@ from typing import IO
 KINETO_NOISE = (b"USDT:", b"STAGE:")
 TOGGLE_WARNING = b"] Toggling CPU activity with"   # torch's warning at a toggle of host-op collection
 TORCH_WARNING = re.compile(rb"(?:\[rank\d+\]:)?\[W\d")
+# torch's soft assert when a range still open at a profiler's stop sits inside another open range:
+# eroica's window stops in the optimizer step's post-hook, and a job's own profiler waiting for its
+# steps has a ProfilerStep#N range open around that optimizer step ("[W1207 07:01:19.734715178
+# collection.cpp:664] Warning: Optimizer.step#AdamW.step (function operator())", once a capture on
+# every rank); the step's end is the window's, which the summary cuts at anyway
+OPEN_AT_STOP_WARNING = re.compile(rb"(?:\[rank\d+\]:)?\[W\d[^\]]* collection\.cpp:\d+\] Warning: .*"
+                                  rb"\(function operator\(\)\)\r?\n?$")
 PAUSE_S = 0.1        # a partial line held this long is passed on (a progress bar redraws every ~0.1 s)
 MAX_HELD = 1 << 16   # ... and one this long at once, whatever it may become
 
@@ -32,11 +39,13 @@ def is_kineto_noise(line: bytes) -> bool:
     GenericActivityProfiler.cpp:806] Completed Stage: Collection`` (or ActivityProfilerController.cpp
     in older torch); or torch's warning at each toggle of host-op collection, which eroica's capture
     does around the lead-in step: ``[W1201 12:55:23.796823256 profiler_kineto.cpp:814] Toggling CPU
-    activity with GPU activity on may result in traces with GPU events on arbitrary tracks``."""
+    activity with GPU activity on may result in traces with GPU events on arbitrary tracks``; or its
+    soft assert on a range open at the stop of eroica's window (OPEN_AT_STOP_WARNING)."""
     if line.startswith(KINETO_NOISE):
         return b"ActivityProfiler" in line or b"Completed Stage" in line
     # torch writes its C++ warnings with its own "[rankN]:" prefix once a process group exists
-    return TOGGLE_WARNING in line and TORCH_WARNING.match(line) is not None
+    return (TOGGLE_WARNING in line and TORCH_WARNING.match(line) is not None) or \
+        OPEN_AT_STOP_WARNING.match(line) is not None
 
 
 class LineFilter:

@@ -1,7 +1,8 @@
 """Capture: the only module that drives torch.profiler.
 
 All ranks start the profiler at the same agreed step, mark each step boundary inside the window
-(``ProfilerStep#N`` annotations), and stop after K steps; the events go to the summary stage.
+(``eroica::step#N`` ranges: torch's ProfilerStep#N are the job's own profiler's too, summary.events.
+OWN_STEP_PREFIX), and stop after K steps; the events go to the summary stage.
 A profiler's first start pays one-time costs (kineto's set-up; on a GPU, CUPTI's), so ``warm_up()``
 pays them at install time. torch's own start would also import inductor (1 s and 72 MB a rank), which
 eroica's profiler avoids where the job never imported it (``_inductor_left_unloaded``).
@@ -24,7 +25,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from eroica_runtime.summary.events import OWN_RANGE, PEER_WAIT_RANGE
+from eroica_runtime.summary.events import OWN_RANGE, OWN_STEP_PREFIX, PEER_WAIT_RANGE
 
 
 def _detach_cupti_after_stop() -> None:
@@ -109,13 +110,6 @@ def _profile_class() -> type:
                 super().prepare_trace()
 
     return EroicaProfile
-
-
-def _always_record(action: Any) -> Any:
-    def schedule(_step: int) -> Any:
-        return action.RECORD
-
-    return schedule
 
 
 class RawEvents:
@@ -239,6 +233,8 @@ class Capture:
         self._prof: Any = None
         self._own: Any = None   # the open range over eroica's own work at this boundary (own_begin)
         self._lead_in = False   # host ops are not being recorded: the lead-in step (see start())
+        self._mark: Any = None  # the open step mark (eroica::step#N, _open_mark)
+        self._mark_step = 0
         self.step: int | None = None
         self.trigger = ""
         self.k = 0
@@ -292,22 +288,19 @@ class Capture:
         The window opens whatever happens; False when the job's own profiler is on in this process
         (``JobProfilers``): then eroica's does not start and the window has given way from its start.
         """
-        from torch.profiler import ProfilerAction
-
         self.step, self.trigger, self.k = step, trigger, k
         self._open, self.gave_way = True, ""
         if self.jobs.on:
             self.gave_way = f"the job's own profiler was on at step {step - 1}"
             return False
         _detach_cupti_after_stop()
-        # a schedule that always records: torch only emits ProfilerStep#N annotations when a
-        # schedule is given (torch.profiler.schedule() itself would save and clear mid-window)
-        prof = _profile(activities=self._activities(), record_shapes=False, with_stack=False,
-                        schedule=_always_record(ProfilerAction))
-        prof.step_num = step - 1
+        # no schedule: it records from start to stop, and opens no ProfilerStep#N range (eroica marks
+        # its steps with its own, _open_mark)
+        prof = _profile(activities=self._activities(), record_shapes=False, with_stack=False)
         with self.jobs.own():
-            prof.start()  # opens ProfilerStep#<step-1>: the lead-in
+            prof.start()
         self._prof = prof
+        self._open_mark(step - 1)  # the lead-in
         self._lead_in = self._collect_host_ops(False)
         return True
 
@@ -324,10 +317,25 @@ class Capture:
         return True
 
     def mark(self) -> None:
-        """A step boundary inside the window: closes one ProfilerStep#N and opens the next."""
+        """A step boundary inside the window: closes one step's mark and opens the next."""
         if self._prof is not None:
             self._end_lead_in()
-            self._prof.step()
+            self._open_mark(self._mark_step + 1)
+
+    def _open_mark(self, step: int) -> None:
+        """Close the open step mark, if any, and open ``eroica::step#<step>`` (recorded as a user
+        annotation, as torch's ProfilerStep#N is)."""
+        from torch.profiler import record_function
+
+        self._close_mark()
+        mark = record_function(f"{OWN_STEP_PREFIX}#{step}")
+        mark.__enter__()
+        self._mark, self._mark_step = mark, step
+
+    def _close_mark(self) -> None:
+        mark, self._mark = self._mark, None
+        if mark is not None:
+            mark.__exit__(None, None, None)
 
     def own_begin(self) -> None:
         """Open a profiler range over eroica's own work at this step boundary (its vote, the window's
@@ -378,20 +386,21 @@ class Capture:
             self._collect_host_ops(True)
 
     def stop(self) -> Any:
-        """Stop (closing the last ProfilerStep) and return the window's events, the lead-in step's
-        included (its ``ProfilerStep`` annotation and device activity; its host ops were not recorded).
+        """Stop (closing the last step mark) and return the window's events, the lead-in step's
+        included (its mark and device activity; its host ops were not recorded).
 
         The raw kineto events are handed over, not ``prof.events()``: torch's post-processing into
         FunctionEvents costs 2-3x the whole summary (docs/benchmarks.md), on every rank, in the step
         that closes the window. Nothing here touches the events (even listing them costs a pybind
         object each): this runs on the training thread in the closing step; the summary builder reads
-        them later, in slices, and leaves out what started before ``ProfilerStep#<step>`` (the lead-in).
+        them later, in slices, and leaves out what started before ``eroica::step#<step>`` (the lead-in).
         """
         self._open = False
         if self._prof is None:
             return []
         self.own_end()
         self._end_lead_in()   # stop with the profiler's callbacks where it put them
+        self._close_mark()
         prof, self._prof = self._prof, None
         with self.jobs.own():
             prof.stop()
@@ -410,6 +419,10 @@ class Capture:
                 self.own_end()
             except Exception:
                 self._own = None
+            try:
+                self._close_mark()
+            except Exception:
+                self._mark = None
             self._end_lead_in()
         prof, self._prof = self._prof, None
         if prof is not None:

@@ -34,13 +34,55 @@ def test_lead_in_step_records_no_host_op_and_the_window_records_every_step() -> 
     the closing step, costs time per recorded event), while each window step is recorded whole."""
     k = 3
     events = _window(Capture(), 50, k)
-    steps = {e.name(): e.start_ns() for e in events if e.name().startswith("ProfilerStep#")}
-    assert sorted(steps) == ["ProfilerStep#49", "ProfilerStep#50", "ProfilerStep#51", "ProfilerStep#52"]
+    steps = {e.name(): e.start_ns() for e in events if e.name().startswith("eroica::step#")}
+    assert sorted(steps) == ["eroica::step#49", "eroica::step#50", "eroica::step#51", "eroica::step#52"]
+    assert not [e for e in events if e.name().startswith("ProfilerStep#")]
     ops = [e for e in events if e.name().startswith("aten::")]
-    assert ops and all(e.start_ns() >= steps["ProfilerStep#50"] for e in ops), "lead-in ops recorded"
-    per_step = [sum(1 for e in ops if e.name() == "aten::addmm" and steps[f"ProfilerStep#{s}"] <= e.start_ns()
-                    and (s == 52 or e.start_ns() < steps[f"ProfilerStep#{s + 1}"])) for s in (50, 51, 52)]
+    assert ops and all(e.start_ns() >= steps["eroica::step#50"] for e in ops), "lead-in ops recorded"
+    per_step = [sum(1 for e in ops if e.name() == "aten::addmm" and steps[f"eroica::step#{s}"] <= e.start_ns()
+                    and (s == 52 or e.start_ns() < steps[f"eroica::step#{s + 1}"])) for s in (50, 51, 52)]
     assert per_step == [2, 2, 2], per_step
+
+
+def test_a_jobs_own_profiler_waiting_for_its_steps_adds_no_step_to_the_window() -> None:
+    """A job's torch.profiler with a schedule opens a ProfilerStep#N range at every prof.step(), also
+    while it only waits (schedule wait=...), and eroica's profiler records those too. Read as the
+    window's steps (a real 3-rank DDP job whose profiler waited for step 20 while eroica captured
+    13-15), one all-reduce a step read 0.67 and half of DistributedDataParallel.forward backward.
+    eroica marks its steps with its own ranges: the window holds its k steps, each with its ops."""
+    from eroica_runtime import summary
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    jobs = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                  schedule=torch.profiler.schedule(wait=1000, warmup=1, active=1))
+    cap, k = Capture(), 3
+
+    def step() -> None:
+        opt.zero_grad()
+        model(torch.randn(8, 32)).sum().backward()
+        opt.step()
+
+    jobs.start()
+    step()
+    jobs.step()
+    cap.start(50, "test", k)
+    for i in range(k + 1):
+        step()
+        if i < k:
+            cap.mark()          # the runtime's boundary, in the optimizer step's post-hook
+        jobs.step()             # the job's own prof.step() after its optimizer step
+    events = list(cap.stop())
+    jobs.stop()
+    assert {e.name() for e in events if e.name().startswith("ProfilerStep#")}, "the job's ranges were recorded"
+    doc = summary.build(events, identity={"rank": 0, "host": "h"}, capture={"step": 50, "trigger": "test", "k": k},
+                        steps=[{"step": 50 + i, "ms": 1.0} for i in range(k)], gc={"count": 0, "ms": 0.0},
+                        telemetry={})
+    assert doc["profile"]["steps"] == k and [s["step"] for s in doc["steps"]] == [50, 51, 52], doc["profile"]
+    counts = {(f["name"], f["phase"]): f["count"] for f in doc["functions"]}
+    assert counts.get(("aten::addmm", "forward")) == 2 and counts.get(("Optimizer.step#SGD.step", "optimizer")) == 1, \
+        counts
+    assert not [name for name, _ in counts if name.startswith(("ProfilerStep#", "eroica::step#"))], counts
 
 
 def test_a_window_abandoned_in_its_lead_in_leaves_no_profiler_behind() -> None:
@@ -167,11 +209,11 @@ def test_eroicas_profiler_never_imports_inductor_into_a_job_that_did_not():
                 cap.mark()
         names = {e.name() for e in cap.stop()}
         print(json.dumps({"unloaded": "torch._inductor" not in sys.modules, "lookup_kept": torch.__getattr__ is lazy,
-                          "steps": sorted(n for n in names if n.startswith("ProfilerStep#")),
+                          "steps": sorted(n for n in names if n.startswith("eroica::step#")),
                           "ops": "aten::add_" in names, "job_gets_it": hasattr(torch, "_inductor")}))
     """)
-    assert seen == {"unloaded": True, "lookup_kept": True, "steps": ["ProfilerStep#10", "ProfilerStep#11",
-                    "ProfilerStep#9"], "ops": True, "job_gets_it": True}
+    assert seen == {"unloaded": True, "lookup_kept": True, "steps": ["eroica::step#10", "eroica::step#11",
+                    "eroica::step#9"], "ops": True, "job_gets_it": True}
 
 
 def test_a_job_that_compiled_with_cuda_graphs_still_gets_torchs_cuda_graph_check():

@@ -10,7 +10,9 @@ from eroica_launch.output import LineFilter
 NOISE = b"USDT:2026-12-01 10:01:03 2986:2986 SyncActivityProfilerHandler.cpp:52] profiler_start\n"
 TOGGLE = (b"[W1201 12:55:23.796823256 profiler_kineto.cpp:814] Toggling CPU activity with GPU activity on may "
           b"result in traces with GPU events on arbitrary tracks\n")    # torch 2.13's, at each toggle
-STREAM = (b"epoch 1\n" + TOGGLE + b"[rank1]:" + TOGGLE + b"[W1201 12:55:24.0 init.cpp:9] the job's own warning\n" + NOISE + b"\rloss 3.1 |###   |\rloss 2.9 |######|\n"
+# torch's soft assert at the stop of eroica's window inside a job's own waiting profiler's step range
+OPEN = b"[W1207 07:01:19.734715178 collection.cpp:664] Warning: Optimizer.step#AdamW.step (function operator())\n"
+STREAM = (b"epoch 1\n" + TOGGLE + b"[rank1]:" + TOGGLE + OPEN + b"[rank2]:" + OPEN + b"[W1201 12:55:24.0 init.cpp:9] the job's own warning\n" + NOISE + b"\rloss 3.1 |###   |\rloss 2.9 |######|\n"
           + b"[rank1]:already prefixed\n" + NOISE.replace(b"USDT", b"STAGE") + b"USDT: a user's own line\n"
           + b"STAGE:2026-12-01 10:01:03 2986:2986 GenericActivityProfiler.cpp:806] Completed Stage: Collection\nend")
 

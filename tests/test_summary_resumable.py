@@ -104,7 +104,7 @@ def test_the_runtimes_record_pool_changes_no_summary_and_the_next_window_makes_n
 def test_lead_in_step_is_left_out_by_the_builder(window: tuple[Any, dict[str, Any]]) -> None:
     """What Capture.stop() used to cut on the training thread, the builder now cuts: the same summary."""
     events, kw = window
-    t0 = next(e.start_ns() for e in events if e.name() == f"ProfilerStep#{FIRST}")
+    t0 = next(e.start_ns() for e in events if e.name() == f"eroica::step#{FIRST}")
     assert any(e.start_ns() < t0 for e in events)   # the lead-in step is in what stop() returned
     cut = [e for e in events if e.start_ns() >= t0]
     doc = summary.build(events, **kw)

@@ -13,14 +13,17 @@ import numpy as np
 from eroica_runtime.summary import launchers
 from eroica_runtime.summary.events import (
     OWN_RANGE,
-    STEP_PREFIX,
     SYNC_NAMES,
     Ev,
     Lease,
     Records,
     classify,
+    is_step_mark,
+    marks_prefix,
     normalize_steps,
     ran_in,
+    step_marks,
+    step_number,
 )
 from eroica_runtime.summary.intervals import intersect as _intersect
 from eroica_runtime.summary.intervals import length as _length
@@ -344,12 +347,13 @@ def build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, Any
 
     ``events`` is either ``prof.events()`` (FunctionEvents) or, much cheaper, the raw
     ``prof.profiler.kineto_results.events()`` (recognised by their ``start_ns()`` method). Raw
-    events that started before ``ProfilerStep#<capture step>`` (the capture's lead-in step, when the
-    profiler ran one) are left out, here rather than on the training thread at the close.
+    events that started before the capture step's mark (``eroica::step#<capture step>``; the
+    capture's lead-in step, when the profiler ran one) are left out, here rather than on the training
+    thread at the close.
 
-    Reads only the events it is given (never calls the profiler). Steps are the
-    ``ProfilerStep#N`` annotations when present (a profiler schedule makes them), else the
-    window cut into ``len(steps)`` pseudo-steps. ``main_tid`` is only a hint for that case and
+    Reads only the events it is given (never calls the profiler). Steps are eroica's own step marks
+    (``eroica::step#N``, capture.Capture) when present, else the ``ProfilerStep#N`` annotations (a
+    profiler schedule makes them: a trace's), else the window cut into ``len(steps)`` pseudo-steps. ``main_tid`` is only a hint for that case and
     is the profiler's thread id (``FunctionEvent.thread``), not the OS thread id. The result is
     shrunk (fewer top functions) until its encoding fits ``size_budget`` bytes, so the summary
     stays small whatever the model. ``steps`` may carry the step clock's per-step ``cpu`` and
@@ -405,26 +409,27 @@ def _paused(gen: Steps[dict[str, Any]], clock: _Clock) -> Steps[dict[str, Any]]:
 def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], steps: list[dict[str, Any]],
                  gc: dict[str, Any], telemetry: dict[str, Any], main_tid: int | None, history: dict[str, Any] | None,
                  max_functions: int, size_budget: int, clock: _Clock, lease: Lease | None) -> Steps[dict[str, Any]]:
-    window_start = f"{STEP_PREFIX}#{int(capture['step'])}" if capture.get("step") is not None else None
+    window_start = step_marks(int(capture["step"])) if capture.get("step") is not None else None
     evs = yield from normalize_steps(events, window_start, lease)
     for i, ev in enumerate(evs):
         if not i % CHUNK:
             yield
         classify(ev)
     yield
-    step_evs = [ev for ev in evs if not ev.gpu and ev.name.startswith(STEP_PREFIX)]
+    prefix = marks_prefix(evs)   # eroica's own step marks, else ProfilerStep#N (a job's own are no steps then)
+    step_evs = [ev for ev in evs if not ev.gpu and ev.name.startswith(prefix)]
     yield
     main = _pick_main_thread(evs, step_evs, main_tid)
     yield
     main_starts = sorted(ev.start for ev in evs if ev.thread == main and not ev.gpu
-                         and not ev.name.startswith(STEP_PREFIX))
+                         and not is_step_mark(ev.name))
     step_evs = _trim_steps(sorted((ev for ev in step_evs if ev.thread == main), key=lambda e: e.start),
                            main_starts)
     k_expected = int(capture.get("k", 0) or 0)
     if 0 < k_expected < len(step_evs):  # a lead-in step the capture did not drop: the window is the last k
         step_evs = step_evs[-k_expected:]
     yield
-    evs = [ev for ev in evs if not (not ev.gpu and ev.name.startswith(STEP_PREFIX))]
+    evs = [ev for ev in evs if not (not ev.gpu and is_step_mark(ev.name))]
     yield
 
     by_thread: dict[Any, list[Ev]] = {}
@@ -652,14 +657,14 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
     if step_evs:
         # the per-step rows of the steps the phases count: not of a stub step dropped at an edge
         # (_trim_steps), which the caller listed with the window's other steps
-        kept = {int(n) for n in (ev.name[len(STEP_PREFIX) + 1:] for ev in step_evs) if n.isdigit()}
+        kept = {n for n in (step_number(ev.name) for ev in step_evs) if n is not None}
         if any(row["step"] in kept for row in step_rows):
             step_rows = [row for row in step_rows if row["step"] in kept]
         by_number = {row["step"]: row for row in step_rows}
         for ev in step_evs:
-            number = ev.name[len(STEP_PREFIX) + 1:]
-            if number.isdigit() and int(number) in by_number:
-                by_number[int(number)]["comm"] = _num(_length(_intersect(comm_union, [(ev.start, ev.end)])))
+            number = step_number(ev.name)
+            if number is not None and number in by_number:
+                by_number[number]["comm"] = _num(_length(_intersect(comm_union, [(ev.start, ev.end)])))
 
     host = str(identity.get("host", ""))
     doc: dict[str, Any] = {

@@ -15,6 +15,14 @@ from typing import Any
 from eroica_runtime.summary.resumable import CHUNK, Steps, drain
 
 STEP_PREFIX = "ProfilerStep"
+# eroica's live capture marks its window's steps with ranges of its own (capture.Capture), not with
+# torch's ProfilerStep#N: a job's own torch.profiler with a schedule opens a ProfilerStep#N range at
+# every prof.step(), also in the steps it only waits through, and eroica's profiler records those too.
+# Read as the window's steps (a 3-rank job whose profiler waited for step 20 while eroica captured
+# 13-15: the same numbers opened twice a step), one all-reduce a step read 0.67, half of
+# DistributedDataParallel.forward read as backward and a warning of torch's came with each capture.
+# The builder takes eroica's marks where there are any, else ProfilerStep#N (a trace's, offline).
+OWN_STEP_PREFIX = "eroica::step"
 # eroica's own work at a step boundary, as a profiler range (capture.Capture.own_begin): not the rank's
 OWN_RANGE = "eroica::step_boundary"
 # the part of it spent waiting for the other ranks' votes (capture.Capture.peer_wait): a wait for a
@@ -203,20 +211,53 @@ def _in_window(ev: Ev, t0: float) -> bool:
     return ran_in(ev, t0) if ev.gpu else ev.start >= t0
 
 
-def normalize_raw(events: Any, window_start: str | None = None) -> list[Ev]:
+def step_marks(step: int) -> tuple[str, str]:
+    """The names a window's first step ``step`` is marked by, in the order they are taken: eroica's
+    own, then torch's (a trace's, or records from before eroica marked its own)."""
+    return f"{OWN_STEP_PREFIX}#{step}", f"{STEP_PREFIX}#{step}"
+
+
+def is_step_mark(name: str) -> bool:
+    """A step's mark (eroica's or torch's ProfilerStep#N): an annotation of the window, no work
+    (eroica's marks are told from its other ranges, OWN_RANGE, by their "#")."""
+    return name.startswith(STEP_PREFIX) or name.startswith(OWN_STEP_PREFIX + "#")
+
+
+def marks_prefix(evs: list[Ev]) -> str:
+    """The prefix of the marks that are the window's steps (names start with it): eroica's own
+    ("eroica::step#") where it marked any (the job's own ProfilerStep#N ranges are then no steps of the
+    window), else torch's."""
+    own = OWN_STEP_PREFIX + "#"
+    return own if any(not ev.gpu and ev.name.startswith(own) for ev in evs) else STEP_PREFIX
+
+
+def step_number(name: str) -> int | None:
+    """N of a step mark "<prefix>#N", or None."""
+    number = name.rpartition("#")[2]
+    return int(number) if number.isdigit() else None
+
+
+def _window_cut(found: dict[str, int | float], window_start: str | tuple[str, ...] | None) -> int | float | None:
+    """The start of the first of ``window_start``'s names that was found."""
+    names = (window_start,) if isinstance(window_start, str) else window_start or ()
+    return next((found[n] for n in names if n in found), None)
+
+
+def normalize_raw(events: Any, window_start: str | tuple[str, ...] | None = None) -> list[Ev]:
     """Read raw kineto events (``prof.profiler.kineto_results.events()``, methods not fields).
 
     About 100x cheaper than ``prof.events()``, which builds FunctionEvents and an op tree the
     builder does not need. Mirrors torch's post-processing: drops the same utility records and
     moves device-runtime calls (cudaLaunchKernel...) onto the thread of the op that made them.
-    With ``window_start`` (``ProfilerStep#<first window step>``), the host events that started before
-    that annotation (the capture's lead-in step) are left out, and the device work that had ended by
-    then (``ran_in``).
+    With ``window_start`` (``step_marks(first window step)``: the first of its names found), the host
+    events that started before that annotation (the capture's lead-in step) are left out, and the
+    device work that had ended by then (``ran_in``).
     """
     return drain(normalize_raw_steps(events, window_start))
 
 
-def normalize_raw_steps(events: Any, window_start: str | None = None, lease: Lease | None = None) -> Steps[list[Ev]]:
+def normalize_raw_steps(events: Any, window_start: str | tuple[str, ...] | None = None,
+                        lease: Lease | None = None) -> Steps[list[Ev]]:
     """``normalize_raw`` as a stepwise computation (yields every CHUNK events; see resumable.py).
     With ``lease``, the records come from its pool (Records)."""
     make = lease.new if lease is not None else Ev
@@ -229,7 +270,8 @@ def normalize_raw_steps(events: Any, window_start: str | None = None, lease: Lea
     has_hidden = callable(getattr(raw[0], "is_hidden_event", None))
     cpu_type: Any = None          # the (one) host device type value, compared without naming it
     starts: list[int] = []
-    t0: int | None = None         # start of the window's first ProfilerStep (ns), when asked for
+    marks = (window_start,) if isinstance(window_start, str) else window_start or ()
+    found: dict[str, int] = {}    # start (ns) of each of the window's first-step marks seen
     # one pass of method calls (each is a pybind call: the cost of this function), times made
     # relative afterwards
     for i, ke in enumerate(raw):
@@ -246,8 +288,8 @@ def normalize_raw_steps(events: Any, window_start: str | None = None, lease: Lea
             if not gpu and device_type_name(dtype) == "CPU":
                 cpu_type = dtype
         start = ke.start_ns()
-        if t0 is None and name == window_start and not gpu:
-            t0 = start
+        if name in marks and not gpu and name not in found:
+            found[name] = start
         starts.append(start)
         if gpu:
             activity = str(ke.activity_type()) if has_activity else ""
@@ -261,6 +303,7 @@ def normalize_raw_steps(events: Any, window_start: str | None = None, lease: Lea
             ev = make(name, start, ke.end_ns(), ke.start_thread_id(), False, bool(ke.is_user_annotation()),
                     int(ke.scope() or 0), int(ke.correlation_id() or 0), int(ke.linked_correlation_id() or 0))
         out.append(ev)
+    t0 = _window_cut(found, marks)
     if t0 is not None:
         out = [ev for ev in out if _in_window(ev, t0)]
         starts = [ev.start for ev in out]
@@ -283,7 +326,8 @@ def normalize_raw_steps(events: Any, window_start: str | None = None, lease: Lea
     return out
 
 
-def normalize_steps(events: Any, window_start: str | None = None, lease: Lease | None = None) -> Steps[list[Ev]]:
+def normalize_steps(events: Any, window_start: str | tuple[str, ...] | None = None,
+                    lease: Lease | None = None) -> Steps[list[Ev]]:
     """``normalize`` as a stepwise computation: raw kineto events are read in pieces (their records
     from ``lease``'s pool, when given), FunctionEvents in one go (offline and tests only); both are
     cut at ``window_start`` (the profiler's forms of the same window tell the same story). Ev records
@@ -295,7 +339,11 @@ def normalize_steps(events: Any, window_start: str | None = None, lease: Lease |
     if (events and isinstance(events[0], Ev)) or window_start is None:
         return normalize(events)
     evs = normalize(events)
-    t0 = next((ev.start for ev in evs if not ev.gpu and ev.name == window_start), None)
+    found: dict[str, int | float] = {}
+    for ev in evs:
+        if not ev.gpu:
+            found.setdefault(ev.name, ev.start)
+    t0 = _window_cut(found, window_start)
     return evs if t0 is None else [ev for ev in evs if _in_window(ev, t0)]
 
 

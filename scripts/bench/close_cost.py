@@ -38,7 +38,7 @@ import torch  # noqa: E402
 from eroica_runtime import summary  # noqa: E402
 from eroica_runtime.capture import Capture  # noqa: E402
 from eroica_runtime.runtime import slice_budget_s  # noqa: E402
-from eroica_runtime.summary.events import normalize_raw  # noqa: E402
+from eroica_runtime.summary.events import normalize_raw, step_marks  # noqa: E402
 
 try:   # the tree under test may be older than EROICA_KEEP_RAW_EVENTS (PYTHONPATH=<an older tree>)
     from eroica_runtime.summary import rawevents  # noqa: E402
@@ -231,7 +231,7 @@ def pieces(args: argparse.Namespace) -> None:
         listing.append((time.perf_counter() - t0) * 1e3)
         n_events = len(listed)
         t0 = time.perf_counter()
-        normalize_raw(listed, "ProfilerStep#10")
+        normalize_raw(listed, step_marks(10))
         read.append((time.perf_counter() - t0) * 1e3)
         t0 = time.perf_counter()
         summary.build(listed, **kw)

@@ -3,8 +3,9 @@
 
 Driver (default): runs each variant in a fresh child process, interleaved over --rounds rounds,
 and prints per-child lines and a summary: median step time over --n steps before and after one
-short torch.profiler window started/stopped the way eroica's Capture does (schedule that always
-records, prof.step() per step, prof.stop(), kineto_results.events()).
+short torch.profiler window started/stopped the way eroica's Capture does (no schedule: it records
+from start to stop, an ``eroica::step#N`` record_function range per step, prof.stop(),
+kineto_results.events()).
 
 Variants:
   none        no profiler (control: drift/noise)
@@ -52,7 +53,7 @@ def child(variant: str) -> dict:
     fix = variant.endswith("_fix")
     kind = variant[:-4] if fix else variant
     import torch
-    from torch.profiler import ProfilerAction, ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     cuda = torch.cuda.is_available() and not args.cpu
     dev = torch.device("cuda" if cuda else "cpu")
@@ -93,18 +94,21 @@ def child(variant: str) -> dict:
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if (kind == "cuda" or (kind == "empty" and cuda)) else [])
 
     def window(step0):
-        prof = profile(activities=acts, record_shapes=False, with_stack=False,
-                       schedule=lambda s: ProfilerAction.RECORD)
-        prof.step_num = step0 - 1
+        prof = profile(activities=acts, record_shapes=False, with_stack=False)
         t0 = time.perf_counter()
         prof.start()
+        mark = record_function(f"eroica::step#{step0 - 1}")
+        mark.__enter__()
         t_start = (time.perf_counter() - t0) * 1e3
         step()
-        for _ in range(args.k):
-            prof.step()
+        for i in range(args.k):
+            mark.__exit__(None, None, None)
+            mark = record_function(f"eroica::step#{step0 + i}")
+            mark.__enter__()
             step()
         sync()
         t0 = time.perf_counter()
+        mark.__exit__(None, None, None)
         prof.stop()
         t_stop = (time.perf_counter() - t0) * 1e3
         evs = prof.profiler.kineto_results.events()
