@@ -922,6 +922,15 @@ def test_a_straggler_in_a_communication_bound_job_is_named_from_its_extra_cpu_wo
     assert old.findings == (), [x.title for x in old.findings]
 
 
+def test_a_share_just_under_the_groups_bar_is_not_printed_as_the_bar() -> None:
+    """A 2-rank job's note read "rank 0 named from 25% of the step, not the 25% a group of 2 asks"
+    (24.6% rounded): a share that rounds to the bar keeps a decimal."""
+    from eroica_runtime.engine.attribution import _share_below
+
+    assert _share_below(0.246, 0.25) == "24.6%"
+    assert _share_below(0.12, 0.25) == "12%"
+
+
 def test_extra_cpu_in_the_window_only_does_not_lower_the_bar() -> None:
     """The same capture with rank 1's CPU before the window set to its peers': the extra CPU shows in
     the profiled steps only (the profiler's own effect on one process looks like that), and a

@@ -282,7 +282,8 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
         named = {c.row for c in out}
         notes += ([taken_out_note(table, taken_out)] if taken_out else []) + \
             ([one_off_note(table, one_offs)] if one_offs else []) + \
-            [f"rank {int(table.rank[r])} named from {share:.0%} of the step, not the {th.small_rel_step:.0%} a group "
+            [f"rank {int(table.rank[r])} named from {_share_below(share, th.small_rel_step)} of the step, not the "
+             f"{th.small_rel_step:.0%} a group "
              f"of {n} asks: its training thread was on a CPU {bk['cpu_ms'] - bk['peers_cpu_ms']:.1f} ms a step "
              f"longer than its peers' in the window and {bk['cpu_before_ms'] - bk['peers_cpu_before_ms']:.1f} ms "
              "in the steps before it, and its peers waited for it" for r, share, n, bk in cpu_named if r in named]
@@ -301,6 +302,12 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
                         f"{sp['cpu_before_ms']:.1f} before the window (peers {sp['peers_cpu_ms']:.1f})"
                         for r, ex, sp in window_only[:5]))
     return out
+
+
+def _share_below(share: float, bar: float) -> str:
+    """``share`` of the step as a percentage, with a decimal where the whole number would read as the
+    ``bar`` it fell short of ("named from 25% of the step, not the 25% a group of 2 asks")."""
+    return f"{share:.1%}" if f"{share:.0%}" == f"{bar:.0%}" else f"{share:.0%}"
 
 
 def cpu_backed(table: Table, rows: np.ndarray, row: int, excess: float, step_ref: float, z: float,
