@@ -27,9 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "data" / "summary" / "train_ddp.py"
 WORLD = 4
 # capture mode -> scenario -> slow rank. "schedule": torch.profiler with a schedule, so every step
-# is a ProfilerStep annotation; "module": through the product's eroica_runtime.capture.Capture.
+# is a ProfilerStep annotation; "module": through the product's eroica_runtime.capture.Capture;
+# "waiting": the same beside a profiler of the job's own that waits for its steps (its ProfilerStep#N
+# ranges, one a step, are recorded in eroica's window: they read as steps of it before c4b78cc).
 LAUNCHES = {"schedule": {"compute": 1, "data0": 2, "data2": 3, "gc": 1, "direct": 2},
-            "module": {"compute": 2, "data0": 1}}
+            "module": {"compute": 2, "data0": 1}, "waiting": {"compute": 3}}
 
 pytestmark = pytest.mark.multirank
 
@@ -112,12 +114,13 @@ def test_all_summaries_valid_and_small(runs: Runs) -> None:
             # per profiled step (numbered as the runtime's Capture numbers them), the waits add up
             # to the window's
             per_step = [st["comm"] for st in d["steps"] if "comm" in st]
-            if mode == "module":
+            if mode in ("module", "waiting"):
                 assert len(per_step) == len(d["steps"]) == 4, d["steps"]
                 assert sum(per_step) / 4 == pytest.approx(d["phases"]["comm"], rel=0.02, abs=0.05), d["steps"]
 
 
-@pytest.mark.parametrize("mode,scenario", [("schedule", "compute"), ("schedule", "direct"), ("module", "compute")])
+@pytest.mark.parametrize("mode,scenario", [("schedule", "compute"), ("schedule", "direct"), ("module", "compute"),
+                                           ("waiting", "compute")])
 def test_compute_culprit_vs_victims(runs: Runs, mode: str, scenario: str) -> None:
     """Culprit: forward grows, comm shrinks. Victims: comm grows by about the excess, compute unchanged."""
     docs, slow = runs[(mode, scenario)], LAUNCHES[mode][scenario]
@@ -147,6 +150,19 @@ def test_slow_dataloader(runs: Runs, mode: str, scenario: str) -> None:
     assert statistics.median(_victims(comm, slow)) - comm[slow] > 0.4 * excess, (mode, scenario, data, comm)
     kinds = {f["kind"] for f in docs[slow]["functions"]}
     assert "dataloader" in kinds
+
+
+def test_a_jobs_own_waiting_profiler_leaves_every_ranks_steps_as_they_are(runs: Runs) -> None:
+    """Beside a profiler of the job's own waiting for its steps, every rank's window holds its 4 steps,
+    each with one optimizer step and as many all-reduces as without it (a real 3-rank job read 0.67
+    all-reduces a step before c4b78cc), and the job's ProfilerStep#N ranges are no function."""
+    for waiting, alone in zip(runs[("waiting", "compute")], runs[("module", "compute")], strict=True):
+        counts = {f["name"]: f["count"] for f in waiting["functions"]}
+        assert [st["step"] for st in waiting["steps"]] == [100, 101, 102, 103], waiting["steps"]
+        assert counts.get("Optimizer.step#SGD.step") == 1, counts
+        reduces = {f["name"]: f["count"] for f in alone["functions"]}.get("gloo:all_reduce")
+        assert reduces and counts.get("gloo:all_reduce") == reduces, (counts, reduces)
+        assert not [n for n in counts if n.startswith(("ProfilerStep#", "eroica::step#"))], counts
 
 
 def test_gc_storm(runs: Runs) -> None:

@@ -6,7 +6,10 @@ window, stop after K steps; a ``schedule(wait=0, warmup=0, active=K)`` so every 
 ``ProfilerStep#N`` annotation), builds the summary with ``summary.build`` and writes it to
 ``<out>/<scenario>.rank<r>.msgpack`` (and ``.raw.`` built from the raw kineto events).
 ``--capture module`` profiles through the product's ``eroica_runtime.capture.Capture`` instead
-(taking its profiler object so both event forms can be built). RANK/WORLD_SIZE come from
+(taking its profiler object so both event forms can be built); ``--capture waiting`` does the same
+beside a torch.profiler of the job's own that waits for its steps (a schedule's ``wait``: it opens a
+``ProfilerStep#N`` range at every step, after eroica's mark, as a training loop's ``prof.step()``
+after its optimizer step does). RANK/WORLD_SIZE come from
 PMI_RANK/PMI_SIZE.
 
 ``--scenarios compute:1,gc:3`` picks the slow rank per scenario (default ``--slow-rank``), and
@@ -107,6 +110,10 @@ def run(scenario: str, slow_rank: int, mode: str, name: str, model: torch.nn.Mod
                                          num_workers=workers)
     it = iter(loader)
     flat = torch.randn(300_000)
+    jobs = None   # the job's own profiler, waiting for its steps ("waiting" mode)
+    if mode == "waiting":
+        jobs = profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=10**6, warmup=1, active=1))
+        jobs.start()
 
     def step() -> None:
         x, y = next(it)
@@ -130,29 +137,38 @@ def run(scenario: str, slow_rank: int, mode: str, name: str, model: torch.nn.Mod
         loss.backward()
         opt.step()
 
+    def job_step() -> None:   # the job's prof.step() after its step (after eroica's boundary)
+        if jobs is not None:
+            jobs.step()
+
     for _ in range(ARGS.warmup):
         step()
+        job_step()
     dist.barrier()
     k = ARGS.k
     step_ms = []
     tel_start = telemetry.sample()
     gc0 = gcmon.snapshot()
-    if mode == "module":  # the product's own capture.Capture (lead's module)
+    if mode in ("module", "waiting"):  # the product's own capture.Capture (lead's module)
         from eroica_runtime.capture import Capture
 
         cap = Capture()
         cap.start(100, "test", k)  # as the runtime does: one lead-in step, then the k window steps
         step()
         cap.mark()
+        job_step()
         for i in range(k):
             t0 = time.perf_counter()
             step()
             step_ms.append((time.perf_counter() - t0) * 1000.0)
             if i < k - 1:
                 cap.mark()
+                job_step()
         prof = cap._prof  # stop it here (not cap.stop()) so both event forms can be built
         cap._prof = None
         prof.stop()
+        if jobs is not None:
+            jobs.stop()
     else:
         prof = profile(activities=[ProfilerActivity.CPU], record_shapes=False, with_stack=False,
                        schedule=schedule(wait=0, warmup=0, active=k))
@@ -210,8 +226,9 @@ def main() -> int:
     ap.add_argument("--extra", type=int, default=40)
     ap.add_argument("--sleep-ms", type=float, default=3.0)
     ap.add_argument("--gc-collects", type=int, default=1)
-    ap.add_argument("--capture", choices=("schedule", "module"), default="schedule",
-                    help="profile with a schedule (ProfilerStep per step) or through eroica_runtime.capture")
+    ap.add_argument("--capture", choices=("schedule", "module", "waiting"), default="schedule",
+                    help="profile with a schedule (ProfilerStep per step) or through eroica_runtime.capture "
+                         "(waiting: beside a profiler of the job's own waiting for its steps)")
     ap.parse_args(namespace=ARGS)
     os.makedirs(ARGS.out, exist_ok=True)
     dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=60))
@@ -221,8 +238,8 @@ def main() -> int:
     for item in ARGS.scenarios.split(","):
         spec, _, who = item.partition(":")
         mode, _, scenario = spec.rpartition("/")
-        if mode not in ("", "schedule", "module"):
-            ap.error(f"--scenarios {item!r}: capture mode {mode!r} is neither 'schedule' nor 'module'")
+        if mode not in ("", "schedule", "module", "waiting"):
+            ap.error(f"--scenarios {item!r}: capture mode {mode!r} is not 'schedule', 'module' or 'waiting'")
         run(scenario, int(who) if who else ARGS.slow_rank, mode or ARGS.capture, spec.replace("/", "-"), model,
             opt, ARGS.out, gcmon)
         dist.barrier()
