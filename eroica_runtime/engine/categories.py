@@ -21,6 +21,12 @@ _MEMORY_RE = re.compile(r"malloc|free|empty_cache|caching_allocator|\[memory\]|c
 _IO_RE = re.compile(r"\bread\b|\bwrite\b|save|load|checkpoint|torch\.load|torch\.save|fsync|open", re.I)
 _BENIGN_THROTTLE = {"gpu_idle", "none", "applications_clocks_setting", "clocks_event_reason_gpu_idle"}
 
+# what a job-wide regression's action advises after its first words, the same for every rank of a job
+# or for the one rank of a job of one
+_GC_FIX = "freeze long-lived state with gc.freeze(), raise gc thresholds, or collect at a fixed step."
+_COPY_FIX = ("copy from pinned memory (DataLoader pin_memory=True, tensor.pin_memory()) with non_blocking=True, "
+             "and look for copies added to the loop (.item(), .cpu(), .to()).")
+
 ACTIONS = {
     "compute": "Compare this rank's GPU/CPU with its peers (clocks, thermals, co-located jobs); "
                "drain the node if it stays slow.",
@@ -53,16 +59,14 @@ ACTIONS = {
                              "bigger or costlier to transform; also check DataLoader num_workers and "
                              "prefetch_factor against the CPUs each rank has.",
     "regression_gc": "Python GC pauses grew on every rank against this job's own healthy baseline: objects pile "
-                     "up on all ranks alike (a growing cache, tensors or losses kept for logging); freeze "
-                     "long-lived state with gc.freeze(), raise gc thresholds, or collect at a fixed step.",
+                     "up on all ranks alike (a growing cache, tensors or losses kept for logging); " + _GC_FIX,
     "regression_io": "Storage reads/writes grew on every rank against this job's own healthy baseline: check "
                      "the filesystem they share and the checkpoint settings (how often, synchronous saves).",
     "regression_host": "CPU-side time outside any op grew on every rank against this job's own healthy "
                        "baseline: check what else runs on the hosts, CPU limits and pinning, and Python work "
                        "added to the training loop (logging, metrics).",
     "regression_transfer": "Host<->device copies grew on every rank against this job's own healthy baseline: "
-                           "copy from pinned memory (DataLoader pin_memory=True, tensor.pin_memory()) with "
-                           "non_blocking=True, and look for copies added to the loop (.item(), .cpu(), .to()).",
+                           + _COPY_FIX,
     # the same, for a job of one rank (or one rank compared): no peer, so no "every rank" or "all ranks share"
     "regression_one": "The rank is slower than its own healthy baseline: check what changed (code, input shapes, "
                       "library versions, clocks) in the functions that grew.",
@@ -71,16 +75,13 @@ ACTIONS = {
                                  "object store), or the samples got bigger or costlier to transform; also check "
                                  "DataLoader num_workers and prefetch_factor against the CPUs the rank has.",
     "regression_one_gc": "Python GC pauses grew against the rank's own healthy baseline: objects pile up (a growing "
-                         "cache, tensors or losses kept for logging); freeze long-lived state with gc.freeze(), "
-                         "raise gc thresholds, or collect at a fixed step.",
+                         "cache, tensors or losses kept for logging); " + _GC_FIX,
     "regression_one_io": "Storage reads/writes grew against the rank's own healthy baseline: check its filesystem "
                          "and the checkpoint settings (how often, synchronous saves).",
     "regression_one_host": "CPU-side time outside any op grew against the rank's own healthy baseline: check what "
                            "else runs on the host, CPU limits and pinning, and Python work added to the training "
                            "loop (logging, metrics).",
-    "regression_one_transfer": "Host<->device copies grew against the rank's own healthy baseline: copy from "
-                               "pinned memory (DataLoader pin_memory=True, tensor.pin_memory()) with "
-                               "non_blocking=True, and look for copies added to the loop (.item(), .cpu(), .to()).",
+    "regression_one_transfer": "Host<->device copies grew against the rank's own healthy baseline: " + _COPY_FIX,
     "hang": "Ranks stopped making progress: collect stacks (py-spy dump) on the named rank(s).",
 }
 

@@ -353,10 +353,10 @@ def build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, Any
 
     Reads only the events it is given (never calls the profiler). Steps are eroica's own step marks
     (``eroica::step#N``, capture.Capture) when present, else the ``ProfilerStep#N`` annotations (a
-    profiler schedule makes them: a trace's), else the window cut into ``len(steps)`` pseudo-steps. ``main_tid`` is only a hint for that case and
-    is the profiler's thread id (``FunctionEvent.thread``), not the OS thread id. The result is
-    shrunk (fewer top functions) until its encoding fits ``size_budget`` bytes, so the summary
-    stays small whatever the model. ``steps`` may carry the step clock's per-step ``cpu`` and
+    profiler schedule makes them: a trace's), else the window cut into ``len(steps)`` pseudo-steps.
+    ``main_tid`` is only a hint for that case and is the profiler's thread id
+    (``FunctionEvent.thread``), not the OS thread id. The result is shrunk (fewer top functions) until
+    its encoding fits ``size_budget`` bytes, so the summary stays small whatever the model. ``steps`` may carry the step clock's per-step ``cpu`` and
     ``runq`` ms; the builder adds each profiled step's ``comm`` (ms blocked in collectives), so the
     engine can tell an excess present in every step from one carried by a single step.
     ``history`` (the step clock's steps before the window) is passed through. ``records``: a pool
