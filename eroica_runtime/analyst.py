@@ -346,8 +346,10 @@ def pace_ms(rank: dict[str, Any]) -> float | None:
 ALIKE_STEPS = 1.05
 
 
-def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]]) -> str:
-    """The job summary block: steps, step-time median/p99, captures and why."""
+def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]], findings: bool = True) -> str:
+    """The job summary block: steps, step-time median/p99, captures and why. ``findings``: whether the
+    job report below it names anything (a healthy job's summary must not point at findings it has none
+    of: a checkpointing job's read "one slow rank slows all; the findings name it" above "healthy")."""
     def ms(x: Any) -> str:
         return "n/a" if x is None else f"{x:.1f} ms"
 
@@ -369,9 +371,9 @@ def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]]) -> s
         # times is noise, and at 3 a.m. "slowest: rank 0" reads as a culprit
         lo, hi = f"{min(values):.1f}", f"{max(values):.1f}"
         named = ("a line below names the one they waited for" if stats.get("steady_work") else
-                 "a line below says why" if stats.get("imbalance") else "the findings name it")
-        by_rank = (f"  step time alike on every rank ({what.format(lo if lo == hi else f'{lo}-{hi}')}): ranks "
-                   f"wait for each other, so one slow rank slows all; {named}")
+                 "a line below says why" if stats.get("imbalance") else "the findings name it" if findings else "")
+        by_rank = f"  step time alike on every rank ({what.format(lo if lo == hi else f'{lo}-{hi}')})" + (
+            f": ranks wait for each other, so one slow rank slows all; {named}" if named else "")
     if not stats["steps"]:
         # a job that ran for hours with eroica silent must say why: steps are counted at optimizer steps
         lines = [f"eroica: job summary: no training step was seen on {count_ranks(stats['world_size'])}, so there was "
@@ -430,7 +432,7 @@ def stored_job_stats_text(doc: dict[str, Any]) -> str:
     taken = job.get("captures_taken")
     caps = [c for c in taken if isinstance(c, dict)] if isinstance(taken, list) else []
     try:
-        return format_job_stats(job, caps)
+        return format_job_stats(job, caps, findings=bool(doc.get("findings")))
     except (KeyError, TypeError, ValueError, AttributeError, IndexError):   # a report edited by hand
         return ""
 

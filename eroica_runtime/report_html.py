@@ -16,6 +16,7 @@ from eroica_runtime.report import (
     if_fixed_text,
     is_healthy,
     job_profiler_text,
+    long_steps_held,
     passing_text,
     ranks_text,
     refused_summary,
@@ -223,6 +224,9 @@ def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
         # the text report's head says the same: no culprit, but not healthy either
         parts[-1] = (f'<p class="cat">No findings, but the capture(s) at step(s) {_e(", ".join(map(str, slower)))} '
                      "were slower than the baseline with no culprit found (below).</p>")
+    held = long_steps_held(report.get("job"))
+    if held and not slower and not report.get("findings"):
+        parts[-1] = f'<p class="cat">No findings, but the job\'s longest steps held every rank {_e(held)} (below).</p>'
     stood = stood_down_text(report)
     if stood:
         parts[-1] = f'<p class="cat">{_e(stood[0].upper() + stood[1:])}.</p>'

@@ -1039,7 +1039,7 @@ class Runtime:
             self._warn("job end: analysis still running after 30s; writing the report without it")
         stats = {**stats, **self._time_lost(), **self._refused(), **self._job_profiler_stats()}
         rep = self.analyst.write_job(steps=stats["steps"], job=stats, history=self.clock.all_ms[:])
-        print(format_job_stats(rep["job"], self.analyst.captures), file=sys.stderr)   # as report.json says
+        print(format_job_stats(rep["job"], self.analyst.captures, findings=bool(rep.get("findings"))), file=sys.stderr)   # as report.json says
         print(format_job(rep, self.report_dir), file=sys.stderr, flush=True)
 
 

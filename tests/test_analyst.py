@@ -101,6 +101,10 @@ def test_the_job_summary_ranks_ranks_only_when_their_step_times_differ() -> None
     text = format_job_stats(demo, [{"step": 68, "trigger": "spike"}])
     assert ("  step time alike on every rank (67.6 ms a step on average, eroica's boundary work included): "
             "ranks wait for each other") in text and "slowest" not in text, text
+    # a healthy job's summary points at no findings it does not have (a job checkpointing every 25 steps
+    # read "...; the findings name it" above "healthy — no findings")
+    assert ("  step time alike on every rank (67.6 ms a step on average, eroica's boundary work included)"
+            in format_job_stats(demo, [], findings=False).splitlines())
     unsynced = stats([75.7, 110.0, 75.2, 74.9], [10_600.0, 15_400.0, 10_530.0, 10_490.0], [10.0] * 4)
     assert "  slowest ranks by mean step: rank 1 (vm) 110.1 ms, rank 0 (vm) 75.8 ms, rank 2 (vm) 75.3 ms" \
         in format_job_stats(unsynced, []).splitlines()

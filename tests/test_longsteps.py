@@ -91,13 +91,76 @@ def test_only_the_longest_few_stalls_are_reported_longest_first() -> None:
     assert _long(per_rank, None) == [] and _long({}, 20.0) == []
 
 
-def test_a_rank_sends_only_stalls_and_its_stack_only_where_it_was_the_busy_one() -> None:
+def test_a_rank_sends_only_stalls_and_its_leader_only_the_stacks_that_can_name_a_rank() -> None:
+    """A rank sends its stalls with their stacks; its node leader forwards a count of ranks a place, and
+    a stack only of a rank busy through the step or alone at its place (a victim's stack is the
+    collective it waited in, the same as its node-mates')."""
     kept = [_rec(200, 848.0, 5.0, where=["a.py:1 f"]), _rec(300, 600.0, 400.0, where=["b.py:2 g"]),
             _rec(31, 40.0, 30.0, where=["c.py:3 h"])]
     sent = longsteps.to_send(kept, 14.3)
-    assert [d["step"] for d in sent] == [200, 300]
-    assert "where" not in sent[0] and sent[1]["where"] == ["b.py:2 g"]   # a victim's stack is a collective wait
+    assert [(d["step"], d["where"]) for d in sent] == [(200, ["a.py:1 f"]), (300, ["b.py:2 g"])]
     assert longsteps.to_send(kept, None) == [] and longsteps.to_send([], 14.3) == []
+    node = jobend.node_payload({r: msgpack.packb(doc, use_bin_type=True) for r, doc in _job(
+        {r: [_rec(200, 848.0, 5.0, where=VICTIM_WHERE), _rec(300, 600.0, 400.0 if r == 0 else 5.0, where=VICTIM_WHERE)]
+         for r in range(8)}).items()}, [])
+    assert node.count(b"torch/_tensor.py") == 1   # rank 0's stack at step 300, where it was busy alone
+    assert node.count(b"_engine_run_backward") == 3   # that stack's and each step's place
+
+
+# where a DDP rank's main thread waits for its peers' gradients (gloo: the all-reduce is waited out
+# inside backward), sampled by eroica_runtime.hang.main_frames_text in a real job
+VICTIM_WHERE = ["/job/nfs.py:15 <module>",
+                "/venv/lib/python3.11/site-packages/torch/_tensor.py:623 backward",
+                "/venv/lib/python3.11/site-packages/torch/autograd/__init__.py:395 backward",
+                "/venv/lib/python3.11/site-packages/torch/autograd/graph.py:979 _engine_run_backward"]
+AWAY_WHERE = ["/job/nfs.py:18 <module>", "/job/nfs.py:12 write_shard"]
+
+
+def test_a_rank_off_the_cpu_alone_is_named_by_where_its_stack_was() -> None:
+    """A 3-rank DDP job whose rank 1 blocked 1.2 s writing a checkpoint shard (off the CPU) at steps 61
+    and 121 (2026-12-07): every rank was busy 3-7 ms of each 1.21 s step, so busy time named no one,
+    but ranks 0 and 2 sat in backward's all-reduce and rank 1 in its own code. Whatever the node size,
+    rank 1 is named with its stack; with a rank unsampled, or two ranks only, or the others scattered
+    over places, no one is."""
+    def job(world: int = 3, odd: dict[int, list[str]] | None = None, sampled: bool = True) -> dict[int, dict]:
+        odd = {1: AWAY_WHERE} if odd is None else odd
+        return _job({r: [_rec(st, 1210.0 + r + (st == 121), 4.0 + r, where=odd.get(r, VICTIM_WHERE) if sampled or r else None)
+                         for st in (61, 121)] for r in range(world)}, median=7.5)
+    for node in (1, 2, 3):
+        got = _long(job(), 7.5, node=node)
+        assert [(s.step, s.rank, s.what, s.waiting, s.where) for s in got] == \
+            [(121, 1, "away", 2, tuple(AWAY_WHERE)), (61, 1, "away", 2, tuple(AWAY_WHERE))], node
+    (line,) = longsteps.format_long_steps(got)
+    assert line == ("steps 121, 61 took 1.21 s each (162x the median 7.5 ms): rank 1 on node0 was off the CPU through "
+                    "it (busy 6 ms), not where the 2 others waited (torch/autograd/graph.py:979 _engine_run_backward): "
+                    "they waited for it; in /job/nfs.py:12 write_shard"), line
+    back = longsteps.LongStep.from_json(got[0].to_json())   # report.json keeps what the line needs
+    assert (back.what, back.waited_at, back.waiting) == ("away", VICTIM_WHERE[-1], 2)
+    assert all(s.rank is None and "no rank was busy" in s.why for s in _long(job(sampled=False), 7.5))
+    assert all(s.rank is None for s in _long(job(world=2), 7.5))
+    scattered = {1: AWAY_WHERE, 2: ["/job/nfs.py:20 <module>"], 3: ["/job/nfs.py:21 <module>"]}
+    assert all(s.rank is None for s in _long(job(world=5, odd=scattered), 7.5, node=1))
+    pairs = {1: AWAY_WHERE, 2: AWAY_WHERE}   # two ranks at one place away from two others: no one rank
+    assert all(s.rank is None for s in _long(job(world=4, odd=pairs), 7.5))
+
+
+def test_a_job_report_whose_longest_steps_cost_a_good_share_of_it_is_not_called_healthy() -> None:
+    from eroica_runtime.report import format_job
+
+    def report(world_steps: int) -> dict:
+        stats = job_stats(_job({r: [_rec(st, 1210.0, 4.0, where=AWAY_WHERE if r == 1 else VICTIM_WHERE)
+                                    for st in (61, 121)] for r in range(3)}, median=7.5), 3)
+        stats["steps"] = world_steps
+        return {"schema": "eroica.report/1", "world_size": 3, "steps": world_steps, "job": stats,
+                "captures": [{"step": 13, "trigger": "baseline", "ranks_analysed": 3, "findings": []}],
+                "findings": []}
+    head = format_job(report(160)).splitlines()[0]
+    assert head.startswith("eroica: job report: no findings over 1 capture(s), but its longest steps held every rank "
+                           "2.4 s, 67% of the job's time (the job summary above)"), head
+    page = render_html(report(160), [], None)
+    assert "No findings, but the job's longest steps held every rank 2.4 s" in page
+    # the same two stalls in a job of 100,000 steps are 0.3% of it: healthy
+    assert "healthy — no findings" in format_job(report(100_000)).splitlines()[0]
 
 
 def test_the_job_summary_prints_the_longest_step_and_report_json_keeps_it() -> None:
@@ -164,7 +227,9 @@ def test_stalls_with_the_same_verdict_read_as_one_line() -> None:
 def _verdicts(per_rank: dict[int, dict], median: float) -> list[tuple]:
     """The rule read straight off every rank's records side by side, as the engine states it: the
     3 longest steps past the bar; in each, the busiest rank is named when busy a quarter of its
-    step or more while no other was busy a quarter as long (and its stack comes with it)."""
+    step or more while no other was busy a quarter as long (and its stack comes with it). Else,
+    unless every rank was busy or one was stopped, the one rank whose stack's innermost frame differs
+    from all the others' (two or more, at one place) is named, when every rank sent its stack."""
     by_step: dict[int, dict[int, dict]] = {}
     for r, doc in per_rank.items():
         for rec in doc["long_steps"]:
@@ -172,13 +237,23 @@ def _verdicts(per_rank: dict[int, dict], median: float) -> list[tuple]:
     busy = {st: {r: x["cpu"] + x["runq"] + x["data"] for r, x in recs.items()} for st, recs in by_step.items()}
     out = []
     for st in sorted(by_step, key=lambda st: -max(x["ms"] for x in by_step[st].values()))[:3]:
-        if max(x["ms"] for x in by_step[st].values()) < max(10 * median, 100.0):
+        recs, longest = by_step[st], max(x["ms"] for x in by_step[st].values())
+        if longest < max(10 * median, 100.0):
             continue
         top = min(busy[st], key=lambda r: (-busy[st][r], r))
         others = max((b for r, b in busy[st].items() if r != top), default=0.0)
-        alone = busy[st][top] >= 0.25 * by_step[st][top]["ms"] and others <= 0.25 * busy[st][top] and len(busy[st]) > 1
-        out.append((st, len(by_step[st]), top if alone else None, others,
-                    tuple(by_step[st][top].get("where") or ()) if alone else ()))
+        alone = busy[st][top] >= 0.25 * recs[top]["ms"] and others <= 0.25 * busy[st][top] and len(busy[st]) > 1
+        named, where = (top, tuple(recs[top].get("where") or ())) if alone else (None, ())
+        alike = len(recs) > 1 and others >= 0.25 * longest
+        if not (alone or alike or any(x["stops"] for x in recs.values())) and len(recs) == len(per_rank) \
+                and all(x.get("where") for x in recs.values()):
+            at: dict[str, list[int]] = {}
+            for r, x in recs.items():
+                at.setdefault(x["where"][-1], []).append(r)
+            lone = [rs[0] for rs in at.values() if len(rs) == 1]
+            if len(at) == 2 and len(lone) == 1 and len(recs) >= 3:
+                named, where = lone[0], tuple(recs[lone[0]]["where"])
+        out.append((st, len(recs), named, others, where))
     return out
 
 
@@ -192,9 +267,15 @@ def test_node_leaders_reduce_the_records_to_the_verdicts_every_ranks_records_giv
         world = rng.randint(1, 12)
         steps = rng.sample(range(50, 2000, 10), rng.randint(1, longsteps.MAX_SENT))
         lone = {st: rng.randrange(world) for st in steps}
-        per_rank = _job({r: [_rec(st, 900.0 + rng.random() * 300, rng.choice((5.0, 300.0, 800.0)) if lone[st] == r
-                                  else rng.choice((2.0, 5.0, 60.0, 190.0, 400.0)), data=rng.choice((0.0, 0.0, 700.0)),
-                                  stops=int(rng.random() < 0.05), where=[f"/job/train.py:{st} main", f"rank {r}"])
+        # where each rank was: the lone one mostly in its own code, the rest mostly in one collective,
+        # now and then elsewhere or not sampled
+        places = ([f"/job/train.py:{st} main", "/job/train.py:77 save"] if lone[st] == r and rng.random() < 0.7
+                  else rng.choice((VICTIM_WHERE,) * 12 + (None, ["/job/train.py:9 log"], [f"/job/train.py:{st} main",
+                                                                                       f"rank {r}"]))
+                  for st in steps for r in range(world))
+        per_rank = _job({r: [_rec(st, 900.0 + rng.random() * 300, rng.choice((5.0, 5.0, 300.0, 800.0)) if lone[st] == r
+                                  else rng.choice((2.0, 5.0, 5.0, 60.0, 190.0, 400.0)), data=rng.choice((0.0, 0.0, 700.0)),
+                                  stops=int(rng.random() < 0.05), where=next(places))
                              for st in steps if rng.random() < 0.9] for r in range(world)})
         want = _verdicts(per_rank, 20.0)
         for node in (1, 2, 3, world):

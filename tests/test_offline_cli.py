@@ -163,7 +163,9 @@ def test_show_and_analyze_print_the_job_summary_rank_0_printed(tmp_path: Path) -
     assert lines[0].startswith("eroica: job summary: 120 steps on 4 ranks"), shown.output
     step = next(i for i, line in enumerate(lines) if line == "  longest step:")
     assert lines[step + 1].startswith("    step 70 took 2.01 s") and "rank 3 on vm" in lines[step + 1], shown.output
-    assert lines[-1].startswith("eroica: job report: healthy")
+    # its 2 s stall cost 63% of the 120-step job: not "healthy"
+    assert lines[-1].startswith("eroica: job report: no findings over 2 capture(s), but its longest steps held every "
+                                "rank 2.0 s, 63% of the job's time"), lines[-1]
     analysed = CliRunner().invoke(analyze_cmd, [str(out)])
     assert analysed.exit_code == 0, analysed.output
     assert "\n".join(lines[:-1]) in analysed.output, analysed.output

@@ -481,14 +481,17 @@ def test_a_loop_without_a_collective_is_said_once_though_one_rank_came_to_it_whi
     assert "off on this rank" not in proc.stderr + proc.stdout, explain(proc)
 
 
-def test_a_one_off_stall_names_the_rank_the_others_waited_for_and_where_it_was(tmp_path) -> None:
-    """Rank 3 works alone for 2 s once (as a recompile or a lone save does): no detector captures a
-    stall that is over, but the job summary says which step, which rank, and the line it was at. Two
-    emulated nodes of 2: rank 3's record and stack reach rank 0 through its node leader's reduction
-    (jobend.py), beside its node-mate's record of the same step."""
+@pytest.mark.parametrize("kind", ["compute", "sleep"])
+def test_a_one_off_stall_names_the_rank_the_others_waited_for_and_where_it_was(tmp_path, kind: str) -> None:
+    """Rank 3 works alone for 2 s once (as a recompile or a lone save does), or sleeps 2 s (as a write
+    to a congested filesystem blocks it off the CPU): no detector captures a stall that is over, but
+    the job summary says which step, which rank, and the line it was at. Two emulated nodes of 2: rank
+    3's record and stack reach rank 0 through its node leader's reduction (jobend.py), beside its
+    node-mate's record of the same step. Asleep, rank 3 is as idle as the ranks waiting for it: its
+    stack, elsewhere than theirs, names it."""
     proc = eroica_run("--nproc-per-node", "4", "--report-dir", tmp_path, TRAIN,
                       env={"STEPS": "120", "STALL_RANK": "3", "STALL_AT": "70", "STALL_S": "2",
-                           "EROICA_NODE_SPLIT": "2"}, timeout=240)
+                           "STALL_KIND": kind, "EROICA_NODE_SPLIT": "2"}, timeout=240)
     assert proc.returncode == 0, explain(proc)
     # the 2 s stall is the longest step; on 2 shared cores another step may pass the bar too (100 ms
     # and 10x the median), so the header may count more than one
@@ -501,7 +504,13 @@ def test_a_one_off_stall_names_the_rank_the_others_waited_for_and_where_it_was(t
     job = json.loads((tmp_path / "report.json").read_text())["job"]
     s = job["long_steps"][0]
     assert s["ranks_seen"] == 4 and job["ranks_reporting"] == 4, s
-    assert s["rank"] == 3 and s["ms"] >= 1500 and s["busy_ms"] >= 0.5 * s["ms"] and s["others_ms"] < 0.25 * s["busy_ms"]
+    if kind == "compute":
+        assert s["rank"] == 3 and s["ms"] >= 1500 and s["busy_ms"] >= 0.5 * s["ms"] and s["others_ms"] < 0.25 * s["busy_ms"]
+    else:
+        assert s["rank"] == 3 and s["what"] == "away" and s["ms"] >= 1500 and s["busy_ms"] < 0.25 * s["ms"], s
+        assert "was off the CPU through it" in line and s["waiting"] == 3, line
+    head = next(line for line in lines if line.startswith("[rank0]:eroica: job report"))
+    assert "healthy" not in head, head   # 2 s of a ~5 s job: the longest steps, or rank 3's steady work, say so
 
 
 def test_dataloader_workers_forked_anew_every_epoch_stay_inert_and_the_summary_prices_their_restarts(tmp_path) -> None:

@@ -14,7 +14,12 @@ thread was while the step ran long (a stack sampled once per long step). At job 
 leaders reduce them to one record a step (``StepSeen``) and rank 0 judges each step from those as
 from every rank's records side by side: in a step every rank waited out, the rank that was busy
 through a good part of it (BUSY_SHARE) while the others were asleep in a collective is the one they
-waited for; when every rank was busy, or none, the line says so. Pure: no MPI, no torch.
+waited for. When no rank was busy, the stacks say it: every other rank's main thread sat at one
+place (the collective they waited in) and one rank's elsewhere (a write to a slow filesystem, an
+upload, a sleep: off the CPU, so its busy time is as small as its victims'). A 3-rank DDP job
+whose rank 1 blocked 1.2 s writing a checkpoint shard at steps 60 and 120 (2026-12-07) read "no
+rank was busy on a CPU or waiting for a batch for a quarter of it" before. When every rank was
+busy, or none and the stacks do not single one out, the line says so. Pure: no MPI, no torch.
 """
 
 from __future__ import annotations
@@ -35,6 +40,11 @@ MAX_SENT = 8         # a rank sends at most this many (stepclock.LONGEST keeps a
 BUSY_SHARE = 0.25
 ALONE_SHARE = 0.25
 WHAT = {"cpu": "on a CPU", "data": "waiting for its next batch", "gc": "in garbage-collection pauses"}
+# a step's records are counted by where each rank's main thread was (its stack's innermost frame): at
+# most this many places, or the step's stacks are too scattered to single out one rank (a node leader
+# then forwards none; see StepSeen)
+MAX_PLACES = 3
+AWAY = "away"   # LongStep.what of a rank named by its stack alone: off the CPU, away from the others' wait
 
 
 @dataclass(frozen=True)
@@ -48,13 +58,15 @@ class LongStep:
     ranks_seen: int                   # ranks whose records hold this step
     rank: int | None = None
     host: str | None = None
-    what: str | None = None           # cpu | data | gc (WHAT), for a named rank
+    what: str | None = None           # cpu | data | gc (WHAT) or AWAY, for a named rank
     busy_ms: float = 0.0              # the named rank's busy time in the step
     others_ms: float = 0.0            # the most any other rank was busy in it
     where: tuple[str, ...] = ()       # the named rank's main-thread stack while the step ran long, innermost last
     why: str = ""                     # when no rank is named
     stopped: tuple[int, ...] = field(default_factory=tuple)   # ranks stopped and continued (SIGSTOP) in it
     among: int = 1                    # steps of the job past the bar, this one included (ranks' records)
+    waited_at: str = ""               # AWAY: the place (innermost frame) where all the other ranks waited ...
+    waiting: int = 0                  # ... and how many they were
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> LongStep:
@@ -68,13 +80,15 @@ class LongStep:
                    where=tuple(str(f) for f in doc.get("where") or () if isinstance(f, str)),
                    why=str(doc.get("why") or ""), stopped=tuple(r for r in doc.get("stopped") or ()
                                                                   if isinstance(r, int)),
-                   among=max(1, int(_num(doc.get("among")))))
+                   among=max(1, int(_num(doc.get("among")))),
+                   waited_at=str(doc.get("waited_at") or ""), waiting=int(_num(doc.get("waiting"))))
 
     def to_json(self) -> dict[str, Any]:
         return {"step": self.step, "ms": round(self.ms, 3), "median_ms": round(self.median_ms, 3),
                 "ranks_seen": self.ranks_seen, "rank": self.rank, "host": self.host, "what": self.what,
                 "busy_ms": round(self.busy_ms, 3), "others_ms": round(self.others_ms, 3), "where": list(self.where),
-                "why": self.why, "stopped": list(self.stopped), "among": self.among}
+                "why": self.why, "stopped": list(self.stopped), "among": self.among,
+                **({"waited_at": self.waited_at, "waiting": self.waiting} if self.what == AWAY else {})}
 
 
 def _num(x: Any) -> float:
@@ -99,19 +113,38 @@ def _what(rec: Mapping[str, Any]) -> str:
 def to_send(records: list[dict[str, Any]], median_ms: float | None) -> list[dict[str, Any]]:
     """What a rank sends of its kept longest steps (``StepClock.long_steps``, longest first) at job end:
     only steps past the bar against its own median, at most MAX_SENT (of 5 checkpoints alike, which 3
-    a rank would send differs between ranks: the saving rank's and its peers' must meet), and the
-    stack only with a step it was busy through (the rank the others waited for); a healthy job sends
-    nothing, and the victims of a stall send ~100 bytes a step each."""
+    a rank would send differs between ranks: the saving rank's and its peers' must meet), each with
+    its stack (~1 kB) to its node leader, who forwards a count of ranks a place and the stack of a
+    rank alone at its place only (StepSeen); a healthy job sends nothing."""
     if not median_ms or median_ms <= 0:
         return []
     bar = max(LONG_RATIO * median_ms, LONG_MIN_MS)
-    out = []
-    for rec in records:
-        if _num(rec.get("ms")) < bar or len(out) >= MAX_SENT:
-            continue
-        busy = _busy(rec) >= BUSY_SHARE * _num(rec.get("ms"))
-        out.append({k: v for k, v in rec.items() if k != "where" or busy})
-    return out
+    return [rec for rec in records if _num(rec.get("ms")) >= bar][:MAX_SENT]
+
+
+# one place a step's records were counted at: (innermost frame, ranks there, the least of them, its
+# stack and busy ms while it is alone there, else () and 0.0)
+Place = tuple[str, int, int, tuple[str, ...], float]
+
+
+def _place(rank: int, rec: Mapping[str, Any]) -> Place | None:
+    where = rec.get("where")
+    if not (isinstance(where, list) and where and all(isinstance(f, str) for f in where)):
+        return None
+    return (where[-1], 1, rank, tuple(where), _busy(rec))
+
+
+def _merge_places(a: tuple[Place, ...] | None, b: tuple[Place, ...] | None) -> tuple[Place, ...] | None:
+    """Two steps' place counts as one; None (too scattered) past MAX_PLACES places. Associative: the
+    result is None exactly when the records hold more than MAX_PLACES places in all, and a rank's
+    stack is kept exactly when no other rank was at its place."""
+    if a is None or b is None:
+        return None
+    by = {p[0]: p for p in a}
+    for p in b:
+        q = by.get(p[0])
+        by[p[0]] = p if q is None else (p[0], p[1] + q[1], min(p[2], q[2]), (), 0.0)
+    return tuple(sorted(by.values())) if len(by) <= MAX_PLACES else None
 
 
 MAX_STOPPED = 16   # ranks stopped in a step listed by number (the rest counted): a suspended job stops all
@@ -137,14 +170,19 @@ class StepSeen:
     stopped: tuple[int, ...] = ()   # ranks stopped and continued in it (the first MAX_STOPPED)
     stopped_n: int = 0
     eroica: bool = False         # eroica's own work held it up (a capture: stepclock's "eroica" mark)
+    places: tuple[Place, ...] | None = ()   # where the sampled ranks' main threads were (None: > MAX_PLACES)
+    unsampled: int = 0           # records with no stack (the hang watchdog off, or it did not look in time)
 
     @classmethod
     def of(cls, rank: int, rec: Mapping[str, Any]) -> StepSeen:
         """One rank's record of a step."""
         stopped = _num(rec.get("stops")) > 0
-        return cls(step=int(rec["step"]), ms=_num(rec.get("ms")), ranks=1, top=rank, top_rec=rec,
+        place = _place(rank, rec)
+        busy = _busy(rec) >= BUSY_SHARE * _num(rec.get("ms"))   # only such a rank's stack can name it as busy
+        return cls(step=int(rec["step"]), ms=_num(rec.get("ms")), ranks=1, top=rank,
+                   top_rec=rec if busy else {k: v for k, v in rec.items() if k != "where"},
                    data_all=_what(rec) == "data", stopped=(rank,) if stopped else (), stopped_n=int(stopped),
-                   eroica=bool(rec.get("eroica")))
+                   eroica=bool(rec.get("eroica")), places=(place,) if place else (), unsampled=int(place is None))
 
     def merge(self, other: StepSeen) -> StepSeen:
         """The two sets of records together (the same step)."""
@@ -156,12 +194,14 @@ class StepSeen:
         return StepSeen(step=self.step, ms=max(self.ms, other.ms), ranks=self.ranks + other.ranks, top=hi.top,
                         top_rec=rec, second=second, data_all=self.data_all and other.data_all,
                         stopped=tuple(sorted(self.stopped + other.stopped)[:MAX_STOPPED]),
-                        stopped_n=self.stopped_n + other.stopped_n, eroica=self.eroica or other.eroica)
+                        stopped_n=self.stopped_n + other.stopped_n, eroica=self.eroica or other.eroica,
+                        places=_merge_places(self.places, other.places), unsampled=self.unsampled + other.unsampled)
 
     def to_wire(self) -> dict[str, Any]:
         return {"step": self.step, "ms": self.ms, "ranks": self.ranks, "top": self.top, "rec": dict(self.top_rec),
                 "second": self.second, "data_all": self.data_all, "stopped": list(self.stopped),
-                "stopped_n": self.stopped_n, "eroica": self.eroica}
+                "stopped_n": self.stopped_n, "eroica": self.eroica, "unsampled": self.unsampled,
+                "places": None if self.places is None else [[k, n, r, list(f), b] for k, n, r, f, b in self.places]}
 
     @classmethod
     def from_wire(cls, doc: Any) -> StepSeen | None:
@@ -178,11 +218,25 @@ class StepSeen:
         return cls(step=step, ms=_num(doc.get("ms")), ranks=ranks, top=top, top_rec={"step": step, **rec},
                    second=_num(doc.get("second")), data_all=doc.get("data_all") is True,
                    stopped=tuple(r for r in stopped if _int(r))[:MAX_STOPPED] if isinstance(stopped, list) else (),
-                   stopped_n=int(_num(doc.get("stopped_n"))), eroica=doc.get("eroica") is True)
+                   stopped_n=int(_num(doc.get("stopped_n"))), eroica=doc.get("eroica") is True,
+                   places=_places_from_wire(doc.get("places")), unsampled=int(_num(doc.get("unsampled"))))
 
 
 def _int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _places_from_wire(doc: Any) -> tuple[Place, ...] | None:
+    """A leader's place counts; None (nothing to single a rank out by) for anything malformed."""
+    if not isinstance(doc, list) or len(doc) > MAX_PLACES:
+        return None
+    out = []
+    for p in doc:
+        if not (isinstance(p, list) and len(p) == 5 and isinstance(p[0], str) and _int(p[1]) and p[1] > 0
+                and _int(p[2]) and isinstance(p[3], list)):
+            return None
+        out.append((p[0], p[1], p[2], tuple(str(f) for f in p[3] if isinstance(f, str)), _num(p[4])))
+    return tuple(sorted(out))
 
 
 def reduce_records(records: Mapping[int, Any], keep: int | None = MAX_SENT) -> dict[int, StepSeen]:
@@ -267,6 +321,11 @@ def _judge(seen: StepSeen, per_rank: Mapping[int, Mapping[str, Any]], median_ms:
         why = "every rank was busy through it (an evaluation, a job-wide pause)"
     elif seen.stopped_n:
         why = _stopped_text(seen)
+    elif (away := _away(seen, len(per_rank))) is not None:
+        (_, _, rank, where, busy), (at, waiting, *_) = away
+        host = per_rank.get(rank, {}).get("host")
+        return LongStep(**base, rank=rank, host=host if isinstance(host, str) else None, what=AWAY, busy_ms=busy,
+                        others_ms=others, where=where, waited_at=at, waiting=waiting)
     elif len(per_rank) == 1:
         why = f"the job's one rank was busy {busy / 1e3:.2f} s of it"
     else:
@@ -274,6 +333,17 @@ def _judge(seen: StepSeen, per_rank: Mapping[int, Mapping[str, Any]], median_ms:
               "the network)"
     return LongStep(**base, busy_ms=busy, others_ms=others,
                     why=why + ("" if alike else _incomplete(seen, len(per_rank))))
+
+
+def _away(seen: StepSeen, reporting: int) -> tuple[Place, Place] | None:
+    """(the lone rank's place, the others' place) when every reporting rank's stack was sampled in the
+    step, all but one at the same place (at least 2 of them: with 2 ranks neither is the odd one) and
+    that one elsewhere: where the others waited for it. None otherwise, and for a step eroica's own
+    work held up (a node leader's link probe is elsewhere than the ranks waiting for it)."""
+    if seen.eroica or seen.unsampled or seen.places is None or len(seen.places) != 2 or seen.ranks < reporting:
+        return None
+    lone, rest = sorted(seen.places, key=lambda p: p[1])
+    return (lone, rest) if lone[1] == 1 and rest[1] >= 2 and lone[3] else None
 
 
 def short_frame(frame: str) -> str:
@@ -336,6 +406,11 @@ def _times(ms: list[float], median_ms: float) -> str:
     return f"{lo}x" if lo == hi else f"{lo}-{hi}x"
 
 
+def held_ms(steps: list[LongStep]) -> float:
+    """What the listed stalls cost every rank: their time past the median step."""
+    return sum(max(s.ms - s.median_ms, 0.0) for s in steps)
+
+
 def format_long_steps(steps: list[LongStep]) -> list[str]:
     """The job summary's lines: one per stall, and one for stalls with the same verdict (the same rank
     doing the same thing, or every rank alike: a checkpoint every 50 steps, workers started at every
@@ -360,9 +435,13 @@ def _format_group(g: list[LongStep]) -> str:
 def _named(s: LongStep, busy: list[float], others: float) -> str:
     on = f" on {s.host}" if s.host else ""
     where, what = where_text(s.where), doing(s.where)
-    return (f"rank {s.rank}{on} {WHAT.get(s.what or 'cpu', 'busy')} {_took(busy)} of it, the others "
-            f"{_took([others])} at most: they waited for it" + (f"; {where}" if where else "")
-            + (f"; {what}" if what else ""))
+    if s.what == AWAY:
+        head = (f"rank {s.rank}{on} was off the CPU through it (busy {_took(busy)}), not where the {s.waiting} "
+                f"others waited ({short_frame(s.waited_at)}): they waited for it")
+    else:
+        head = (f"rank {s.rank}{on} {WHAT.get(s.what or 'cpu', 'busy')} {_took(busy)} of it, the others "
+                f"{_took([others])} at most: they waited for it")
+    return head + (f"; {where}" if where else "") + (f"; {what}" if what else "")
 
 
 def format_long_step(s: LongStep) -> str:

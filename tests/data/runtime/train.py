@@ -40,6 +40,7 @@ PAUSE_DIR = os.environ.get("PAUSE_DIR", "/tmp")              # where the checkpo
 STALL_RANK = int(os.environ.get("STALL_RANK", "-1"))         # this rank works alone (matmuls) ...
 STALL_AT = int(os.environ.get("STALL_AT", "-1"))             # ... once, before this step's forward ...
 STALL_S = float(os.environ.get("STALL_S", "0"))               # ... for this long
+STALL_KIND = os.environ.get("STALL_KIND", "compute")         # ... or asleep (sleep: a write to slow storage)
 WORKERS = int(os.environ.get("WORKERS", "0"))
 EPOCH_STEPS = int(os.environ.get("EPOCH_STEPS", "0"))          # batches an epoch (0: one epoch of STEPS)
 PERSISTENT = os.environ.get("PERSISTENT", "0") == "1"            # persistent_workers, with WORKERS
@@ -89,7 +90,11 @@ class Model(torch.nn.Module):
 
 
 def stall_once() -> None:
-    """One-off work on one rank while the others wait in the next all-reduce (a recompile, a lone save)."""
+    """One-off work on one rank while the others wait in the next all-reduce (a recompile, a lone save),
+    or (STALL_KIND=sleep) a wait off the CPU (a write to a congested filesystem, an upload)."""
+    if STALL_KIND == "sleep":
+        time.sleep(STALL_S)
+        return
     a = torch.randn(DIM, DIM)
     end = time.monotonic() + STALL_S
     while time.monotonic() < end:
