@@ -166,6 +166,31 @@ def test_a_one_rank_jobs_slower_dataset_names_that_rank_and_its_input_path_not_a
     assert report.ranks_text(f.to_json()) == "0"
 
 
+def test_a_one_rank_job_short_of_memory_is_told_about_that_rank_not_the_ranks_alike() -> None:
+    """A job of one process whose memory cgroup left its page cache 32 MB from step 60
+    (tests/data/faultbench/one-rank-memory, a real eroica-run --nproc-per-node 1 job as root): named
+    memory, that rank, with its own figures against its baseline and the one-rank advice. It read "The
+    ranks are short of memory alike: every rank took 8 major page faults a step (median) ... 0 MB left
+    of the 68 MB each may use ... every rank waits for storage"."""
+    (_, base, _), (meta, spike, errors) = (
+        summary.decode_capture(p.read_bytes())
+        for p in sorted((DATA.parent / "faultbench" / "one-rank-memory" / "captures").glob("*.msgpack"),
+                        key=lambda p: int(p.stem)))
+    assert not errors and meta["step"] == 67 and len(spike) == 1
+    d = diagnose(spike, step=67, trigger=meta["trigger"], world_size=1, baseline=base)
+    assert [(f.category, f.rank, f.host) for f in d.findings] == [("memory", 0, spike[0]["host"])], \
+        [f.title for f in d.findings]
+    f = d.findings[0]
+    assert f.title.startswith("Rank 0 slower than its baseline capture, short of memory"), f.title
+    assert f.action.startswith("This rank is short of memory: 8 major page faults a step vs 0 in its baseline "
+                               "capture"), f.action
+    assert "MB it may use" in f.action and "Raise its memory limit" in f.action, f.action
+    for many in ("every rank", "Every rank", "all ranks", "each rank", "The ranks", "alike"):
+        assert many not in f.action and many not in f.title, (many, f.title, f.action)
+    head = format_finding(f)[0]
+    assert f"MEMORY: rank 0 on {spike[0]['host']} — " in head, head
+
+
 def test_fixing_the_worse_of_two_culprits_brings_the_step_down_to_the_other_ones_level() -> None:
     """Two faults at once in a real 4-rank job (tests/data/faultbench/two-culprits): rank 3 runs 150 ms
     of extra matmuls a step and rank 1's dataset sleeps 80 ms a batch. Both are named, rank 3 first.

@@ -367,8 +367,8 @@ def common_mode(cur: Table, base: Table, th: Thresholds, culprit_excess: float,
         memory = regression_memory(cur, base, ra, rba)   # every slow rank waited for pages it had lost
         if memory:
             ev.update(memory)
-            ev["all_ranks"] = True
-            action = memory_action(memory, all_ranks=True)
+            ev["all_ranks"] = one is None
+            action = memory_action(memory, all_ranks=one is None, baseline=True)
         findings.append(Finding(
             category="memory" if memory else "regression", rank=one,
             host=",".join(slow_hosts) if 0 < len(slow_hosts) <= HOSTS_NAMED else None, function=top, phase=phase,

@@ -125,14 +125,18 @@ def regression_memory(cur: Table, base: Table, rc: np.ndarray, rb: np.ndarray) -
     return {**ev, "ranks_faulting_share": float(grew.mean())} if ev["memory_short"] else {}
 
 
-def memory_action(ev: dict[str, Any], all_ranks: bool = False) -> str:
+def memory_action(ev: dict[str, Any], all_ranks: bool = False, baseline: bool = False) -> str:
     """What to tell the user for ``memory_evidence``: memory it lacked, or pages storage had to supply;
-    ``all_ranks``: for ``regression_memory``, the ranks' medians against the baseline capture."""
+    ``all_ranks``: for ``regression_memory``, the ranks' medians against the baseline capture;
+    ``baseline``: one rank's against its own baseline capture (the only rank compared: a one-rank job
+    read "The ranks are short of memory alike: every rank took ...")."""
     mine, ref = ev["major_faults"]
     if all_ranks:
         share = ev.get("ranks_faulting_share", 1.0)
         said = (("every rank" if share >= 1.0 else f"{share:.0%} of the ranks") + f" took {mine:,.0f} major page "
                 f"faults a step (median) vs {ref:,.0f} in the baseline capture")
+    elif baseline:
+        said = f"{mine:,.0f} major page faults a step vs {ref:,.0f} in its baseline capture"
     else:
         said = f"{mine:,.0f} major page faults a step vs peers' {ref:,.0f}"
     who = "each" if all_ranks else "it"
