@@ -125,6 +125,25 @@ def test_a_real_job_wide_regression_shows_the_extra_calls_and_no_collective_as_g
                                f"{top['baseline_calls']:.0f} in the baseline: every rank does more work"), f.action
 
 
+def test_a_baseline_no_faster_than_the_window_puts_no_floor_under_what_fixing_the_culprit_gives() -> None:
+    """A 2x2 tensor x data parallel job whose rank 3 ran 40 extra matmuls a step (tests/data/engine/
+    tpdp-slow-baseline, a real 4-rank job): its baseline window stepped 44.4 ms, slower than the spike
+    window's 42.9, while the job's steps before the fault ran 34.9. Used as the healthy floor, that
+    baseline read "+15.9 ms/step (step -> 42.9 ms if fixed)": no gain from fixing a culprit 3 ranks
+    waited on. Without it, the what-if is the step less what the culprit holds it by."""
+    d = DATA / "tpdp-slow-baseline"
+    (_, base, _), (meta, cur, errors) = (summary.decode_capture(p.read_bytes())
+                                         for p in (d / "13.msgpack", d / "72.msgpack"))
+    assert not errors
+    r = diagnose(cur, step=72, trigger=meta["trigger"], world_size=4, baseline=base)
+    (f,) = r.findings
+    assert (f.category, f.rank, f.function) == ("compute", 3, "aten::matmul"), f.title
+    assert r.step_ms["baseline"] >= r.step_ms["median"], r.step_ms
+    assert f.what_if_step_ms is not None and f.what_if_step_ms <= r.step_ms["median"] - 0.5 * f.impact_ms_per_step, (
+        f.what_if_step_ms, f.impact_ms_per_step, r.step_ms)
+    assert r.step_ms["what_if_all_fixed"] < r.step_ms["median"], r.step_ms
+
+
 def test_every_ranks_input_slowing_alike_is_a_regression_with_the_input_pipelines_action() -> None:
     """Every rank's dataset 40 ms slower a batch (the storage all ranks read from slowed; a real 4-rank
     job, tests/data/faultbench/everyone-data): no rank is the culprit, the job is slower than its

@@ -120,10 +120,17 @@ def _no_faster_than(findings: list[Finding], healthy_ms: float, step_ms: float) 
     steps as it did healthy, not faster. A culprit that sleeps leaves its peers the cores, and their
     own work runs faster than it does healthy: the fault bench's data case (run 50) said "step -> 37.9
     ms if fixed" of a job whose baseline stepped 56.5 ms, and 24 of that run's 51 what-ifs were below
-    its baseline's step (a regression's already was not)."""
-    floor = min(healthy_ms, step_ms)
-    return [replace(f, what_if_step_ms=floor) if f.what_if_step_ms is not None and f.what_if_step_ms < floor else f
-            for f in findings]
+    its baseline's step (a regression's already was not).
+
+    Only while the baseline stepped faster than this window: one that did not (its three steps slowed by
+    another process, or warm-up) says nothing of how fast the job steps fixed, and as a floor it made
+    every what-if this window's own step. A hand-built 2x2 tensor x data parallel job whose rank 3 ran 40
+    extra matmuls a step read "+15.9 ms/step (step -> 42.9 ms if fixed)" of a 42.9 ms window step, its
+    baseline's 44.4 ms, while its steps before the fault ran 34.9 ms (tests/data/engine/tpdp-slow-baseline)."""
+    if healthy_ms >= step_ms:
+        return findings
+    return [replace(f, what_if_step_ms=healthy_ms) if f.what_if_step_ms is not None and f.what_if_step_ms < healthy_ms
+            else f for f in findings]
 
 
 def _beside_the_network(findings: list[Finding], gates: Gates) -> list[Finding]:
@@ -445,7 +452,7 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
                "max": float(step_col.max()), "max_rank": int(table.rank[int(np.argmax(step_col))]),
                "what_if_all_fixed": max(all_fixed(step_med, [f.impact_ms_per_step for f in findings
                                                              if f.category != "hang"]),
-                                        min(step_med, healthy or 0.0))}
+                                        healthy if healthy is not None and healthy < step_med else 0.0)}
     if healthy is not None:
         # what this capture was compared with (the runtime's analyst reads a capture with no finding
         # and no "unexplained_ms" as found healthy only when this is here: analyst.healthy_against_baseline)
