@@ -16,7 +16,15 @@ import numpy as np
 import pytest
 
 from eroica_runtime import report, summary, synth
-from eroica_runtime.engine import Thresholds, build_table, categories, consolidate, diagnose, parse_topology
+from eroica_runtime.engine import (
+    Diagnosis,
+    Thresholds,
+    build_table,
+    categories,
+    consolidate,
+    diagnose,
+    parse_topology,
+)
 from eroica_runtime.engine.categories import host_lead
 from eroica_runtime.engine.impact import Gates
 from eroica_runtime.engine.model import Finding
@@ -142,6 +150,41 @@ def test_a_baseline_no_faster_than_the_window_puts_no_floor_under_what_fixing_th
     assert f.what_if_step_ms is not None and f.what_if_step_ms <= r.step_ms["median"] - 0.5 * f.impact_ms_per_step, (
         f.what_if_step_ms, f.impact_ms_per_step, r.step_ms)
     assert r.step_ms["what_if_all_fixed"] < r.step_ms["median"], r.step_ms
+
+
+def _capture_pair(name: str, base_step: int, step: int, world: int) -> Diagnosis:
+    (_, base, _), (meta, cur, errors) = (summary.decode_capture((DATA / name / f"{s}.msgpack").read_bytes())
+                                         for s in (base_step, step))
+    assert not errors
+    return diagnose(cur, step=step, trigger=meta["trigger"], world_size=world, baseline=base)
+
+
+def test_a_rank_whose_other_thread_holds_the_gil_is_named_blocked_not_slower_hardware() -> None:
+    """Rank 1 of 3 runs a thread spinning in pure Python (tests/data/engine/gil-thread, a real job): its
+    ops read 100x slower, the same calls as its peers', and the finding said "COMPUTE ... Compare this
+    rank's GPU/CPU with its peers (clocks, thermals, co-located jobs); drain the node". Its training
+    thread was off the CPU through nearly all of it while its process's other threads ran a CPU: that
+    rank, blocked (host), with what to look for and how to see it."""
+    d = _capture_pair("gil-thread", 13, 68, 3)
+    (f,) = d.findings
+    assert (f.category, f.rank, f.victims) == ("host", 1, (0, 2)), f.title
+    off, peers_off = f.evidence["off_cpu_ms"]
+    others, peers_others = f.evidence["other_threads_cpu_ms"]
+    assert off >= 0.9 * f.evidence["own_work_ms"][0] and others >= 0.9 * f.evidence["step_ms"][0], f.evidence
+    assert peers_off < 5 and peers_others < 0.05 * f.evidence["step_ms"][1], f.evidence
+    assert "another thread of this rank holds the GIL" in f.action and "py-spy dump" in f.action, f.action
+    for wrong in ("thermals", "drain the node", "clocks"):
+        assert wrong not in f.action, f.action
+
+
+def test_a_rank_whose_intra_op_threads_do_more_work_stays_a_compute_culprit() -> None:
+    """Every rank computes with 3 intra-op threads and rank 2's batches are 4x larger (tests/data/engine/
+    intra-op-bigger-batch, a real job): its other threads run for its work as its peers' do for theirs,
+    so it is compute, not a thread holding the GIL."""
+    d = _capture_pair("intra-op-bigger-batch", 13, 114, 3)
+    (f,) = d.findings
+    assert (f.category, f.rank) == ("compute", 2), f.title
+    assert "other_threads_cpu_ms" not in f.evidence and "GIL" not in f.action, f.action
 
 
 def test_every_ranks_input_slowing_alike_is_a_regression_with_the_input_pipelines_action() -> None:

@@ -36,6 +36,7 @@ and pass that Table, so it is converted once and the dicts can be dropped.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import replace
@@ -59,6 +60,7 @@ from eroica_runtime.engine.categories import (
     work_action,
     work_against,
     work_evidence,
+    work_verdict,
 )
 from eroica_runtime.engine.commonmode import comm_before_window, common_mode, hang_findings, local_comm_excess
 from eroica_runtime.engine.history import HISTORY_FUNCTION, history_culprits
@@ -66,7 +68,7 @@ from eroica_runtime.engine.impact import Gates, all_fixed
 from eroica_runtime.engine.lonework import describe, lone_steps
 from eroica_runtime.engine.memory import memory_action, memory_evidence, span_culprits
 from eroica_runtime.engine.model import CATEGORIES, Diagnosis, Finding, in_function, ranks_waiting
-from eroica_runtime.engine.offcpu import blocked_action, blocked_evidence
+from eroica_runtime.engine.offcpu import blocked_action, blocked_evidence, other_threads_evidence
 from eroica_runtime.engine.ownbaseline import lone_culprits
 from eroica_runtime.engine.peers import Peers, form_peers, parse_topology
 from eroica_runtime.engine.quota import (
@@ -152,6 +154,15 @@ def _beside_the_network(findings: list[Finding], gates: Gates) -> list[Finding]:
     return out
 
 
+def _more_calls(functions: list[dict[str, Any]]) -> bool:
+    """Whether the culprit's top function ran more calls a step than its peers' (more work: compute)."""
+    if not functions:
+        return False
+    f = functions[0]
+    return work_verdict(float(f.get("rank_calls", math.nan)), float(f.get("rank_ms", math.nan)),
+                        float(f.get("peers_calls", math.nan)), float(f.get("peers_ms", math.nan))) == "more"
+
+
 def _culprit_finding(table: Table, peers: Peers, c: Culprit, stopped: dict[str, Any] | None = None,
                      culprits: Collection[int] = ()) -> Finding:
     """A culprit's finding; its what-if step is set once every culprit is known (_what_ifs). ``culprits``:
@@ -177,9 +188,18 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, stopped: dict[str, 
         c = replace(c, category="memory")
     elif memory and c.category == "host":
         c = replace(c, category="io")
-    # off the CPU through its stall, neither running nor queued: blocked, no CPU was short (offcpu.py)
-    blocked = {} if quota or stopped or contended or memory or c.category != "host" or c.phase != "host_gap" \
+    # off the CPU through its stall, neither running nor queued: blocked, no CPU was short (offcpu.py);
+    # on a CPU rank, inside its ops too while the rest of its process ran (another thread held the GIL):
+    # the same calls as its peers', no compute of its own
+    blocked = {} if quota or stopped or contended or memory or c.category not in ("host", "compute") \
+        or (c.category == "host" and c.phase != "host_gap") or (c.category == "compute" and c.device) \
         else blocked_evidence(table, row, ref_rows, c.excess_ms)
+    if blocked:
+        blocked.update(other_threads_evidence(table, row, ref_rows, c.excess_ms))
+        if c.category == "compute" and ("other_threads_cpu_ms" not in blocked or _more_calls(c.functions)):
+            blocked = {}   # a pool of intra-op threads doing more work for it, or no sign of another thread
+        elif c.category == "compute":
+            c = replace(c, category="host")
     tele_ev, hint = telemetry_refinement(table, row, ref_rows, c.category, quota_named=bool(quota),
                                          blocked=bool(blocked))
     if quota:
@@ -190,7 +210,8 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, stopped: dict[str, 
         hint = (memory_action(memory) + " " + hint).strip()
     elif blocked:
         tele_ev.update(blocked)
-        hint = (blocked_action(blocked, float(table.own[row])) + " " + hint).strip()   # the host own work it is of
+        hint = (blocked_action(blocked, float(table.own[row]), float(table.col("step")[row])) + " "
+                + hint).strip()   # the host own work it is of
     elif contended and c.sched:
         rq, rq_ref = c.sched["runq_ms"]
         hint = (f"Runnable but waiting for a CPU {rq:.1f} ms/step vs peers' {rq_ref:.1f} (run queue), in the "
