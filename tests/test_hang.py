@@ -79,6 +79,33 @@ def test_analyse_names_the_rank_outside_the_collective() -> None:
     assert where(reports[2]) == "/job/model.py:12 in f"
 
 
+def test_ranks_waiting_in_different_collectives_are_said_to_have_called_different_ones() -> None:
+    """A real 3-rank job (2026-12-07) whose rank 1 called barrier() at step 50 where ranks 0 and 2
+    all-reduced a metric: the hang named rank 1 but read "rank 1 never reached the collective the other
+    2 ranks wait in", while it waited in one of its own. Its stack and theirs, as the watchdog sent them."""
+    c10d = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+    logger = {"file": "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", "line": 83,
+              "function": "wrapper", "code": "return func(*args, **kwargs)"}
+
+    def waiting(rank: int, line: int, code: str, collective: str, at: int) -> dict:
+        rep = _report(rank, "/job/mismatch.py", line, 57)
+        rep["stacks"][0]["frames"] = [{"file": "/job/mismatch.py", "line": line, "function": "<module>", "code": code},
+                                      logger, {"file": c10d, "line": at, "function": collective, "code": "work.wait()"}]
+        return rep
+
+    reports = {r: waiting(r, 18, "dist.all_reduce(t)", "all_reduce", 3007) for r in (0, 2)}
+    reports[1] = waiting(1, 16, "dist.barrier()", "barrier", 5356)
+    f = analyse(reports, 3)["finding"]
+    assert (f["rank"], f["victims"], f["evidence"]["collectives"]) == (1, [0, 2], ["barrier", "all_reduce"])
+    assert f["action"].startswith("rank 1 waits in barrier() at /job/mismatch.py:16 in <module> while the other 2 "
+                                  "ranks wait in all_reduce() at /job/mismatch.py:18 in <module>: different "
+                                  "collectives, so none of them can complete"), f["action"]
+    assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in f["action"]
+    # a rank elsewhere than any collective keeps the old line
+    reports[1] = _report(1, "/job/data.py", 5, 56)
+    assert analyse(reports, 3)["finding"]["action"].startswith("rank 1 never reached the collective")
+
+
 def test_analyse_blames_a_silent_rank_and_not_a_uniform_stall() -> None:
     same = {r: _report(r, "/job/train.py", 80, 41) for r in range(4)}
     assert analyse(same, 4)["finding"] is None

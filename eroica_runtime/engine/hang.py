@@ -108,6 +108,16 @@ def analyse(reports: dict[int, dict[str, Any]], world_size: int) -> dict[str, An
                        f"in; look at its stack (a stuck data read, a deadlock, a rank-dependent branch that "
                        f"skips a collective)"),
         }
+        mine, theirs = _collective(rep), _collective(reports[ordered[0][1][0]])
+        if mine and theirs:
+            # each side waits inside a collective the other never calls: the ranks took different branches
+            finding["evidence"]["collectives"] = [mine, theirs]
+            finding["action"] = (
+                f"rank {culprit} waits in {mine}() at {where(rep)} while the other {len(ordered[0][1])} ranks wait "
+                f"in {theirs}() at {majority_where}: different collective{' calls' if mine == theirs else 's'}, so "
+                "none of them can complete. A branch taken on some ranks only (if rank == 0, a condition on a "
+                "rank's own data or loss) must call the same collectives in the same order on every rank "
+                "(TORCH_DISTRIBUTED_DEBUG=DETAIL checks each call against the other ranks')")
     elif missing:
         finding = {"category": "hang", "rank": missing[0], "host": None, "function": "unknown",
                    "phase": "hang", "impact_ms_per_step": None, "victims": sorted(reports),
@@ -120,6 +130,16 @@ def analyse(reports: dict[int, dict[str, Any]], world_size: int) -> dict[str, An
             **({"end_job": True} if finding is not None and finding["function"] == FINISHED else {}),
             # every rank's program returned: the job is ending (its last reports are being written)
             **({"ending": True} if len(finished) == world_size else {})}
+
+
+def _collective(report: dict[str, Any]) -> str | None:
+    """The torch.distributed collective a rank's main thread waits in (``barrier``, ``all_reduce``: its
+    innermost frame in distributed_c10d.py), None when it is in none (the autograd engine waiting for
+    DDP's all-reduce shows no such frame)."""
+    for f in reversed(main_frames(report)):
+        if str(f.get("file", "")).endswith("torch/distributed/distributed_c10d.py"):
+            return str(f.get("function") or "") or None
+    return None
 
 
 def _in_torch(report: dict[str, Any]) -> bool:
