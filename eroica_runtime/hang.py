@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +52,12 @@ WATCH_S = 2.0          # how long a stalled rank watches itself for movement bef
 WATCH_EVERY_S = 0.25   # how often it samples its main thread's stack meanwhile
 WAKE_S = 0.5           # how often the watchdog looks at the step in progress ...
 WAKE_MIN_S = 0.05      # ... or sooner, when it would cross the bar of a long step before then
+# the job's start (to its first step): its main thread's stack is sampled at every look from STARTUP_AFTER_S
+# on, the last STARTUP_KEEP kept; the start's record takes the one STARTUP_BEFORE_S before the first step
+# (by then a rank that holds the others is still at its own work, and they wait for it)
+STARTUP_AFTER_S = 2.0
+STARTUP_BEFORE_S = 1.0
+STARTUP_KEEP = 16
 
 
 def stacks() -> list[dict[str, Any]]:
@@ -219,6 +226,8 @@ class Watchdog(threading.Thread):
         self.job_ended = False               # every rank's program returned: a look says nothing
         self._stop_event = threading.Event()  # not _stop: Thread._stop() is used at fork
         self._sample: tuple[int, list[str]] | None = None   # (step, main_frames_text) of a step that ran long
+        self._born = time.monotonic()
+        self._startup: deque[tuple[float, list[str]]] = deque(maxlen=STARTUP_KEEP)   # (when, frames) before step 0
 
     def progress(self, step: int) -> None:
         """Called at every step boundary (cheap: two attribute writes)."""
@@ -233,9 +242,22 @@ class Watchdog(threading.Thread):
         return max(self.factor * self.median_s(), self.floor_s)
 
     def sampled(self, step: int) -> list[str] | None:
-        """Where this rank's main thread was while step ``step`` ran long, if this thread looked."""
+        """Where this rank's main thread was while step ``step`` ran long, if this thread looked; for step
+        0 (the job's start, asked at its end), where it was STARTUP_BEFORE_S before that."""
+        if step == 0:
+            before = time.monotonic() - STARTUP_BEFORE_S
+            return next((frames for when, frames in reversed(self._startup) if when <= before), None)
         got = self._sample
         return got[1] if got is not None and got[0] == step else None
+
+    def _sample_startup(self) -> None:
+        """Before the first step: where the main thread is (a start that runs long: one rank loading a
+        checkpoint or an index while the others wait in init_process_group or DDP's first broadcast)."""
+        try:
+            if time.monotonic() - self._born >= STARTUP_AFTER_S:
+                self._startup.append((time.monotonic(), main_frames_text()))
+        except Exception:   # a frame that vanished under it: no sample this time
+            pass
 
     def _sample_long_step(self, stalled: float) -> None:
         """Once per step that runs past the bar of a long step (engine.longsteps), sample where the main
@@ -288,6 +310,8 @@ class Watchdog(threading.Thread):
     def _look(self) -> None:
         """One look at the step in progress: sample a long one's stack, and fire on a stall past the
         hang threshold (each stall fires again at twice the wait before)."""
+        if self.last_step < 0:
+            self._sample_startup()
         if self.last_step < self.warmup_steps:
             return
         if self.stall_step != self.last_step:   # a new stall (or none): looked at from the start

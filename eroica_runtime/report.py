@@ -666,8 +666,8 @@ def format_job(report: dict[str, Any], report_dir: str | os.PathLike[str] | None
     elif not findings and (held := long_steps_held(report.get("job"))):
         # no capture saw it (a stall is over before one can open), but the job summary's longest steps
         # cost a good share of the job: 2 checkpoint writes of 1.2 s in a 3.7 s job read "healthy"
-        head = (f"{title}: no findings over {len(looked)} capture(s), but its longest steps held every rank "
-                f"{held} (the job summary above) — world size {report.get('world_size')}, {steps}{where}")
+        head = (f"{title}: no findings over {len(looked)} capture(s), but {held} (the job summary above) — world "
+                f"size {report.get('world_size')}, {steps}{where}")
     elif not findings:
         head = (f"{title}: healthy — no findings over {len(looked)} capture(s), world size "
                 f"{report.get('world_size')}, {steps}{where}")
@@ -702,8 +702,8 @@ HELD_SHARE = 0.05
 
 
 def long_steps_held(job: Any) -> str:
-    """'2.4 s, 65% of the job's time' when the job summary's longest steps cost HELD_SHARE of the job
-    or more, else ''."""
+    """'its longest steps held every rank 2.4 s, 65% of the job's time' (its start, when that is all) when
+    the job summary's longest steps cost HELD_SHARE of the job or more, else ''."""
     if not isinstance(job, dict) or not isinstance(job.get("long_steps"), list):
         return ""
     try:
@@ -714,7 +714,9 @@ def long_steps_held(job: Any) -> str:
     held = longsteps.held_ms(listed)
     if not (math.isfinite(total) and total > 0 and held >= HELD_SHARE * total):
         return ""
-    return f"{held / 1e3:.1f} s, {100 * held / (total + held):.0f}% of the job's time"
+    what = ("its start" if all(s.step == 0 for s in listed) else "its start and longest steps"
+            if any(s.step == 0 for s in listed) else "its longest steps")
+    return f"{what} held every rank {held / 1e3:.1f} s, {100 * held / (total + held):.0f}% of the job's time"
 
 
 def format_pause(doc: dict[str, Any], stalled_s: float, again_s: float) -> str:

@@ -226,7 +226,7 @@ def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
                      "were slower than the baseline with no culprit found (below).</p>")
     held = long_steps_held(report.get("job"))
     if held and not slower and not report.get("findings"):
-        parts[-1] = f'<p class="cat">No findings, but the job\'s longest steps held every rank {_e(held)} (below).</p>'
+        parts[-1] = f'<p class="cat">No findings, but {_e(held)} (below).</p>'
     stood = stood_down_text(report)
     if stood:
         parts[-1] = f'<p class="cat">{_e(stood[0].upper() + stood[1:])}.</p>'

@@ -970,7 +970,7 @@ class Runtime:
                 "own": self.clock.own_work(),
                 "busy_steps": imbalance.to_send(self.clock.last_steps(timelost.eroica_steps(self._windows,
                                                                                              self._deferred))),
-                "long_steps": longsteps.to_send(self.clock.long_steps(), stats["median_ms"])}
+                "long_steps": longsteps.to_send(self.clock.long_steps(), stats["median_ms"], self.clock.startup)}
         got = gather_job_end(side, msgpack.packb(mine, use_bin_type=True), self.cfg.deadline_s)
         if got is None or self.analyst is None:
             return None

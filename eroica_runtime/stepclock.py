@@ -365,6 +365,9 @@ class StepClock:
         # ms, batch-wait ms (the job end compares ranks' own work over the whole job: engine/steadywork.py)
         self.totals = [0, 0.0, 0.0, 0.0, 0.0]
         self.where: Callable[[int], list[str] | None] | None = None
+        # step 0 as a long step's record: the job's start (imports, model build, the first batch and step),
+        # with what the training thread did in it and where it was near its end (engine/longsteps.py)
+        self.startup: dict[str, Any] | None = None
         # disturbed(step): eroica's own work held this step up (a capture's lead-in with its link probe,
         # its window, a summary's slices, the gather): such a step is kept marked "eroica" (a rank may
         # still have stalled in it on its own), as the detectors leave it unjudged (runtime._boundary)
@@ -588,6 +591,8 @@ class StepClock:
         thr = self.throttled_ms() if self.throttled_ms is not None else None
         if thr is None:   # not measured (or no longer: the clock gave up): no step was held
             thr = self._thr_last
+        if step == 0 and self.startup is None:
+            self._keep_startup(ms, sample, continued, data, gc, thr)
         if step > 0:  # step 0 also holds start-up (model build, first batch): not a step time
             self.durations.append((step, ms))
             self.all_ms.append(ms)
@@ -625,6 +630,19 @@ class StepClock:
         # but its wait for the other ranks (``on_boundary`` returns it) is the job's: the rank waits
         # for a late peer there instead of in its next collective (runtime._wait_vote)
         self._last = end - waited
+
+    def _keep_startup(self, ms: float, sample: tuple[float, float], continued: int, data: float, gc: float,
+                      thr: float) -> None:
+        """Step 0's record: its training thread's times since it began (the process's first thread)."""
+        doc: dict[str, Any] = {"step": 0, "ms": round(ms, 3), "cpu": round(sample[0], 3), "runq": round(sample[1], 3),
+                               "stops": continued, "data": round(data, 3), "gc": round(gc, 3), "thr": round(thr, 3)}
+        try:
+            where = self.where(0) if self.where is not None else None
+        except Exception:
+            where = None
+        if where:
+            doc["where"] = where
+        self.startup = doc
 
     def _keep_long(self, ms: float, rec: tuple[int, float, float, int, float, float, float]) -> None:
         """Keep one of the longest steps so far (a few µs, only for a step longer than the kept ones)."""

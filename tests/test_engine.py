@@ -203,17 +203,21 @@ def test_every_ranks_input_slowing_alike_is_a_regression_with_the_input_pipeline
                                                                                        f.what_if_step_ms, now, base_step)
 
 
+def _one_rank_spike(case: str) -> tuple[list[dict[str, Any]], Diagnosis]:
+    """A one-rank fault-bench job's spike capture (step 67) and its diagnosis against its baseline."""
+    (_, base, _), (meta, spike, errors) = (
+        summary.decode_capture(p.read_bytes())
+        for p in sorted((DATA.parent / "faultbench" / case / "captures").glob("*.msgpack"), key=lambda p: int(p.stem)))
+    assert not errors and meta["step"] == 67 and len(spike) == 1
+    return spike, diagnose(spike, step=67, trigger=meta["trigger"], world_size=1, baseline=base)
+
+
 def test_a_one_rank_jobs_slower_dataset_names_that_rank_and_its_input_path_not_all_ranks() -> None:
     """A job of one process whose dataset slowed 40 ms a batch (tests/data/faultbench/one-rank-data, a
     real eroica-run --nproc-per-node 1 job): compared with its own baseline, the rank and its host are
     named. It read "REGRESSION: all ranks", "every rank's batches take longer", "something all ranks
     share slowed" and "The same 1 calls of ..." for a job with no other rank."""
-    (_, base, _), (meta, spike, errors) = (
-        summary.decode_capture(p.read_bytes())
-        for p in sorted((DATA.parent / "faultbench" / "one-rank-data" / "captures").glob("*.msgpack"),
-                        key=lambda p: int(p.stem)))
-    assert not errors and meta["step"] == 67 and len(spike) == 1
-    d = diagnose(spike, step=67, trigger=meta["trigger"], world_size=1, baseline=base)
+    spike, d = _one_rank_spike("one-rank-data")
     assert [(f.category, f.rank, f.host) for f in d.findings] == [("regression", 0, spike[0]["host"])], \
         [f.title for f in d.findings]
     f = d.findings[0]
@@ -234,12 +238,7 @@ def test_a_one_rank_job_short_of_memory_is_told_about_that_rank_not_the_ranks_al
     memory, that rank, with its own figures against its baseline and the one-rank advice. It read "The
     ranks are short of memory alike: every rank took 8 major page faults a step (median) ... 0 MB left
     of the 68 MB each may use ... every rank waits for storage"."""
-    (_, base, _), (meta, spike, errors) = (
-        summary.decode_capture(p.read_bytes())
-        for p in sorted((DATA.parent / "faultbench" / "one-rank-memory" / "captures").glob("*.msgpack"),
-                        key=lambda p: int(p.stem)))
-    assert not errors and meta["step"] == 67 and len(spike) == 1
-    d = diagnose(spike, step=67, trigger=meta["trigger"], world_size=1, baseline=base)
+    spike, d = _one_rank_spike("one-rank-memory")
     assert [(f.category, f.rank, f.host) for f in d.findings] == [("memory", 0, spike[0]["host"])], \
         [f.title for f in d.findings]
     f = d.findings[0]

@@ -144,6 +144,38 @@ def test_a_rank_off_the_cpu_alone_is_named_by_where_its_stack_was() -> None:
     assert all(s.rank is None for s in _long(job(world=4, odd=pairs), 7.5))
 
 
+DDP_WAIT = ["/job/train.py:30 <module>", "/venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py:835 __init__",
+            "/venv/lib/python3.11/site-packages/torch/distributed/utils.py:286 _verify_param_shape_across_processes"]
+
+
+def test_the_jobs_start_is_said_only_when_one_rank_held_the_others_in_it() -> None:
+    """The job's start (step 0) as the step clock keeps it and the watchdog samples it, from a real
+    3-rank job (2026-12-07) whose rank 2 slept 12 s reading its shard before building its model while 0
+    and 1 waited in DDP's first broadcast: named, with where each was. A start every rank worked through,
+    ranks scattered at their own lines, or one elsewhere while the others were not waiting in
+    torch.distributed, is no line: ranks importing and building alike are sampled wherever they are."""
+    def job(wait: list[str], busy_others: float = 2440.0, odd: list[str] | None = None) -> dict[int, dict]:
+        return _job({r: longsteps.to_send([], 9.4, {"step": 0, "ms": 14632.0 - r, "cpu": 2379.0 if r == 2 else busy_others,
+                                                     "runq": 0.5, "stops": 0, "data": 0.0, "gc": 0.0, "thr": 0.0,
+                                                     "where": (odd or ["/job/slowstart.py:9 <module>"]) if r == 2 else wait})
+                     for r in range(3)}, median=9.4)
+    (s,) = _long(job(DDP_WAIT), 9.4)
+    assert (s.step, s.rank, s.what, s.waiting) == (0, 2, "away", 2), s
+    (line,) = longsteps.format_long_steps([s])
+    assert line == ("the job's start took 14.63 s to its first step: rank 2 on node1 was off the CPU through it "
+                    "(busy 2.38 s), not where the 2 others waited (torch/distributed/utils.py:286 "
+                    "_verify_param_shape_across_processes): they waited for it; in /job/slowstart.py:9 <module>"), line
+    assert longsteps.held_ms([s]) == s.ms - s.others_ms
+    assert _long(job(DDP_WAIT, busy_others=14000.0), 9.4) == []   # every rank busy through its start
+    assert _long(job(["/job/model.py:12 build"]), 9.4) == []      # two ranks at one line of their own by chance
+    # a rank that prepares the data alone on a CPU while the others wait: named for its busy time
+    busy = _job({r: longsteps.to_send([], 9.4, {"step": 0, "ms": 60000.0, "cpu": 57000.0 if r == 0 else 2500.0,
+                                                "runq": 0.0, "stops": 0, "data": 0.0, "gc": 0.0, "thr": 0.0})
+                 for r in range(4)}, median=9.4)
+    (s,) = _long(busy, 9.4)
+    assert (s.step, s.rank, s.what) == (0, 0, "cpu") and "on a CPU 57.00 s of it" in longsteps.format_long_step(s)
+
+
 def test_a_job_report_whose_longest_steps_cost_a_good_share_of_it_is_not_called_healthy() -> None:
     from eroica_runtime.report import format_job
 
@@ -158,7 +190,7 @@ def test_a_job_report_whose_longest_steps_cost_a_good_share_of_it_is_not_called_
     assert head.startswith("eroica: job report: no findings over 1 capture(s), but its longest steps held every rank "
                            "2.4 s, 67% of the job's time (the job summary above)"), head
     page = render_html(report(160), [], None)
-    assert "No findings, but the job's longest steps held every rank 2.4 s" in page
+    assert "No findings, but its longest steps held every rank 2.4 s" in page
     # the same two stalls in a job of 100,000 steps are 0.3% of it: healthy
     assert "healthy — no findings" in format_job(report(100_000)).splitlines()[0]
 

@@ -513,6 +513,27 @@ def test_a_one_off_stall_names_the_rank_the_others_waited_for_and_where_it_was(t
     assert "healthy" not in head, head   # 2 s of a ~5 s job: the longest steps, or rank 3's steady work, say so
 
 
+def test_a_rank_that_held_the_jobs_start_is_named_with_where_it_was(tmp_path) -> None:
+    """Rank 2 reads its shard from slow storage for 10 s before building its model, while ranks 0 and 1
+    wait in DDP's first broadcast: the job summary names it, where it was and where they waited, and the
+    job report does not call the job healthy (a 3-rank job like it read "healthy", 12 of its 17.6 s
+    spent so). Two emulated nodes: its record reaches rank 0 through its leader's reduction."""
+    proc = eroica_run("--nproc-per-node", "3", "--report-dir", tmp_path, TRAIN,
+                      env={"STEPS": "60", "START_SLEEP_RANK": "2", "START_SLEEP_S": "10", "EROICA_NODE_SPLIT": "2"},
+                      timeout=240)
+    assert proc.returncode == 0, explain(proc)
+    lines = proc.stderr.splitlines()
+    line = next((x for x in lines if "the job's start took " in x), "")
+    assert ": rank 2 on " in line and "they waited for it" in line and "load_shard" in line, explain(proc)
+    assert "torch/" in line.split("others waited (", 1)[1], line
+    (start,) = [s for s in json.loads((tmp_path / "report.json").read_text())["job"]["long_steps"] if s["step"] == 0]
+    assert start["rank"] == 2 and start["ms"] >= 9000 and start["others_ms"] < 0.5 * start["ms"], start
+    head = next(x for x in lines if x.startswith("[rank0]:eroica: job report"))
+    # (a baseline window on 2 shared cores may find something of its own: then the head counts it)
+    findings = json.loads((tmp_path / "report.json").read_text())["findings"]
+    assert "healthy" not in head and ("its start" in head or findings), head
+
+
 def test_dataloader_workers_forked_anew_every_epoch_stay_inert_and_the_summary_prices_their_restarts(tmp_path) -> None:
     """fork()ed workers inherit the runtime object; they must never vote, profile or touch MPI. Their
     loader starts them anew at each of the 5 epochs (no persistent_workers; 40 steps of 10 batches,

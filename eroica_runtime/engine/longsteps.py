@@ -19,7 +19,12 @@ place (the collective they waited in) and one rank's elsewhere (a write to a slo
 upload, a sleep: off the CPU, so its busy time is as small as its victims'). A 3-rank DDP job
 whose rank 1 blocked 1.2 s writing a checkpoint shard at steps 60 and 120 (2026-12-07) read "no
 rank was busy on a CPU or waiting for a batch for a quarter of it" before. When every rank was
-busy, or none and the stacks do not single one out, the line says so. Pure: no MPI, no torch.
+busy, or none and the stacks do not single one out, the line says so.
+
+The job's start (step 0: imports, the model's build, a checkpoint's load, the first batch and step)
+goes the same way, and is said only when it names the rank the others waited for: a 3-rank job whose
+rank 2 read its data shard 12 s before building its model (2026-12-07) spent 12 of its 17.6 s with
+ranks 0 and 1 waiting in DDP's first broadcast, and read "healthy". Pure: no MPI, no torch.
 """
 
 from __future__ import annotations
@@ -110,16 +115,19 @@ def _what(rec: Mapping[str, Any]) -> str:
     return "cpu"
 
 
-def to_send(records: list[dict[str, Any]], median_ms: float | None) -> list[dict[str, Any]]:
+def to_send(records: list[dict[str, Any]], median_ms: float | None,
+            startup: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """What a rank sends of its kept longest steps (``StepClock.long_steps``, longest first) at job end:
     only steps past the bar against its own median, at most MAX_SENT (of 5 checkpoints alike, which 3
     a rank would send differs between ranks: the saving rank's and its peers' must meet), each with
     its stack (~1 kB) to its node leader, who forwards a count of ranks a place and the stack of a
-    rank alone at its place only (StepSeen); a healthy job sends nothing."""
+    rank alone at its place only (StepSeen); a healthy job sends nothing. ``startup``: step 0's record
+    (the job's start, ``StepClock.startup``), sent first when past the bar as well."""
     if not median_ms or median_ms <= 0:
         return []
     bar = max(LONG_RATIO * median_ms, LONG_MIN_MS)
-    return [rec for rec in records if _num(rec.get("ms")) >= bar][:MAX_SENT]
+    first = [startup] if isinstance(startup, dict) and _num(startup.get("ms")) >= bar else []
+    return first + [rec for rec in records if _num(rec.get("ms")) >= bar and rec.get("step") != 0][:MAX_SENT]
 
 
 # one place a step's records were counted at: (innermost frame, ranks there, the least of them, its
@@ -282,8 +290,25 @@ def long_steps(seen: Mapping[int, StepSeen], per_rank: Mapping[int, Mapping[str,
         return []
     bar = max(LONG_RATIO * median_ms, LONG_MIN_MS)
     ranked = sorted((s for s in seen.values() if s.ms >= bar), key=lambda s: -s.ms)
-    kept = [j for j, s in ((_judge(s, per_rank, median_ms), s) for s in ranked) if not s.eroica or j.rank is not None]
+    # a step eroica held up only when one rank stalled in it alone; the job's start (every rank imports,
+    # builds, loads) only when one rank held the others in it (_held_the_start)
+    kept = [j for j, s in ((_judge(s, per_rank, median_ms), s) for s in ranked)
+            if (not s.eroica or j.rank is not None) and (s.step != 0 or _held_the_start(j))]
     return [replace(j, among=len(kept)) for j in kept[:MAX_SHOWN]]
+
+
+# where ranks wait for a peer at the job's start: its rendezvous, a barrier, DDP's or FSDP's first broadcast
+START_WAITS = ("/torch/distributed/", "torch/nn/parallel/distributed.py")
+
+
+def _held_the_start(j: LongStep) -> bool:
+    """Whether the job's start is worth a line: one rank named, the others waiting through half of it or
+    more, and, when named by its stack alone, they waited inside torch.distributed. Ranks starting alike
+    are busy through theirs, each sampled somewhere in its imports or its model's build: two of three at
+    one line by chance would otherwise name the third."""
+    if j.rank is None or j.others_ms > 0.5 * j.ms:
+        return False
+    return j.what != AWAY or any(m in j.waited_at for m in START_WAITS)
 
 
 def _incomplete(seen: StepSeen, reporting: int) -> str:
@@ -407,8 +432,9 @@ def _times(ms: list[float], median_ms: float) -> str:
 
 
 def held_ms(steps: list[LongStep]) -> float:
-    """What the listed stalls cost every rank: their time past the median step."""
-    return sum(max(s.ms - s.median_ms, 0.0) for s in steps)
+    """What the listed stalls cost every rank: their time past the median step (the job's start: past
+    the most any other rank was busy in it, its own start)."""
+    return sum(max(s.ms - (s.others_ms if s.step == 0 else s.median_ms), 0.0) for s in steps)
 
 
 def format_long_steps(steps: list[LongStep]) -> list[str]:
@@ -416,10 +442,13 @@ def format_long_steps(steps: list[LongStep]) -> list[str]:
     doing the same thing, or every rank alike: a checkpoint every 50 steps, workers started at every
     epoch), longest first."""
     groups: dict[tuple[Any, ...], list[LongStep]] = {}
+    out = [format_long_step(s) for s in steps if s.step == 0]   # the job's start: its own line, first
     for s in steps:
+        if s.step == 0:
+            continue
         key = (s.rank, s.what, doing(s.where)) if s.rank is not None else (None, s.why)
         groups.setdefault(key, []).append(s)
-    return [format_long_step(g[0]) if len(g) == 1 else _format_group(g) for g in groups.values()]
+    return out + [format_long_step(g[0]) if len(g) == 1 else _format_group(g) for g in groups.values()]
 
 
 def _format_group(g: list[LongStep]) -> str:
@@ -436,8 +465,10 @@ def _named(s: LongStep, busy: list[float], others: float) -> str:
     on = f" on {s.host}" if s.host else ""
     where, what = where_text(s.where), doing(s.where)
     if s.what == AWAY:
-        head = (f"rank {s.rank}{on} was off the CPU through it (busy {_took(busy)}), not where the {s.waiting} "
-                f"others waited ({short_frame(s.waited_at)}): they waited for it")
+        state = (f"was busy {_took(busy)} of it" if min(busy) >= BUSY_SHARE * s.ms else
+                 f"was off the CPU through it (busy {_took(busy)})")
+        head = (f"rank {s.rank}{on} {state}, not where the {s.waiting} others waited ({short_frame(s.waited_at)}): "
+                "they waited for it")
     else:
         head = (f"rank {s.rank}{on} {WHAT.get(s.what or 'cpu', 'busy')} {_took(busy)} of it, the others "
                 f"{_took([others])} at most: they waited for it")
@@ -446,7 +477,8 @@ def _named(s: LongStep, busy: list[float], others: float) -> str:
 
 def format_long_step(s: LongStep) -> str:
     """One stall's line."""
-    head = f"step {s.step} took {_took([s.ms])} ({_times([s.ms], s.median_ms)} the median {s.median_ms:.1f} ms)"
+    head = (f"the job's start took {_took([s.ms])} to its first step" if s.step == 0 else
+            f"step {s.step} took {_took([s.ms])} ({_times([s.ms], s.median_ms)} the median {s.median_ms:.1f} ms)")
     if s.rank is None:
         return f"{head}: {s.why}"
     return f"{head}: {_named(s, [s.busy_ms], s.others_ms)}"

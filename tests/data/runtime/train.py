@@ -41,6 +41,8 @@ STALL_RANK = int(os.environ.get("STALL_RANK", "-1"))         # this rank works a
 STALL_AT = int(os.environ.get("STALL_AT", "-1"))             # ... once, before this step's forward ...
 STALL_S = float(os.environ.get("STALL_S", "0"))               # ... for this long
 STALL_KIND = os.environ.get("STALL_KIND", "compute")         # ... or asleep (sleep: a write to slow storage)
+START_SLEEP_RANK = int(os.environ.get("START_SLEEP_RANK", "-1"))   # this rank reads its shard from slow storage ...
+START_SLEEP_S = float(os.environ.get("START_SLEEP_S", "0"))         # ... this long before it builds its model
 WORKERS = int(os.environ.get("WORKERS", "0"))
 EPOCH_STEPS = int(os.environ.get("EPOCH_STEPS", "0"))          # batches an epoch (0: one epoch of STEPS)
 PERSISTENT = os.environ.get("PERSISTENT", "0") == "1"            # persistent_workers, with WORKERS
@@ -128,11 +130,18 @@ def pause(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
                 dist.all_reduce(done, op=dist.ReduceOp.MAX)   # every rank stops after the same batch
 
 
+def load_shard() -> None:
+    """A start that waits on storage (a data shard or checkpoint read from a slow filesystem)."""
+    time.sleep(START_SLEEP_S)
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     if OWN_USR1_AT >= 0 and signal.getsignal(signal.SIGUSR1) in (None, signal.SIG_DFL):
         signal.signal(signal.SIGUSR1, lambda signum, frame: state.__setitem__("usr1", state["usr1"] + 1))
     torch.manual_seed(0)
+    if dist.get_rank() == START_SLEEP_RANK:
+        load_shard()
     model = torch.nn.parallel.DistributedDataParallel(Model())
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cpu") if LOOP == "amp" else None
