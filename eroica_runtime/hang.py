@@ -34,7 +34,6 @@ import sys
 import threading
 import time
 import traceback
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -52,12 +51,16 @@ WATCH_S = 2.0          # how long a stalled rank watches itself for movement bef
 WATCH_EVERY_S = 0.25   # how often it samples its main thread's stack meanwhile
 WAKE_S = 0.5           # how often the watchdog looks at the step in progress ...
 WAKE_MIN_S = 0.05      # ... or sooner, when it would cross the bar of a long step before then
-# the job's start (to its first step): its main thread's stack is sampled at every look from STARTUP_AFTER_S
-# on, the last STARTUP_KEEP kept; the start's record takes the one STARTUP_BEFORE_S before the first step
-# (by then a rank that holds the others is still at its own work, and they wait for it)
+# the job's start (to its first step): its main thread's stack is sampled from STARTUP_AFTER_S on, every
+# look at first; at STARTUP_KEEP samples every other one goes and the spacing doubles, so they span the
+# whole start. The start's record takes the one nearest STARTUP_BACK of the start before its end, and
+# STARTUP_BEFORE_S at least: a rank 3 s into a 12 s read of its shard, while the others wait for it,
+# not the last second, when every rank builds its model (a DDP constructor importing sympy for 1.2 s:
+# a rank that had prepared the data alone for 8 s was sampled there with the others)
 STARTUP_AFTER_S = 2.0
 STARTUP_BEFORE_S = 1.0
-STARTUP_KEEP = 16
+STARTUP_BACK = 0.25
+STARTUP_KEEP = 32
 
 
 def stacks() -> list[dict[str, Any]]:
@@ -227,7 +230,9 @@ class Watchdog(threading.Thread):
         self._stop_event = threading.Event()  # not _stop: Thread._stop() is used at fork
         self._sample: tuple[int, list[str]] | None = None   # (step, main_frames_text) of a step that ran long
         self._born = time.monotonic()
-        self._startup: deque[tuple[float, list[str]]] = deque(maxlen=STARTUP_KEEP)   # (when, frames) before step 0
+        self._startup: list[tuple[float, list[str]]] = []   # (when, frames) before step 0, thinned
+        self._startup_every = WAKE_S
+        self._startup_next = self._born + STARTUP_AFTER_S
 
     def progress(self, step: int) -> None:
         """Called at every step boundary (cheap: two attribute writes)."""
@@ -243,21 +248,29 @@ class Watchdog(threading.Thread):
 
     def sampled(self, step: int) -> list[str] | None:
         """Where this rank's main thread was while step ``step`` ran long, if this thread looked; for step
-        0 (the job's start, asked at its end), where it was STARTUP_BEFORE_S before that."""
+        0 (the job's start, asked at its end), where it was a quarter of the start before (STARTUP_BACK)."""
         if step == 0:
-            before = time.monotonic() - STARTUP_BEFORE_S
-            return next((frames for when, frames in reversed(self._startup) if when <= before), None)
+            now = time.monotonic()
+            at = now - max(STARTUP_BEFORE_S, STARTUP_BACK * (now - self._born))
+            kept = [(abs(when - at), frames) for when, frames in self._startup if when <= now - STARTUP_BEFORE_S]
+            return min(kept, key=lambda x: x[0])[1] if kept else None
         got = self._sample
         return got[1] if got is not None and got[0] == step else None
 
     def _sample_startup(self) -> None:
         """Before the first step: where the main thread is (a start that runs long: one rank loading a
         checkpoint or an index while the others wait in init_process_group or DDP's first broadcast)."""
+        now = time.monotonic()
+        if now < self._startup_next:
+            return
         try:
-            if time.monotonic() - self._born >= STARTUP_AFTER_S:
-                self._startup.append((time.monotonic(), main_frames_text()))
+            self._startup.append((now, main_frames_text()))
         except Exception:   # a frame that vanished under it: no sample this time
             pass
+        if len(self._startup) >= STARTUP_KEEP:
+            self._startup = self._startup[1::2]
+            self._startup_every *= 2
+        self._startup_next = now + self._startup_every
 
     def _sample_long_step(self, stalled: float) -> None:
         """Once per step that runs past the bar of a long step (engine.longsteps), sample where the main

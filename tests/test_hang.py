@@ -220,6 +220,35 @@ def test_a_stall_a_few_times_the_bar_has_its_stack_sampled_whenever_it_comes() -
     assert sampled(0.03) == "none"
 
 
+WATCHED_START = """
+import time
+from eroica_runtime.hang import Watchdog
+
+def load_shard():
+    time.sleep(6.0)
+
+def build_model():   # every rank's last second or so before its first step (DDP's constructor importing sympy)
+    time.sleep(1.2)
+
+dog = Watchdog(None, step_times=lambda: [], warmup_steps=5, report_dir=".", factor=1000.0, floor_s=600.0,
+               action="warn", deadline_s=1.0)
+dog.start()
+load_shard()
+build_model()
+print(" | ".join(dog.sampled(0) or ["none"]))   # asked at the first step's boundary, as the step clock does
+"""
+
+
+def test_the_jobs_start_is_sampled_where_a_rank_spent_it_not_in_its_last_second() -> None:
+    """Before its first step the watchdog samples the main thread (from 2 s on); the start's record takes
+    the sample from a quarter of the start before its end: a rank 6 s into reading its shard, not in the
+    model's build that every rank does last (a rank that prepared the data alone for 8 s was sampled
+    there, with its waiting peers)."""
+    proc = subprocess.run([sys.executable, "-c", WATCHED_START], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith(" load_shard"), proc.stdout
+
+
 @pytest.mark.multirank
 @pytest.mark.parametrize("pause", ["checkpoint", "eval"])
 def test_a_long_checkpoint_or_evaluation_is_said_as_such_and_is_no_hang(tmp_path, pause: str) -> None:

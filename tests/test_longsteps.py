@@ -174,6 +174,18 @@ def test_the_jobs_start_is_said_only_when_one_rank_held_the_others_in_it() -> No
                  for r in range(4)}, median=9.4)
     (s,) = _long(busy, 9.4)
     assert (s.step, s.rank, s.what) == (0, 0, "cpu") and "on a CPU 57.00 s of it" in longsteps.format_long_step(s)
+    # the same, for 8 s of an 11 s start, its peers busy 2.8 s with their own imports and builds (a real
+    # job, 2026-12-07): more than a quarter of its busy time and of the start, yet no start alike; named
+    # from its stack while the others waited in a barrier
+    barrier = ["/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py:83 wrapper",
+               "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py:5356 barrier"]
+    prep = _job({r: longsteps.to_send([], 8.0, {"step": 0, "ms": 11055.0 - 40 * r, "cpu": 9835.0 if r == 0 else 1836.0,
+                                                "runq": 916.0 if r == 0 else 946.0, "stops": 0, "data": 0.0, "gc": 0.0,
+                                                "thr": 0.0, "where": ["/job/prep0.py:11 prepare_dataset"] if r == 0
+                                                else barrier}) for r in range(3)}, median=8.0)
+    (s,) = _long(prep, 8.0)
+    assert (s.rank, s.what) == (0, "away") and "was busy 10.75 s of it, not where the 2 others waited" in \
+        longsteps.format_long_step(s), longsteps.format_long_step(s)
 
 
 def test_a_job_report_whose_longest_steps_cost_a_good_share_of_it_is_not_called_healthy() -> None:
