@@ -297,6 +297,7 @@ def _verdicts(per_rank: dict[int, dict], median: float) -> list[tuple]:
             lone = [rs[0] for rs in at.values() if len(rs) == 1]
             if len(at) == 2 and len(lone) == 1 and len(recs) >= 3:
                 named, where = lone[0], tuple(recs[lone[0]]["where"])
+                others = max(b for r, b in busy[st].items() if r != named)   # the most any other rank was busy
         out.append((st, len(recs), named, others, where))
     return out
 

@@ -49,7 +49,7 @@ WHAT = {"cpu": "on a CPU", "data": "waiting for its next batch", "gc": "in garba
 # most this many places, or the step's stacks are too scattered to single out one rank (a node leader
 # then forwards none; see StepSeen)
 MAX_PLACES = 3
-AWAY = "away"   # LongStep.what of a rank named by its stack alone: off the CPU, away from the others' wait
+AWAY = "away"   # LongStep.what of a rank named by its stack alone: elsewhere than where all the others waited
 
 
 @dataclass(frozen=True)
@@ -353,7 +353,7 @@ def _judge(seen: StepSeen, per_rank: Mapping[int, Mapping[str, Any]], median_ms:
         (_, _, rank, where, busy), (at, waiting, *_) = away
         host = per_rank.get(rank, {}).get("host")
         return LongStep(**base, rank=rank, host=host if isinstance(host, str) else None, what=AWAY, busy_ms=busy,
-                        others_ms=others, where=where, waited_at=at, waiting=waiting)
+                        others_ms=others if rank == top else _busy(rec), where=where, waited_at=at, waiting=waiting)
     elif len(per_rank) == 1:
         why = f"the job's one rank was busy {busy / 1e3:.2f} s of it"
     else:
