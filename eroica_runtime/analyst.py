@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from eroica_runtime import engine, report, reportdir, retention, stepclock
-from eroica_runtime.engine import epochs, imbalance, longsteps, memgrowth, steadywork, timelost
+from eroica_runtime.engine import epochs, imbalance, launchskew, longsteps, memgrowth, steadywork, timelost
 from eroica_runtime.engine.hang import HANG_TRIGGER, hang_diagnosis
 from eroica_runtime.engine.model import count_ranks
 from eroica_runtime.gather import Gathered
@@ -285,6 +285,7 @@ def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int,
                  and not isinstance(d.get("skips"), bool) and d["skips"] > 0), default=0)
     starts = epochs.epoch_starts(per_rank)
     steady = steadywork.steady_work(per_rank)
+    late = launchskew.launch_skew(per_rank)
     turns = imbalance.from_steps(busy, world_size, _busy_means(per_rank, world_size))
     medians = [r["median_ms"] for r in ranks if r.get("median_ms") is not None]
     median = statistics.median(medians) if medians else None
@@ -309,6 +310,7 @@ def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int,
         **({"epoch_starts": starts.to_json()} if starts is not None else {}),
         **({"steady_work": steady.to_json()} if steady is not None else {}),
         **({"imbalance": turns.to_json()} if turns is not None else {}),
+        **({"launch": late.to_json()} if late is not None else {}),
     }
 
 
@@ -399,6 +401,9 @@ def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]], find
     own = own_time_text(stats.get("per_rank", []))
     if own:
         lines.append(own)
+    late = launchskew.LaunchSkew.from_json(stats.get("launch"))
+    if late is not None:
+        lines.append(launchskew.format_launch_skew(late))
     steady = steadywork.SteadyWork.from_json(stats.get("steady_work"))
     if steady is not None:
         lines.append(steadywork.format_steady_work(steady))

@@ -668,6 +668,11 @@ def format_job(report: dict[str, Any], report_dir: str | os.PathLike[str] | None
         # cost a good share of the job: 2 checkpoint writes of 1.2 s in a 3.7 s job read "healthy"
         head = (f"{title}: no findings over {len(looked)} capture(s), but {held} (the job summary above) — world "
                 f"size {report.get('world_size')}, {steps}{where}")
+    elif not findings and isinstance((report.get("job") or {}).get("launch"), dict) and \
+            _launch_held(report["job"]):
+        head = (f"{title}: no findings over {len(looked)} capture(s), but its ranks started up to "
+                f"{float(report['job']['launch']['spread_s']):.1f} s apart (the job summary above) — world size "
+                f"{report.get('world_size')}, {steps}{where}")
     elif not findings:
         head = (f"{title}: healthy — no findings over {len(looked)} capture(s), world size "
                 f"{report.get('world_size')}, {steps}{where}")
@@ -717,6 +722,16 @@ def long_steps_held(job: Any) -> str:
     what = ("its start" if all(s.step == 0 for s in listed) else "its start and longest steps"
             if any(s.step == 0 for s in listed) else "its longest steps")
     return f"{what} held every rank {held / 1e3:.1f} s, {100 * held / (total + held):.0f}% of the job's time"
+
+
+def _launch_held(job: dict[str, Any]) -> bool:
+    """Whether the ranks' late start (engine/launchskew.py) held the job HELD_SHARE of its time or more."""
+    try:
+        spread = float(job["launch"]["spread_s"]) * 1e3
+        total = float(job["steps"]) * float(job["median_step_ms"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    return math.isfinite(spread) and math.isfinite(total) and spread >= HELD_SHARE * (total + spread)
 
 
 def format_pause(doc: dict[str, Any], stalled_s: float, again_s: float) -> str:
