@@ -8,7 +8,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from eroica_runtime.engine import epochs, imbalance, longsteps, steadywork
+from eroica_runtime.engine import epochs, imbalance, launchskew, longsteps, steadywork
 from eroica_runtime.report import (
     calls_text,
     capture_label,
@@ -256,6 +256,10 @@ def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
         turns = imbalance.Imbalance.from_json(job.get("imbalance"))
         if turns is not None:
             line = imbalance.format_imbalance(turns).strip()
+            parts.append(f'<p class="cat">{_e(line[0].upper() + line[1:])}</p>')
+        late = launchskew.LaunchSkew.from_json(job.get("launch"))
+        if late is not None:
+            line = launchskew.format_launch_skew(late).strip()
             parts.append(f'<p class="cat">{_e(line[0].upper() + line[1:])}</p>')
         starts = epochs.EpochStarts.from_json(job.get("epoch_starts"))
         if starts is not None:

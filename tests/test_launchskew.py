@@ -12,6 +12,7 @@ from conftest import DATA, eroica_run, explain
 from eroica_runtime.analyst import format_job_stats, job_stats
 from eroica_runtime.engine import launchskew
 from eroica_runtime.report import format_job
+from eroica_runtime.report_html import render_html
 
 
 def _ranks(starts: dict[int, float], host=lambda r: "vm") -> dict[int, dict]:
@@ -51,6 +52,7 @@ def test_the_job_summary_and_report_head_say_a_late_start_that_cost_the_job() ->
     doc = {"schema": "eroica.report/1", "world_size": 3, "steps": 150, "job": stats, "findings": [],
            "captures": [{"step": 13, "trigger": "baseline", "ranks_analysed": 3, "findings": []}]}
     assert "but its ranks started up to 10.0 s apart (the job summary above)" in format_job(doc).splitlines()[0]
+    assert "Start: rank 2 (vm) began 10.0 s after the first" in render_html(doc, [], None)
     # the same skew in a job of 100,000 steps of 8 ms is 1% of it: healthy
     long = {**stats, "steps": 100_000}
     assert "healthy — no findings" in format_job({**doc, "job": long}).splitlines()[0]
