@@ -706,18 +706,26 @@ def format_job(report: dict[str, Any], report_dir: str | os.PathLike[str] | None
 HELD_SHARE = 0.05
 
 
+def _job_ms(job: Any) -> float | None:
+    """The job's time in steps as its summary has it (steps x median step), None when it has none."""
+    try:
+        total = float(job["steps"]) * float(job["median_step_ms"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return total if math.isfinite(total) and total > 0 else None
+
+
 def long_steps_held(job: Any) -> str:
     """'its longest steps held every rank 2.4 s, 65% of the job's time' (its start, when that is all) when
     the job summary's longest steps cost HELD_SHARE of the job or more, else ''."""
     if not isinstance(job, dict) or not isinstance(job.get("long_steps"), list):
         return ""
-    try:
-        listed = [longsteps.LongStep.from_json(s) for s in job["long_steps"] if isinstance(s, dict)]
-        total = float(job["steps"]) * float(job["median_step_ms"])
-    except (KeyError, TypeError, ValueError):
+    total = _job_ms(job)
+    if total is None:
         return ""
+    listed = [longsteps.LongStep.from_json(s) for s in job["long_steps"] if isinstance(s, dict)]
     held = longsteps.held_ms(listed)
-    if not (math.isfinite(total) and total > 0 and held >= HELD_SHARE * total):
+    if held < HELD_SHARE * total:
         return ""
     what = ("its start" if all(s.step == 0 for s in listed) else "its start and longest steps"
             if any(s.step == 0 for s in listed) else "its longest steps")
@@ -726,12 +734,12 @@ def long_steps_held(job: Any) -> str:
 
 def _launch_held(job: dict[str, Any]) -> bool:
     """Whether the ranks' late start (engine/launchskew.py) held the job HELD_SHARE of its time or more."""
+    total = _job_ms(job)
     try:
         spread = float(job["launch"]["spread_s"]) * 1e3
-        total = float(job["steps"]) * float(job["median_step_ms"])
     except (KeyError, TypeError, ValueError):
         return False
-    return math.isfinite(spread) and math.isfinite(total) and spread >= HELD_SHARE * (total + spread)
+    return total is not None and math.isfinite(spread) and spread >= HELD_SHARE * (total + spread)
 
 
 def format_pause(doc: dict[str, Any], stalled_s: float, again_s: float) -> str:

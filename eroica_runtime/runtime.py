@@ -157,7 +157,7 @@ class Runtime:
         self.clock.on_error = self._disable
         self._next_file_check = 0.0
         self._own_s = 0.0
-        self._started_s = time.time()   # wall clock at the runtime's start (Runtime.start sets it earlier)
+        self._started_s = time.time()   # wall clock at the runtime's start, near the interpreter's: launchskew.py
         self._peer_wait_s = 0.0   # of this boundary's time, the wait for the other ranks' votes
         self._windows: list[tuple[int, int]] = []   # every capture's (first step, k): profiled steps
         # every gathered capture's (first, last) steps after its window: the summary's build and gather
@@ -174,9 +174,7 @@ class Runtime:
     def start(cls, signals_before: dict[int, Any] | None = None) -> Runtime:
         """``signals_before``: what SIGUSR1/SIGUSR2 had before agent.bootstrap ignored them while
         the runtime starts (what the job is told they have while eroica's handlers are in)."""
-        started = time.time()   # the interpreter's start, near enough (sitecustomize): engine/launchskew.py
         rt = cls(Config.from_env())
-        rt._started_s = started
         rt._signals_before = dict(signals_before or {})
         rt._install()
         return rt
