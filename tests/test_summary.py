@@ -134,6 +134,34 @@ def test_closure_optimizer_step_keeps_forward_and_backward_phases() -> None:
     assert matmuls and matmuls <= {"forward", "backward"}, sorted(fns)
 
 
+def test_gradient_accumulation_keeps_each_micro_batchs_forward_forward() -> None:
+    """4 micro-batches a step: the forwards between backward passes are forward work, not backward."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    w = torch.randn(128, 128)
+    batches = [(torch.randn(32, 256), torch.randint(0, 10, (32,))) for _ in range(4)]
+
+    def step() -> None:
+        opt.zero_grad()
+        for x, y in batches:
+            torch.tanh(w @ w)      # the micro-batch's own preparation, before its forward
+            loss = torch.nn.functional.cross_entropy(model(x), y) / 4
+            loss.backward()
+        opt.step()
+
+    step()
+    doc = _build(_profile(step, 3), 3)
+    fns = {(f["name"], f["phase"]) for f in doc["functions"]}
+    assert ("aten::linear", "forward") in fns and ("aten::linear", "backward") not in fns, sorted(fns)
+    assert ("aten::tanh", "forward") in fns and ("aten::tanh", "backward") not in fns, sorted(fns)
+    assert ("autograd::engine::evaluate_function: AddmmBackward0", "backward") in fns, sorted(fns)
+    # every micro-batch's forward counted as forward: the model's forward ops took their three
+    # later micro-batches' share, not one in four (backward costs about twice the forward here)
+    linear = [f for f in doc["functions"] if f["name"] == "aten::linear"]
+    assert linear and all(f["count"] == 8 for f in linear), linear
+
+
 def test_raw_kineto_events_give_the_same_summary() -> None:
     """capture.py may pass prof.profiler.kineto_results.events() (much cheaper than prof.events())."""
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))

@@ -144,6 +144,36 @@ def _closure_ranges(main_evs: list[Ev], bwd_marks: list[tuple[float, float]]) ->
     return closures
 
 
+def _backward_passes(spans: list[tuple[float, float]], bwd_marks: list[tuple[float, float]],
+                     unmarked: list[float]) -> list[list[tuple[float, float]]]:
+    """Each step's backward passes: its backward marks, split where work outside any marker began.
+
+    A step that accumulates gradients runs forward and backward once per micro-batch; the forward
+    ops carry no marker of their own (only backward, optimizer, data and collectives do), so the
+    span from the step's first backward op to its last holds every micro-batch's forward but the
+    first. A top-level op that starts between two backward marks ran outside the autograd engine:
+    the next micro-batch's forward (or its preparation), never a backward op. ``unmarked``: the start
+    times of the main thread's events without a phase of their own, sorted.
+    """
+    out: list[list[tuple[float, float]]] = []
+    for s, e in spans:
+        lo = max(0, bisect.bisect_left(bwd_marks, (s, s)) - 1)
+        hi = bisect.bisect_right(bwd_marks, (e, float("inf")))
+        passes: list[tuple[float, float]] = []
+        for a, b in bwd_marks[lo:hi]:
+            if b < s or a > e:
+                continue
+            if passes:
+                prev_a, prev_b = passes[-1]
+                k = bisect.bisect_right(unmarked, prev_b)
+                if not (k < len(unmarked) and unmarked[k] < a):
+                    passes[-1] = (prev_a, max(prev_b, b))
+                    continue
+            passes.append((a, b))
+        out.append(passes)
+    return out
+
+
 # how long after a collective's launch began its worker-side record may start and still be that
 # launch's (the worker picks the work up from a queue; seen: 0.1 ms on 4 ranks sharing 2 cores)
 PICKUP_MS = 1.0
@@ -477,26 +507,25 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
     # backward op -> forward, after its last -> optimizer (loss, grad clipping, user code).
     bwd_marks = _union([(ev.start, ev.end) for ev in main_evs if ev.marker == "backward"] + side_bwd)
 
+    yield
+    closures = _closure_ranges(main_evs, bwd_marks)
+    yield
     span_starts = [s for s, _ in spans]
-    span_bwd: list[tuple[float, float] | None] = []
-    for s, e in spans:
-        lo = max(0, bisect.bisect_left(bwd_marks, (s, s)) - 1)
-        hi = bisect.bisect_right(bwd_marks, (e, float("inf")))
-        inside = [iv for iv in bwd_marks[lo:hi] if iv[1] >= s and iv[0] <= e]
-        span_bwd.append((inside[0][0], inside[-1][1]) if inside else None)
+    span_passes = _backward_passes(spans, bwd_marks, sorted(ev.start for ev in main_evs if ev.phase is None))
 
     def positional(t: float) -> str:
         i = bisect.bisect_right(span_starts, t) - 1
         if i < 0 or t > spans[i][1]:
             return "other"
-        bwd = span_bwd[i]
-        if bwd is None or t < bwd[0]:
+        passes = span_passes[i]
+        if not passes or t < passes[0][0]:
             return "forward"
-        return "optimizer" if t > bwd[1] else "backward"
+        if t > passes[-1][1]:
+            return "optimizer"
+        j = bisect.bisect_right(passes, (t, float("inf"))) - 1
+        # between two passes: the next micro-batch's forward (gradient accumulation)
+        return "backward" if passes[j][1] >= t else "forward"
 
-    yield
-    closures = _closure_ranges(main_evs, bwd_marks)
-    yield
 
     # the main thread's self-time segments by what they were: an op's work in its phase, a blocking
     # (sync) call in its phase, or the self time of a record_function region (DDP.forward, a user's
