@@ -249,6 +249,46 @@ def test_the_jobs_start_is_sampled_where_a_rank_spent_it_not_in_its_last_second(
     assert proc.stdout.strip().endswith(" load_shard"), proc.stdout
 
 
+SAMPLED_COMPILE = """
+import threading, torch
+from eroica_runtime.hang import main_frames_text
+from eroica_runtime.engine.longsteps import doing
+
+# a library that descends 12 frames before it waits (fake tensors, autograd tracing a joint graph):
+# no frame of dynamo's among the innermost eight
+deep = {}
+exec(compile("def down(n, inside, done):\\n    if n:\\n        return down(n - 1, inside, done)\\n"
+             "    inside.set()\\n    done.wait(30)\\n", "/venv/lib/python3.11/site-packages/deeplib/trace.py", "exec"), deep)
+inside, done, got = threading.Event(), threading.Event(), []
+
+def sampler():
+    inside.wait(30)
+    got.append(main_frames_text())     # as the watchdog samples a step that runs long
+    done.set()
+
+def backend(gm, example_inputs):
+    deep["down"](12, inside, done)
+    return gm.forward
+
+threading.Thread(target=sampler, daemon=True).start()
+torch.compile(lambda x: torch.relu(x) * 2, backend=backend)(torch.randn(4))
+print("doing:", doing(tuple(got[0])))
+print("frames:", " | ".join(got[0]))
+"""
+
+
+def test_a_recompile_deep_in_a_library_is_sampled_with_a_frame_of_dynamos() -> None:
+    """The stack sampled while a rank compiles keeps a frame that says so (torch/_dynamo) though its
+    innermost frames are elsewhere and its outer ones the user's: the job summary says recompilation."""
+    proc = subprocess.run([sys.executable, "-c", SAMPLED_COMPILE], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    what = next(x for x in lines if x.startswith("doing:"))
+    frames = next(x for x in lines if x.startswith("frames:"))
+    assert "recompilation" in what, proc.stdout
+    assert "deeplib/trace.py" in frames and "torch/_dynamo/" in frames, frames
+
+
 @pytest.mark.multirank
 @pytest.mark.parametrize("pause", ["checkpoint", "eval"])
 def test_a_long_checkpoint_or_evaluation_is_said_as_such_and_is_no_hang(tmp_path, pause: str) -> None:

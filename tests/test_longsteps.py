@@ -62,6 +62,28 @@ def test_a_rank_that_recompiled_alone_is_the_one_the_others_waited_for() -> None
     assert "recompilation" in line and "TORCH_LOGS=recompiles" in line, line
 
 
+# rank 1's stack at step 80 of a 3-rank DDP job compiled with torch.compile(backend="aot_eager"),
+# recompiling for a new sequence length (2026-12-07): AOTAutograd tracing the joint graph, no frame
+# of dynamo's among the innermost eight
+AOT_WHERE = ["/tmp/trial/s62/recompile.py:24 <module>",
+             "/venv/lib/python3.11/site-packages/torch/_functorch/_aot_autograd/graph_capture_wrappers.py:497 joint_helper",
+             "/venv/lib/python3.11/site-packages/torch/_functorch/_aot_autograd/graph_capture_wrappers.py:489 inner_fn_with_anomaly",
+             "/venv/lib/python3.11/site-packages/torch/_functorch/_aot_autograd/graph_capture_wrappers.py:453 inner_fn",
+             "/venv/lib/python3.11/site-packages/torch/autograd/__init__.py:540 grad",
+             "/venv/lib/python3.11/site-packages/torch/overrides.py:1771 handle_torch_function",
+             "/venv/lib/python3.11/site-packages/torch/fx/experimental/proxy_tensor.py:1823 __torch_function__",
+             "/venv/lib/python3.11/site-packages/torch/autograd/__init__.py:594 grad",
+             "/venv/lib/python3.11/site-packages/torch/autograd/graph.py:979 _engine_run_backward"]
+
+
+def test_a_recompile_seen_tracing_its_backward_graph_is_said_to_be_one() -> None:
+    per_rank = _job({r: [_rec(80, 217.0, 206.0 if r == 1 else 11.0, where=AOT_WHERE if r == 1 else None)]
+                     for r in range(3)}, median=14.8)
+    (s,) = _long(per_rank, 14.8)
+    line = longsteps.format_long_step(s)
+    assert s.rank == 1 and "recompilation" in line and "TORCH_LOGS=recompiles" in line, line
+
+
 def test_what_the_busy_rank_was_waiting_for_or_collecting_is_said() -> None:
     data = _job({0: [_rec(90, 900.0, 3.0)], 1: [_rec(90, 900.0, 20.0, data=700.0)], 2: [_rec(90, 900.0, 4.0)]})
     (s,) = _long(data, 20.0)

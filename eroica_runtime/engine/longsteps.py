@@ -410,11 +410,17 @@ def where_text(frames: tuple[str, ...]) -> str:
 
 
 # what a stack says the rank was doing, for the person who reads the line (first match wins)
-DOING = ((("torch/_dynamo/", "torch/_inductor/"),
+DOING = ((("torch/_dynamo/", "torch/_inductor/", "torch/_functorch/_aot_autograd/"),
           "torch.compile was compiling on that rank: a recompilation (TORCH_LOGS=recompiles says which guard "
           "failed; mark_dynamic or padding keeps shapes from changing)"),
          (("torch/serialization.py",), "it was saving or loading with torch.save/torch.load"),
          (("torch/distributed/checkpoint/",), "it was saving or loading a distributed checkpoint"))
+
+
+def landmark(frame: str) -> bool:
+    """A frame that says what the rank was doing (``DOING``) wherever it sits in the stack: kept by
+    the stack sampler even when it is neither among the innermost frames nor the user's."""
+    return any(m in frame for marks, _ in DOING for m in marks)
 
 
 def doing(frames: tuple[str, ...]) -> str:
