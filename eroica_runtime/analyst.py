@@ -382,6 +382,12 @@ def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]], find
                  "nothing to time or diagnose",
                  _no_steps_why(stats.get("unsynced_loop")),
                  f"  captures: {caps}"]
+    elif stats.get("median_step_ms") is None:
+        # one step: a step is timed from the end of the one before it, and the first has none
+        lines = [f"eroica: job summary: {stats['steps']} step{'s' if stats['steps'] != 1 else ''} on "
+                 f"{count_ranks(stats['world_size'])}, too few to time: a step's time runs from the end of "
+                 "the one before it",
+                 f"  captures: {caps}"]
     else:
         at = {"backward": " (counted at each backward(): no torch.optim optimizer stepped)",
               "batch": " (counted at each DataLoader batch: no optimizer step or backward())"}.get(stats.get("steps_at"), "")

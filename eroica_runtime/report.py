@@ -558,7 +558,8 @@ def _steps_text(report: dict[str, Any]) -> str:
             isinstance(r, list) and len(r) == 2 and all(type(n) is int for n in r) for r in traced):
         shown = ", ".join(f"{a}-{b}" if b != a else f"{a}" for a, b in traced[:8])
         return f"traced steps {shown}" + (f" and {len(traced) - 8} more windows" if len(traced) > 8 else "")
-    return f"{_text(report.get('steps'))} steps"
+    steps = report.get("steps")
+    return "1 step" if steps == 1 else f"{_text(steps)} steps"
 
 
 def capture_label(capture: Mapping[str, Any]) -> str:

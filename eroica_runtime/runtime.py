@@ -863,7 +863,7 @@ class Runtime:
             return
         try:
             self.analyst.wait(5.0)
-            stats = {"rank": 0, "host": socket.gethostname(), **_step_stats(self.clock.all_ms[:], self.cfg),
+            stats = {"rank": 0, "host": socket.gethostname(), **_step_stats(self.clock.all_ms[:], self.cfg, self.clock.step),
                      "steps_at": self.clock.counted_at, "skips": self.clock.skips,
                      "loader": self.clock.loader.to_json(self.clock.data_ms)}
             from eroica_runtime.analyst import job_stats
@@ -962,7 +962,7 @@ class Runtime:
 
         # drift_held: the drift captures found healthy whose level this rank's drift rule took as its
         # least reference (report.json: why a level was not captured again; the same list on every rank)
-        stats = _step_stats(self.clock.all_ms, self.cfg)
+        stats = _step_stats(self.clock.all_ms, self.cfg, self.clock.step)
         grown = self.memwatch.growth()
         mine = {"rank": self.rank, "host": socket.gethostname(), **stats, "steps_at": self.clock.counted_at,
                 "started_s": round(self._started_s, 3),
@@ -1045,11 +1045,13 @@ class Runtime:
         print(format_job(rep, self.report_dir), file=sys.stderr, flush=True)
 
 
-def _step_stats(history: Sequence[float], cfg: Config) -> dict[str, Any]:
-    """Steps, median and p99 step time after warm-up (all steps when the job was shorter)."""
+def _step_stats(history: Sequence[float], cfg: Config, seen: int = 0) -> dict[str, Any]:
+    """Steps, median and p99 step time after warm-up (all steps when the job was shorter). ``seen``:
+    the steps the clock counted; a job of one step has no step time (a step is timed from the end of
+    the one before it), but it had a step."""
     values = history[cfg.warmup_steps:] or history   # history[i] is step i + 1
     if not values:
-        return {"steps": len(history) + 1 if history else 0, "median_ms": None, "p99_ms": None}
+        return {"steps": max(len(history) + 1 if history else 0, seen), "median_ms": None, "p99_ms": None}
     ordered = sorted(values)
     p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
     return {"steps": len(history) + 1, "median_ms": round(statistics.median(values), 4), "p99_ms": round(p99, 4),

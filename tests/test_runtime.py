@@ -394,6 +394,16 @@ def test_broken_mpi_leaves_training_running_with_one_warning(tmp_path) -> None:
     assert len(warnings) == 2 and all("MPI unavailable" in w for w in warnings), explain(proc)
 
 
+def test_a_one_step_job_is_said_to_have_had_its_step(tmp_path) -> None:
+    """A smoke test of one optimizer step: a step is timed from the end of the one before it, so it
+    has no time, but it was a step (it read "no training step was seen ... should call mark_step()")."""
+    proc = eroica_run("--nproc-per-node", "2", "--report-dir", tmp_path, TRAIN, env={"STEPS": "1"}, timeout=180)
+    assert proc.returncode == 0 and "trained 1 steps" in proc.stdout, explain(proc)
+    assert "no training step was seen" not in proc.stderr, explain(proc)
+    assert "job summary: 1 step on 2 ranks, too few to time" in proc.stderr, explain(proc)
+    assert json.loads((tmp_path / "report.json").read_text())["steps"] == 1, explain(proc)
+
+
 def test_mark_step_drives_the_clock_without_an_optimizer(tmp_path) -> None:
     proc = eroica_run("--nproc-per-node", "2", "--report-dir", tmp_path, "--no-baseline", "--capture-at-steps",
                       "15", DATA / "runtime" / "manual_steps.py", timeout=180)
