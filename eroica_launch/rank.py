@@ -34,7 +34,8 @@ from eroica_runtime.config import Config, ConfigError, env_name
 SPEC_VAR = "EROICA_LAUNCH_SPEC"
 FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 EXIT_MARKER = "exiting.json"   # written by the program's last atexit handler (eroica_runtime.errorfile)
-RECORDS = ("error.json", "owner", "status.json", EXIT_MARKER)   # a rank folder's files (clear_records)
+GROUP_RECORD = "group.json"   # the rank's process group, for the launcher's last sweep (end_groups)
+RECORDS = ("error.json", "owner", "status.json", EXIT_MARKER, GROUP_RECORD)   # a rank folder's files (clear_records)
 BOOTSTRAP_DIR = str(Path(__file__).resolve().parent.parent / "eroica_runtime" / "_bootstrap")
 
 
@@ -216,6 +217,10 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
         print(f"eroica-run: error: rank {ident.rank}: cannot start {command[0]!r}: {exc}", file=sys.stderr)
         return 127
 
+    with contextlib.suppress(OSError):
+        (attempt_dir / GROUP_RECORD).write_text(json.dumps(
+            {"host": socket.gethostname(), "pid_ns": _pid_ns(), "pgid": child.pid, "launch": spec.launch_id}))
+
     pumps = []
     for bit, console in streams:
         stream = child.stdout if bit == 1 else child.stderr
@@ -263,6 +268,38 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
     _write_status(attempt_dir, ident, spec.launch_id, pid=child.pid, exitcode=rc, signame=signame, started=started, ended=ended,
                   message=message, oom=oom_said)
     return rc if rc >= 0 else 128 - rc
+
+
+def _pid_ns() -> str:
+    """This process's pid namespace ('' where unreadable): a process group's number means the same
+    process group only within one."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def end_groups(attempt_dir: Path, launch: str | None) -> list[int]:
+    """The launcher's last sweep, once mpiexec has ended: SIGKILL what is left of each rank's process
+    group on this host (in this pid namespace). A wrapper ends its rank's group itself (end_leftovers),
+    unless it was killed first, as mpiexec's own cleanup kills the other ranks' wrappers when one rank
+    ends non-zero: a DataLoader worker stuck in a read then lived on, orphaned, after every aborted
+    job (torchrun ends each worker's group). A group's number is not given to another process while
+    any member lives, so a group found is the rank's. Returns the groups signalled."""
+    here, ns, ended = socket.gethostname(), _pid_ns(), []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(attempt_dir):
+            try:
+                doc = json.loads(Path(entry.path, GROUP_RECORD).read_text())
+                pgid = doc["pgid"]
+                if (doc.get("host") != here or doc.get("pid_ns") != ns or not ns or type(pgid) is not int
+                        or pgid <= 1 or (launch is not None and doc.get("launch") != launch)):
+                    continue
+                os.killpg(pgid, signal.SIGKILL)
+                ended.append(pgid)
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+    return ended
 
 
 def adopt_orphans() -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from eroica_launch.plan import Plan
-from eroica_launch.rank import SPEC_VAR, clear_records, die_with_parent, run_rank
+from eroica_launch.rank import SPEC_VAR, clear_records, die_with_parent, end_groups, run_rank
 
 PREFIX = "eroica-run"
 _ALWAYS_FORWARDED = ("SIGUSR1", "SIGUSR2")
@@ -55,6 +55,7 @@ def run_plan(plan: Plan) -> int:
         else:
             forget_earlier_jobs(attempt_dir)
             rc = _run_launcher(plan, env, attempt_dir, teardown, launch)
+            end_groups(attempt_dir, launch)
         if rc == 0:
             return 0
         failures = read_failures(attempt_dir, pending=plan.mode == "inplace", launch=launch)

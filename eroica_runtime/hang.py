@@ -118,6 +118,14 @@ def main_frames_text(inner: int = 8, user: int = 2, depth: int = 256) -> list[st
     return kept[::-1]
 
 
+def _watched(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rank's DataLoader workers as it watched itself: pid, state at the end, CPU seconds meanwhile
+    (a worker that ran none was stuck or blocked; one in state D waits on storage)."""
+    cpu0 = {w["pid"]: w["cpu_s"] for w in before}
+    return [{"pid": w["pid"], "state": w["state"], "cpu_s": round(max(w["cpu_s"] - cpu0[w["pid"]], 0.0), 2)}
+            for w in after if w["pid"] in cpu0]
+
+
 def storage_bytes() -> int | None:
     """Bytes this process has read from and written to storage so far (None: not readable here)."""
     sample = telemetry.host_sample()
@@ -354,10 +362,11 @@ class Watchdog(threading.Thread):
         fired, also if its own stall ended meanwhile: the others wait for it."""
         side = self.side
         since = self.last_progress
+        before = telemetry.workers()
         moving = watch(WATCH_S)
         mine = {"rank": side.rank, "host": socket.gethostname(), "pid": os.getpid(), "step": self.last_step,
                 "stalled_s": round(stalled + WATCH_S, 2), "stacks": stacks(), "flight_recorder": flight_recorder(),
-                "moving": moving, "finished": self.finished}
+                "moving": moving, "finished": self.finished, "workers": _watched(before, telemetry.workers())}
         try:
             mine["telemetry"] = telemetry.sample().get("host")
         except Exception:

@@ -270,6 +270,21 @@ def _children_pids() -> list[int]:
     return []
 
 
+def workers() -> list[dict[str, Any]]:
+    """This process's multiprocessing children (DataLoader workers): pid, state (R running, S sleeping,
+    D uninterruptible I/O...) and CPU seconds so far, read from /proc (at most 16; [] where unreadable).
+    A hang diagnosis takes them twice: a rank waiting for its next batch is held by its workers."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out = []
+    for pid in _children_pids()[:16]:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+            out.append({"pid": pid, "state": fields[0].decode(errors="replace"),
+                        "cpu_s": round((int(fields[11]) + int(fields[12])) / tick, 2)})
+    return out
+
+
 def major_faults() -> int:
     """Major page faults of this process, its live multiprocessing children (DataLoader workers read
     the batches) and the children it reaped: a worker that exits between two samples moves from the

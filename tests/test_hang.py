@@ -106,6 +106,73 @@ def test_ranks_waiting_in_different_collectives_are_said_to_have_called_differen
     assert analyse(reports, 3)["finding"]["action"].startswith("rank 1 never reached the collective")
 
 
+# rank 1's main thread while its DataLoader worker slept in __getitem__ (a real 3-rank job, 2026-12-07)
+LOADER_FRAMES = [
+    {"file": "/job/dlhang.py", "line": 23, "function": "<module>", "code": "for it, (x, y) in enumerate(dl):"},
+    {"file": "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", "line": 1458,
+     "function": "_next_data", "code": "idx, data = self._get_data()"},
+    {"file": "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", "line": 1291,
+     "function": "_try_get_data", "code": "data = self._data_queue.get(timeout=timeout)"},
+    {"file": "/usr/lib/python3.11/multiprocessing/queues.py", "line": 113, "function": "get",
+     "code": "if not self._poll(timeout):"},
+    {"file": "/usr/lib/python3.11/selectors.py", "line": 415, "function": "select",
+     "code": "fd_event_list = self._selector.poll(timeout)"}]
+
+
+@pytest.mark.parametrize("workers, says", [
+    ([{"pid": 16750, "state": "S", "cpu_s": 0.0}, {"pid": 16748, "state": "S", "cpu_s": 0.0}],
+     "none of its 2 workers used CPU while it watched (pids 16750, 16748): one is blocked"),
+    ([{"pid": 16750, "state": "D", "cpu_s": 0.0}, {"pid": 16748, "state": "S", "cpu_s": 0.0}],
+     "1 of its 2 workers are in uninterruptible I/O (state D)"),
+    ([{"pid": 16750, "state": "R", "cpu_s": 1.9}, {"pid": 16748, "state": "R", "cpu_s": 1.8}],
+     "its 2 workers kept running (pids 16750, 16748)"),
+    ([], "no worker of it was seen"),
+    ([{"pid": "16750", "state": 3, "cpu_s": True}], "no worker of it was seen")])   # malformed: dropped
+def test_a_rank_held_by_its_dataloader_workers_is_said_to_wait_for_them(workers: list, says: str) -> None:
+    def rep(rank: int, frames: list[dict]) -> dict:
+        doc = _report(rank, "/job/dlhang.py", 26, 120)
+        doc["stacks"][0]["frames"] = frames
+        return doc
+
+    waiting = [{"file": "/job/dlhang.py", "line": 26, "function": "<module>", "code": "loss.backward()"}]
+    reports = {0: rep(0, waiting), 2: rep(2, waiting), 1: {**rep(1, LOADER_FRAMES), "workers": workers}}
+    f = analyse(reports, 3)["finding"]
+    assert f["rank"] == 1 and f["victims"] == [0, 2], f
+    assert f["action"].startswith("rank 1 waits for its next batch from its DataLoader's worker processes while the "
+                                  "other 2 ranks wait for it in a collective"), f["action"]
+    assert says in f["action"], f["action"]
+    assert "py-spy dump --pid" in f["action"] and "DataLoader(timeout=...)" in f["action"], f["action"]
+
+
+WORKERS_SEEN = """
+import multiprocessing, time
+from eroica_runtime import telemetry
+from eroica_runtime.hang import _watched
+
+def spin(s):
+    end = time.monotonic() + s
+    while time.monotonic() < end:
+        pass
+
+ctx = multiprocessing.get_context("fork")
+busy, idle = ctx.Process(target=spin, args=(3.0,)), ctx.Process(target=time.sleep, args=(3.0,))
+busy.start(); idle.start()
+time.sleep(0.3)
+before = telemetry.workers()
+time.sleep(1.0)
+seen = {w["pid"]: w for w in _watched(before, telemetry.workers())}
+print(busy.pid in seen and seen[busy.pid]["cpu_s"] > 0.3, idle.pid in seen and seen[idle.pid]["cpu_s"] < 0.05,
+      seen[idle.pid]["state"])
+busy.terminate(); idle.terminate()
+"""
+
+
+def test_a_ranks_workers_are_seen_with_the_cpu_they_used_while_it_watched() -> None:
+    proc = subprocess.run([sys.executable, "-c", WORKERS_SEEN], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "True", "S"], proc.stdout
+
+
 def test_analyse_blames_a_silent_rank_and_not_a_uniform_stall() -> None:
     same = {r: _report(r, "/job/train.py", 80, 41) for r in range(4)}
     assert analyse(same, 4)["finding"] is None
@@ -314,15 +381,29 @@ def test_a_long_checkpoint_or_evaluation_is_said_as_such_and_is_no_hang(tmp_path
     assert not [f for f in doc["findings"] if f["category"] == "hang" or f["rank"] == 0], doc["findings"]
 
 
+def _running(pid: int) -> bool:
+    """Whether a process lives (and is no zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
 @pytest.mark.multirank
-def test_stuck_rank_is_named_and_abort_ends_the_job(tmp_path) -> None:
+@pytest.mark.parametrize("where", ["forward", "loader"])
+def test_stuck_rank_is_named_and_abort_ends_the_job(tmp_path, where: str) -> None:
+    """Rank 2 blocks forever in its forward, or its DataLoader's worker does in reading a sample (a
+    stuck mount): then the action says the rank waits for its workers, which ran nothing meanwhile,
+    and how to look inside one."""
     t0 = time.monotonic()
     # no baseline capture: this test is about the hang; a healthy capture's judgement (where a
     # preempted rank 0 can still look like a culprit on 2 shared cores) is test_diagnosis_e2e's subject
     # a 3 s threshold, as the pause tests above: the job's own steps and pauses are no hang at it
+    env = ({"HANG_RANK": "2", "HANG_AT": "20"} if where == "forward" else
+           {"HANG_RANK": "2", "HANG_SAMPLE": str(20 * 16 + 3), "WORKERS": "2"})
     proc = eroica_run("--nproc-per-node", "3", "--report-dir", tmp_path, "--hang-timeout", "3", "--no-baseline",
-                      "--hang-action", "abort", TRAIN, env={"HANG_RANK": "2", "HANG_AT": "20", "STEPS": "200"},
-                      timeout=180)
+                      "--hang-action", "abort", TRAIN, env={**env, "STEPS": "200"}, timeout=180)
     elapsed = time.monotonic() - t0
     assert proc.returncode != 0, explain(proc)
     assert "HANG" in proc.stderr and "culprit: rank 2" in proc.stderr, explain(proc)
@@ -330,7 +411,20 @@ def test_stuck_rank_is_named_and_abort_ends_the_job(tmp_path) -> None:
     doc = json.loads(hang_file.read_text())
     assert doc["finding"]["rank"] == 2 and doc["finding"]["victims"] == [0, 1]
     assert doc["finding"]["evidence"]["stalled_s"] < 3 + 10  # threshold plus a few seconds
-    assert any("time.sleep(3600)" in frame for frame in doc["finding"]["evidence"]["stack"])
+    if where == "forward":
+        assert any("time.sleep(3600)" in frame for frame in doc["finding"]["evidence"]["stack"])
+    else:   # the sleep is in a worker: the rank waits in the loader's queue
+        action, workers = doc["finding"]["action"], doc["finding"]["evidence"]["workers"]
+        assert action.startswith("rank 2 waits for its next batch from its DataLoader's worker processes"), action
+        assert len(workers) == 2 and all(w["cpu_s"] < 0.05 for w in workers), workers
+        assert f"py-spy dump --pid {workers[0]['pid']}" in action, action
+        # the job's end ended them too, the one stuck in its read included (none is left orphaned;
+        # an ended one may wait a moment as a zombie for the machine's init to reap it)
+        deadline, alive = time.monotonic() + 10, [w["pid"] for w in workers]
+        while alive and time.monotonic() < deadline:
+            alive = [pid for pid in alive if _running(pid)]
+            time.sleep(0.1)
+        assert not alive, alive
     report = json.loads((tmp_path / "report.json").read_text())  # written before the job was ended
     assert [(f["category"], f["rank"]) for f in report["findings"]] == [("hang", 2)]
     root = proc.stderr[proc.stderr.index("Root Cause"):]

@@ -109,7 +109,11 @@ def analyse(reports: dict[int, dict[str, Any]], world_size: int) -> dict[str, An
                        f"skips a collective)"),
         }
         mine, theirs = _collective(rep), _collective(reports[ordered[0][1][0]])
-        if mine and theirs:
+        if _waits_for_a_batch(rep):
+            workers = _workers(rep)
+            finding["evidence"]["workers"] = workers
+            finding["action"] = _loader_action(culprit, rep.get("host"), len(ordered[0][1]), workers)
+        elif mine and theirs:
             # each side waits inside a collective the other never calls: the ranks took different branches
             finding["evidence"]["collectives"] = [mine, theirs]
             finding["action"] = (
@@ -140,6 +144,57 @@ def _collective(report: dict[str, Any]) -> str | None:
         if str(f.get("file", "")).endswith("torch/distributed/distributed_c10d.py"):
             return str(f.get("function") or "") or None
     return None
+
+
+def _waits_for_a_batch(report: dict[str, Any]) -> bool:
+    """Whether a rank's main thread waits for its DataLoader's worker processes (innermost frames in
+    the loader's queue), not in a dataset's code of its own."""
+    frames = main_frames(report)
+    return any(str(f.get("file", "")).endswith("torch/utils/data/dataloader.py")
+               and f.get("function") in ("_try_get_data", "_get_data") for f in frames[-8:])
+
+
+def _workers(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """A rank's DataLoader workers as it watched itself (eroica_runtime.hang._watched), the well-formed ones."""
+    out = []
+    for w in report.get("workers") or []:
+        if (isinstance(w, dict) and type(w.get("pid")) is int and isinstance(w.get("state"), str)
+                and isinstance(w.get("cpu_s"), (int, float)) and not isinstance(w.get("cpu_s"), bool)):
+            out.append({"pid": w["pid"], "state": w["state"][:1], "cpu_s": float(w["cpu_s"])})
+    return out[:16]
+
+
+# a worker that used less CPU than this while its rank watched itself (2 s) did no work
+IDLE_CPU_S = 0.05
+
+
+def _loader_action(rank: int, host: Any, waiting: int, workers: list[dict[str, Any]]) -> str:
+    """What to do about a rank held by its DataLoader's workers: which of them did nothing, and how to
+    look inside one (its stack is in another process, which eroica does not sample)."""
+    on = f" on {host}" if host else ""
+    head = (f"rank {rank} waits for its next batch from its DataLoader's worker processes while the other "
+            f"{waiting} ranks wait for it in a collective")
+    if workers:
+        stuck = [w for w in workers if w["cpu_s"] < IDLE_CPU_S]
+        io = [w for w in stuck if w["state"] == "D"]
+        pids = ", ".join(str(w["pid"]) for w in (stuck or workers)[:8])
+        if io:
+            seen = (f": {len(io)} of its {len(workers)} workers are in uninterruptible I/O (state D), a read from "
+                    "storage or a network mount that does not return")
+        elif len(stuck) == len(workers):
+            seen = (f": none of its {len(workers)} workers used CPU while it watched (pids {pids}): one is blocked (a "
+                    "read that never returns, a lock, a request without a timeout), the others wait with their "
+                    "batches ready, as the loader takes them in order")
+        elif stuck:
+            seen = (f": {len(stuck)} of its {len(workers)} workers used no CPU while it watched (pids {pids}): "
+                    "blocked (a read that never returns, a lock, a request without a timeout)")
+        else:
+            seen = (f": its {len(workers)} workers kept running (pids {pids}): a sample or transform that never "
+                    "finishes (an endless loop) or workers too slow for the loader's pace")
+    else:
+        pids, seen = "<worker pid>", ": no worker of it was seen (one may have died without the loader noticing)"
+    return (head + seen + f". py-spy dump --pid {pids.split(', ')[0]}{on} shows where a worker is; "
+            "DataLoader(timeout=...) makes such a wait an error")
 
 
 def _in_torch(report: dict[str, Any]) -> bool:

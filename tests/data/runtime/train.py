@@ -32,6 +32,7 @@ KILL_RANK = int(os.environ.get("KILL_RANK", "-1"))           # this rank SIGKILL
 KILL_AT = int(os.environ.get("KILL_AT", "-1"))               # ... at this step
 HANG_RANK = int(os.environ.get("HANG_RANK", "-1"))           # this rank blocks forever in forward ...
 HANG_AT = int(os.environ.get("HANG_AT", "-1"))               # ... from this step
+HANG_SAMPLE = int(os.environ.get("HANG_SAMPLE", "-1"))       # or its DataLoader blocks forever reading this sample
 PAUSE = os.environ.get("PAUSE", "")       # checkpoint: rank 0 saves while the others wait; eval: all evaluate
 PAUSE_AT = int(os.environ.get("PAUSE_AT", "-1"))             # ... after this step
 PAUSE_EVERY = int(os.environ.get("PAUSE_EVERY", "0"))        # ... or after every this many steps
@@ -71,6 +72,8 @@ class Data(Dataset):
         return len(self.x)
 
     def __getitem__(self, i: int):
+        if i == HANG_SAMPLE and int(os.environ.get("RANK", "0")) == HANG_RANK:
+            time.sleep(3600)  # a read that never returns (in a DataLoader worker with WORKERS)
         if self.slow:
             time.sleep(DATA_SLEEP_S)
         return self.x[i], self.y[i]
@@ -83,7 +86,7 @@ class Model(torch.nn.Module):
         self.extra = torch.randn(DIM, DIM)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if dist.get_rank() == HANG_RANK and state["step"] >= HANG_AT:
+        if dist.get_rank() == HANG_RANK and 0 <= HANG_AT <= state["step"]:
             time.sleep(3600)  # stuck: the others wait for it in the gradient allreduce
         if faulty("compute"):
             for _ in range(int(os.environ.get("FAULT_MATMULS", "60"))):
