@@ -652,28 +652,9 @@ def format_job(report: dict[str, Any], report_dir: str | os.PathLike[str] | None
     elif not findings and report.get("world_size") == 1:
         head = (f"{title}: one rank, no peer to compare it with — nothing diagnosed over "
                 f"{len(looked)} capture(s), {steps}{where}")
-    elif not findings and isinstance((report.get("job") or {}).get("steady_work"), dict):
-        # the captures saw nothing, but over the whole job one rank's own work held the others
-        # (engine/steadywork.py): not "healthy" above the summary line that names it
-        w = report["job"]["steady_work"]
-        head = (f"{title}: no findings over {len(looked)} capture(s), but rank {w.get('rank')} was "
-                "busier than its peers over the whole job, and they waited for it (the job summary above) — world "
-                f"size {report.get('world_size')}, {steps}{where}")
-    elif not findings and isinstance((report.get("job") or {}).get("imbalance"), dict):
-        # no rank to name, but each step waited for whichever rank had the most work (engine/imbalance.py)
-        head = (f"{title}: no findings over {len(looked)} capture(s), but the ranks took turns being "
-                "the slowest, each step waiting for the busiest (the job summary above) — world size "
-                f"{report.get('world_size')}, {steps}{where}")
-    elif not findings and (held := long_steps_held(report.get("job"))):
-        # no capture saw it (a stall is over before one can open), but the job summary's longest steps
-        # cost a good share of the job: 2 checkpoint writes of 1.2 s in a 3.7 s job read "healthy"
+    elif not findings and (held := job_held_text(report.get("job"))):
         head = (f"{title}: no findings over {len(looked)} capture(s), but {held} (the job summary above) — world "
                 f"size {report.get('world_size')}, {steps}{where}")
-    elif not findings and isinstance((report.get("job") or {}).get("launch"), dict) and \
-            _launch_held(report["job"]):
-        head = (f"{title}: no findings over {len(looked)} capture(s), but its ranks started up to "
-                f"{float(report['job']['launch']['spread_s']):.1f} s apart (the job summary above) — world size "
-                f"{report.get('world_size')}, {steps}{where}")
     elif not findings:
         head = (f"{title}: healthy — no findings over {len(looked)} capture(s), world size "
                 f"{report.get('world_size')}, {steps}{where}")
@@ -731,6 +712,29 @@ def long_steps_held(job: Any) -> str:
     what = ("its start" if all(s.step == 0 for s in listed) else "its start and longest steps"
             if any(s.step == 0 for s in listed) else "its longest steps")
     return f"{what} held every rank {held / 1e3:.1f} s, {100 * held / (total + held):.0f}% of the job's time"
+
+
+def job_held_text(job: Any) -> str:
+    """What held a job whose captures found nothing, from its summary ('' when nothing did): the text
+    and HTML reports' heads say it instead of "healthy", above the summary line that tells it.
+
+    One rank's own work over the whole job (engine/steadywork.py); the ranks taking turns being the
+    slowest (engine/imbalance.py); the longest steps, a stall being over before a capture can open (2
+    checkpoint writes of 1.2 s in a 3.7 s job read "healthy"); ranks launched late (engine/launchskew.py).
+    """
+    if not isinstance(job, dict):
+        return ""
+    if isinstance(job.get("steady_work"), dict):
+        return (f"rank {_text(job['steady_work'].get('rank'))} was busier than its peers over the whole job, and they "
+                "waited for it")
+    if isinstance(job.get("imbalance"), dict):
+        return "the ranks took turns being the slowest, each step waiting for the busiest"
+    held = long_steps_held(job)
+    if held:
+        return held
+    if isinstance(job.get("launch"), dict) and _launch_held(job):
+        return f"its ranks started up to {float(job['launch']['spread_s']):.1f} s apart"
+    return ""
 
 
 def _launch_held(job: dict[str, Any]) -> bool:

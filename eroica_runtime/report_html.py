@@ -15,8 +15,8 @@ from eroica_runtime.report import (
     format_time_lost,
     if_fixed_text,
     is_healthy,
+    job_held_text,
     job_profiler_text,
-    long_steps_held,
     passing_text,
     ranks_text,
     refused_summary,
@@ -224,7 +224,7 @@ def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
         # the text report's head says the same: no culprit, but not healthy either
         parts[-1] = (f'<p class="cat">No findings, but the capture(s) at step(s) {_e(", ".join(map(str, slower)))} '
                      "were slower than the baseline with no culprit found (below).</p>")
-    held = long_steps_held(report.get("job"))
+    held = job_held_text(report.get("job"))
     if held and not slower and not report.get("findings"):
         parts[-1] = f'<p class="cat">No findings, but {_e(held)} (below).</p>'
     stood = stood_down_text(report)

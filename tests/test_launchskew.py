@@ -52,7 +52,10 @@ def test_the_job_summary_and_report_head_say_a_late_start_that_cost_the_job() ->
     doc = {"schema": "eroica.report/1", "world_size": 3, "steps": 150, "job": stats, "findings": [],
            "captures": [{"step": 13, "trigger": "baseline", "ranks_analysed": 3, "findings": []}]}
     assert "but its ranks started up to 10.0 s apart (the job summary above)" in format_job(doc).splitlines()[0]
-    assert "Start: rank 2 (vm) began 10.0 s after the first" in render_html(doc, [], None)
+    page = render_html(doc, [], None)
+    assert "Start: rank 2 (vm) began 10.0 s after the first" in page
+    # the page's head as the text's, not "No findings: ranks behaved like their peers"
+    assert "No findings, but its ranks started up to 10.0 s apart (below)." in page and "behaved like" not in page
     # the same skew in a job of 100,000 steps of 8 ms is 1% of it: healthy
     long = {**stats, "steps": 100_000}
     assert "healthy — no findings" in format_job({**doc, "job": long}).splitlines()[0]

@@ -12,6 +12,7 @@ from conftest import DATA
 from eroica_runtime import report
 from eroica_runtime.analyst import format_job_stats, job_stats
 from eroica_runtime.engine import steadywork
+from eroica_runtime.report_html import render_html
 
 
 def _ranks(name: str) -> dict[int, dict[str, Any]]:
@@ -61,6 +62,10 @@ def test_the_job_summary_and_the_report_head_say_it_and_read_it_back_from_report
     assert head.startswith("eroica: job report: no findings over 1 capture(s), but rank 0 was busier than its peers "
                            "over the whole job"), head
     assert "healthy" not in head
+    page = render_html({"world_size": 4, "steps": 300, "findings": [], "job": stats,
+                        "captures": [{"step": 13, "trigger": "baseline", "ranks_analysed": 4}]}, [], None)
+    assert "No findings, but rank 0 was busier than its peers over the whole job" in page, page[:2000]
+    assert "behaved like their peers" not in page
 
 
 def test_a_rank_a_finding_names_is_left_to_the_finding() -> None:
