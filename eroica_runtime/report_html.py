@@ -217,7 +217,8 @@ def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>eroica report</title>"
              f"<style>{_CSS}</style></head><body>",
              f"<h1>eroica report — world size {_e(report.get('world_size'))}, "
-             f"{_e(report.get('steps'))} steps, {len(report.get('captures') or [])} capture(s)</h1>",
+             f"{_e(report.get('steps'))} step{'' if report.get('steps') == 1 else 's'}, "
+             f"{len(report.get('captures') or [])} capture(s)</h1>",
              "<h2>Findings (job, by impact)</h2>", _finding_rows(report.get("findings") or [])]
     slower = [c.get("step") for c in report.get("captures") or [] if isinstance(c, dict) and slower_text(c)]
     if slower and not report.get("findings"):

@@ -402,6 +402,7 @@ def test_a_one_step_job_is_said_to_have_had_its_step(tmp_path) -> None:
     assert "no training step was seen" not in proc.stderr, explain(proc)
     assert "job summary: 1 step on 2 ranks, too few to time" in proc.stderr, explain(proc)
     assert json.loads((tmp_path / "report.json").read_text())["steps"] == 1, explain(proc)
+    assert "world size 2, 1 step, " in (tmp_path / "report.html").read_text(), explain(proc)
 
 
 def test_mark_step_drives_the_clock_without_an_optimizer(tmp_path) -> None:

@@ -151,9 +151,10 @@ def _backward_passes(spans: list[tuple[float, float]], bwd_marks: list[tuple[flo
     A step that accumulates gradients runs forward and backward once per micro-batch; the forward
     ops carry no marker of their own (only backward, optimizer, data and collectives do), so the
     span from the step's first backward op to its last holds every micro-batch's forward but the
-    first. A top-level op that starts between two backward marks ran outside the autograd engine:
-    the next micro-batch's forward (or its preparation), never a backward op. ``unmarked``: the start
-    times of the main thread's events without a phase of their own, sorted.
+    first. An op or range outside any marker that starts between two backward marks ran outside the
+    autograd engine (whose ops all carry the backward marker or nest in one): the next micro-batch's
+    forward or its preparation, never a backward op. ``unmarked``: the start times of the main
+    thread's events without a phase of their own, sorted.
     """
     out: list[list[tuple[float, float]]] = []
     for s, e in spans:
@@ -525,7 +526,6 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
         j = bisect.bisect_right(passes, (t, float("inf"))) - 1
         # between two passes: the next micro-batch's forward (gradient accumulation)
         return "backward" if passes[j][1] >= t else "forward"
-
 
     # the main thread's self-time segments by what they were: an op's work in its phase, a blocking
     # (sync) call in its phase, or the self time of a record_function region (DDP.forward, a user's
