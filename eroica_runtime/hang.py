@@ -120,7 +120,7 @@ def main_frames_text(inner: int = 8, user: int = 2, depth: int = 256) -> list[st
 
 def _watched(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rank's DataLoader workers as it watched itself: pid, state at the end, CPU seconds meanwhile
-    (a worker that ran none was stuck or blocked; one in state D waits on storage)."""
+    (a worker that ran none was stuck or blocked; one in "disk-sleep" waits on storage)."""
     cpu0 = {w["pid"]: w["cpu_s"] for w in before}
     return [{"pid": w["pid"], "state": w["state"], "cpu_s": round(max(w["cpu_s"] - cpu0[w["pid"]], 0.0), 2)}
             for w in after if w["pid"] in cpu0]

@@ -271,17 +271,16 @@ def _children_pids() -> list[int]:
 
 
 def workers() -> list[dict[str, Any]]:
-    """This process's multiprocessing children (DataLoader workers): pid, state (R running, S sleeping,
-    D uninterruptible I/O...) and CPU seconds so far, read from /proc (at most 16; [] where unreadable).
-    A hang diagnosis takes them twice: a rank waiting for its next batch is held by its workers."""
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    """This process's multiprocessing children (DataLoader workers): pid, state (psutil's: "running",
+    "sleeping", "disk-sleep" for uninterruptible I/O...) and CPU seconds so far (at most 16; [] where
+    unreadable). A hang diagnosis takes them twice: a rank waiting for its next batch is held by them."""
     out = []
     for pid in _children_pids()[:16]:
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            with open(f"/proc/{pid}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-            out.append({"pid": pid, "state": fields[0].decode(errors="replace"),
-                        "cpu_s": round((int(fields[11]) + int(fields[12])) / tick, 2)})
+        with contextlib.suppress(psutil.Error, OSError):
+            proc = psutil.Process(pid)
+            with proc.oneshot():
+                cpu = proc.cpu_times()
+                out.append({"pid": pid, "state": str(proc.status()), "cpu_s": round(cpu.user + cpu.system, 2)})
     return out
 
 

@@ -120,11 +120,11 @@ LOADER_FRAMES = [
 
 
 @pytest.mark.parametrize("workers, says", [
-    ([{"pid": 16750, "state": "S", "cpu_s": 0.0}, {"pid": 16748, "state": "S", "cpu_s": 0.0}],
+    ([{"pid": 16750, "state": "sleeping", "cpu_s": 0.0}, {"pid": 16748, "state": "sleeping", "cpu_s": 0.0}],
      "none of its 2 workers used CPU while it watched (pids 16750, 16748): one is blocked"),
-    ([{"pid": 16750, "state": "D", "cpu_s": 0.0}, {"pid": 16748, "state": "S", "cpu_s": 0.0}],
+    ([{"pid": 16750, "state": "disk-sleep", "cpu_s": 0.0}, {"pid": 16748, "state": "sleeping", "cpu_s": 0.0}],
      "1 of its 2 workers are in uninterruptible I/O (state D)"),
-    ([{"pid": 16750, "state": "R", "cpu_s": 1.9}, {"pid": 16748, "state": "R", "cpu_s": 1.8}],
+    ([{"pid": 16750, "state": "running", "cpu_s": 1.9}, {"pid": 16748, "state": "running", "cpu_s": 1.8}],
      "its 2 workers kept running (pids 16750, 16748)"),
     ([], "no worker of it was seen"),
     ([{"pid": "16750", "state": 3, "cpu_s": True}], "no worker of it was seen")])   # malformed: dropped
@@ -170,7 +170,7 @@ busy.terminate(); idle.terminate()
 def test_a_ranks_workers_are_seen_with_the_cpu_they_used_while_it_watched() -> None:
     proc = subprocess.run([sys.executable, "-c", WORKERS_SEEN], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["True", "True", "S"], proc.stdout
+    assert proc.stdout.split() == ["True", "True", "sleeping"], proc.stdout
 
 
 def test_analyse_blames_a_silent_rank_and_not_a_uniform_stall() -> None:

@@ -160,12 +160,13 @@ def _workers(report: dict[str, Any]) -> list[dict[str, Any]]:
     for w in report.get("workers") or []:
         if (isinstance(w, dict) and type(w.get("pid")) is int and isinstance(w.get("state"), str)
                 and isinstance(w.get("cpu_s"), (int, float)) and not isinstance(w.get("cpu_s"), bool)):
-            out.append({"pid": w["pid"], "state": w["state"][:1], "cpu_s": float(w["cpu_s"])})
+            out.append({"pid": w["pid"], "state": w["state"][:16], "cpu_s": float(w["cpu_s"])})
     return out[:16]
 
 
 # a worker that used less CPU than this while its rank watched itself (2 s) did no work
 IDLE_CPU_S = 0.05
+DISK_SLEEP = "disk-sleep"   # a worker's state in uninterruptible I/O (psutil's name for Linux's D)
 
 
 def _loader_action(rank: int, host: Any, waiting: int, workers: list[dict[str, Any]]) -> str:
@@ -176,7 +177,7 @@ def _loader_action(rank: int, host: Any, waiting: int, workers: list[dict[str, A
             f"{waiting} ranks wait for it in a collective")
     if workers:
         stuck = [w for w in workers if w["cpu_s"] < IDLE_CPU_S]
-        io = [w for w in stuck if w["state"] == "D"]
+        io = [w for w in stuck if w["state"] == DISK_SLEEP]
         pids = ", ".join(str(w["pid"]) for w in (stuck or workers)[:8])
         if io:
             seen = (f": {len(io)} of its {len(workers)} workers are in uninterruptible I/O (state D), a read from "
