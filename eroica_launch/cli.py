@@ -104,7 +104,8 @@ def get_parser() -> ArgumentParser:
                    help="Single node: rank 0's store on localhost at a free port.")
     t.add_argument(*_both("max_restarts"), action=_Env, dest="max_restarts", type=int, default=0,
                    help="Relaunch the whole job this many times after a failure "
-                        "(TORCHELASTIC_RESTART_COUNT counts up).")
+                        "(TORCHELASTIC_RESTART_COUNT counts up); never after a stop signal "
+                        "(--signals-to-handle) sent to eroica-run.")
     t.add_argument(*_both("monitor_interval"), action=_Env, dest="monitor_interval", type=float, default=0.1,
                    help="Seconds between checks of the launched processes.")
     t.add_argument(*_both("start_method"), action=_Env, dest="start_method", type=str, default="spawn",

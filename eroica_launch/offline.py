@@ -57,10 +57,9 @@ def _history_steps(root: Path, fallback: int) -> int:
 def _old_report(root: Path) -> dict[str, Any]:
     """The report.json already in ``root`` ({} when absent or unusable: it is about to be rewritten)."""
     try:
-        old = json.loads(read_capped(root / REPORT_JSON, MAX_REPORT_BYTES))
-    except (InputError, ValueError, RecursionError):
+        return report.load_job(root) or {}
+    except InputError:
         return {}
-    return old if isinstance(old, dict) else {}
 
 
 def _read_ahead(files: list[Path]) -> Iterator[tuple[Path, CaptureBytes | Exception]]:
@@ -337,14 +336,11 @@ def analyze_cmd(paths: tuple[Path, ...], from_traces: bool, out: Path | None, st
 @click.argument("report_dir", type=click.Path(path_type=Path))
 def show_cmd(report_dir: Path) -> None:
     """Print the text report stored in REPORT_DIR/report.json (exit 2: none there; 1: unreadable)."""
-    path = report_dir / REPORT_JSON
-    if not path.is_file():
-        _fail(f"show: no report.json in {report_dir}", 2)
     try:
-        doc = json.loads(read_capped(path, MAX_REPORT_BYTES))
-        if not isinstance(doc, dict) or doc.get("schema") != report.REPORT_SCHEMA:
-            raise ValueError(f"schema is {doc.get('schema') if isinstance(doc, dict) else type(doc).__name__!r}, "
-                             f"expected {report.REPORT_SCHEMA!r}")
+        doc = report.load_job(report_dir)
+        if doc is None:
+            _fail(f"show: no report.json in {report_dir}", 2)
+            return
         text = report.format_job(doc, report_dir)
         stats = stored_job_stats_text(doc)
         text = f"{stats}\n{text}" if stats else text
@@ -352,10 +348,10 @@ def show_cmd(report_dir: Path) -> None:
         _fail(f"show: {exc}", 1)
         return
     except RecursionError:
-        _fail(f"show: {path}: unreadable report (nested too deeply)", 1)
+        _fail(f"show: {report_dir / REPORT_JSON}: unreadable report (nested too deeply)", 1)
         return
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        _fail(f"show: {path}: unreadable report ({' '.join(str(exc).split())[:200]})", 1)
+        _fail(f"show: {report_dir / REPORT_JSON}: unreadable report ({' '.join(str(exc).split())[:200]})", 1)
         return
     click.echo(text)
 

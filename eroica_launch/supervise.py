@@ -49,15 +49,18 @@ def run_plan(plan: Plan) -> int:
         env[SPEC_VAR] = spec.to_json()
         attempt_dir = Path(spec.run_dir) / f"attempt_{attempt}"
         teardown: list[float] = []
+        stopped: list[tuple[int, float]] = []
         if plan.mode == "inplace":
             # under Slurm every process of the step gets the step's signals already: don't double them
             rc = run_rank(spec, plan.command, env, forward_signals=not os.environ.get("SLURM_JOB_ID"))
         else:
             forget_earlier_jobs(attempt_dir)
-            rc = _run_launcher(plan, env, attempt_dir, teardown, launch)
+            rc = _run_launcher(plan, env, attempt_dir, teardown, launch, stopped)
             end_groups(attempt_dir, launch)
         if rc == 0:
             return 0
+        if stopped:
+            return _stopped(plan, attempt_dir, launch, *stopped[0])
         failures = read_failures(attempt_dir, pending=plan.mode == "inplace", launch=launch)
         if plan.mode == "inplace" and not failures:
             return rc  # this task never started its program (its one-line error says why)
@@ -91,13 +94,42 @@ def forget_earlier_jobs(attempt_dir: Path) -> None:
                     clear_records(Path(entry.path))
 
 
+def _stopped(plan: Plan, attempt_dir: Path, launch: str | None, signum: int, at: float) -> int:
+    """The job was stopped from outside: eroica-run got a stop signal (scancel or a time limit's
+    SIGTERM, ^C, a pod's termination) and passed it on. Said as such, with what eroica had found
+    by then, and never restarted (torchrun's agent raises on the signal; --max-restarts is for
+    failures): a scancelled job with --max-restarts used to start again while Slurm waited to kill
+    it, and its failure summary named whichever rank the SIGTERM ended first as the root cause.
+    A rank that had failed before the signal still gets the usual failure summary. Exit code
+    128 + the signal, as a shell reports a process the signal ended."""
+    name = signal.Signals(signum).name
+    failures = [f for f in read_failures(attempt_dir, launch=launch) if (f.get("ended") or at) < at]
+    if failures:
+        print(failure_summary(plan.script, failures, launcher_rc=128 + signum, mode=plan.mode), file=sys.stderr,
+              flush=True)
+    when = time.strftime("%Y-%m-%d_%H:%M:%S", time.localtime(at))
+    bar = "=" * 60
+    lines = [bar, f"{plan.script} STOPPED", "-" * 60,
+             f"eroica-run got {name} at {when} and passed it to the ranks: the job was stopped from outside\n"
+             f"(scancel, a time limit, ^C, kill), not ended by a rank of its own"
+             + (" (the failure above came first)" if failures else "")
+             + (f"; not restarted (--max-restarts {plan.max_restarts} is for failures)" if plan.max_restarts else "")]
+    if plan.spec.enabled:
+        from eroica_runtime.report import until_stopped_text
+        lines.append(until_stopped_text(plan.report_dir))
+    print("\n".join([*lines, bar]), file=sys.stderr, flush=True)
+    return 128 + signum
+
+
 def _run_launcher(plan: Plan, env: dict[str, str], attempt_dir: Path, teardown: list[float],
-                  launch: str | None = None) -> int:
+                  launch: str | None = None, stopped: list[tuple[int, float]] | None = None) -> int:
     """Run mpiexec/srun in its own session; forward our signals; stop the job when a rank fails.
 
     Like torchrun's agent, one failed rank ends the whole job at once (MPI launchers wait for the
-    others when the failed process never initialized MPI).
+    others when the failed process never initialized MPI). ``stopped`` gets the first stop signal
+    eroica-run was sent (one of --signals-to-handle but SIGUSR1/2) and when.
     """
+    stopped = [] if stopped is None else stopped
     try:
         # own session (so a terminal's Ctrl-C reaches us, not mpiexec, and we stop it cleanly), but
         # tied to our life: if eroica-run is killed outright, mpiexec gets SIGTERM and takes the ranks
@@ -115,8 +147,12 @@ def _run_launcher(plan: Plan, env: dict[str, str], attempt_dir: Path, teardown: 
             os.kill(proc.pid, sig)
         except ProcessLookupError:
             return
-        if signal.Signals(signum).name not in _ALWAYS_FORWARDED and not stopping:
+        if signal.Signals(signum).name in _ALWAYS_FORWARDED:
+            return
+        if not stopping:
             stopping.append(time.monotonic())
+        if not stopped:   # also while a failed rank's teardown runs: a stopped job is not restarted
+            stopped.append((signum, time.time()))
 
     names = {n.strip() for n in plan.spec.signals_to_handle.split(",") if n.strip()} | set(_ALWAYS_FORWARDED)
     previous = {}
@@ -124,15 +160,21 @@ def _run_launcher(plan: Plan, env: dict[str, str], attempt_dir: Path, teardown: 
         sig = getattr(signal, name, None)
         if sig is not None:
             previous[sig] = signal.signal(sig, forward)
+    said = False
     try:
         while True:
             try:
                 return proc.wait(timeout=max(plan.monitor_interval, 0.05))
             except subprocess.TimeoutExpired:
+                if stopped and not said:   # said here, not in the handler (no printing in a signal handler)
+                    said = True
+                    log(f"got {signal.Signals(stopped[0][0]).name}: passed to every rank (SIGKILL to any left "
+                        f"{plan.shutdown_timeout:.0f}s later, --shutdown-timeout)")
                 if not teardown and _any_failed(attempt_dir, launch):
                     teardown.append(time.time())
                     stopping.append(time.monotonic())
-                    log("a rank failed: stopping the others")
+                    if not stopped:   # else the ranks end by the stop signal eroica-run passed on
+                        log("a rank failed: stopping the others")
                     try:
                         os.kill(proc.pid, signal.SIGTERM)
                     except ProcessLookupError:

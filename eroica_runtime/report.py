@@ -114,6 +114,25 @@ def load_steps(report_dir: str | os.PathLike[str]) -> dict[str, list] | None:
     return {"steps": step_arr.tolist(), "ms": ms_arr.tolist()}
 
 
+def load_job(report_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The job report in ``report_dir`` (report.json), None where there is none yet. InputError, one
+    line naming the file and what is wrong, where it is unreadable or not an eroica report."""
+    path = Path(report_dir) / reportdir.REPORT_JSON
+    if not path.is_file():
+        return None
+    raw = reportdir.read_capped(path, reportdir.MAX_REPORT_BYTES)
+    try:
+        doc = json.loads(raw)
+    except RecursionError:
+        raise reportdir.InputError(f"{path}: unreadable report (nested too deeply)") from None
+    except ValueError as exc:
+        raise reportdir.InputError(f"{path}: unreadable report ({' '.join(str(exc).split())[:200]})") from None
+    if not isinstance(doc, dict) or doc.get("schema") != REPORT_SCHEMA:
+        said = repr(doc.get("schema")) if isinstance(doc, dict) else type(doc).__name__
+        raise reportdir.InputError(f"{path}: unreadable report (schema is {said}, expected {REPORT_SCHEMA!r})")
+    return doc
+
+
 def write_steps(report_dir: str | os.PathLike[str], history: Sequence[float]) -> Path:
     """``steps.msgpack``: rank 0's step-time history (for plots); rounded to 0.1 µs in numpy (a long
     job's million steps are rewritten at every capture)."""
@@ -745,6 +764,37 @@ def _launch_held(job: dict[str, Any]) -> bool:
     except (KeyError, TypeError, ValueError):
         return False
     return total is not None and math.isfinite(spread) and spread >= HELD_SHARE * (total + spread)
+
+
+def until_stopped_text(report_dir: str | os.PathLike[str], shown: int = 3) -> str:
+    """What eroica had found when the job was stopped from outside (scancel, a time limit, ^C), for
+    the launcher's last words: a rank stopped by SIGTERM writes nothing more (no handler: runtime.py
+    says why), so the job summary never comes, but rank 0 rewrote report.json after every capture."""
+    try:
+        doc = load_job(report_dir)
+    except reportdir.InputError as exc:
+        return f"eroica: {exc}"
+    if doc is None:
+        return (f"eroica: no report in {report_dir} (rank 0 writes report.json at its first capture, "
+                "after the warm-up steps)")
+    findings = [f for f in doc.get("findings") or [] if isinstance(f, dict)]
+    captures = doc.get("captures") if isinstance(doc.get("captures"), list) else []
+    head = (f"eroica until the stop: {_count(doc.get('steps'))} steps on {_count(doc.get('world_size'))} "
+            f"ranks, {len(captures)} capture(s)")
+    where = Path(report_dir) / reportdir.REPORT_HTML
+    if not captures:
+        return f"{head}: none yet (the first comes after the warm-up steps)"
+    if not findings:
+        return f"{head}, no findings — {where}"
+    lines = [f"{head}, {len(findings)} finding(s):"]
+    for i, f in enumerate(findings[:shown], start=1):
+        seen = [s for s in f.get("captures") or [] if isinstance(s, int)]
+        at = f" (step{'s' if len(seen) > 1 else ''} {', '.join(map(str, seen[:6]))})" if seen else ""
+        lines.append(f"  #{i} {_text(f.get('title'))}{at}")
+    if len(findings) > shown:
+        lines.append(f"  and {len(findings) - shown} more")
+    lines.append(f"  in full: eroica show {report_dir} (or {where})")
+    return "\n".join(lines)
 
 
 def format_pause(doc: dict[str, Any], stalled_s: float, again_s: float) -> str:

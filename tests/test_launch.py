@@ -306,11 +306,14 @@ def test_in_place_under_mpiexec(tmp_path) -> None:
     assert "whoami rank=0 world=2" in proc.stdout and "whoami rank=1 world=2" in proc.stdout
 
 
-def test_sigterm_stops_the_job(tmp_path) -> None:
+def test_sigterm_stops_the_job_without_restarting_it_or_blaming_a_rank(tmp_path) -> None:
+    """scancel, a time limit or a pod's end: SIGTERM to eroica-run. The job stops, is not restarted by
+    --max-restarts (it was, while Slurm waited to kill it), and no rank the SIGTERM ended is called the
+    root cause; the exit code is 128 + 15, as a shell reports it."""
     env = {**os.environ, **RANK_ENV, "FAIL_RANK": "99"}
-    proc = subprocess.Popen([str(BIN / "eroica-run"), "--nproc-per-node", "2", "--report-dir", str(tmp_path),
-                             str(SCRIPTS / "fail.py")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([str(BIN / "eroica-run"), "--nproc-per-node", "2", "--max-restarts", "1",
+                             "--report-dir", str(tmp_path), str(SCRIPTS / "fail.py")], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
         while not list((tmp_path / "launch" / "attempt_0").glob("*/owner")) and time.monotonic() < deadline:
@@ -321,8 +324,10 @@ def test_sigterm_stops_the_job(tmp_path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode != 0
-    assert "FAILED" in err and "SIGTERM" in err
+    assert proc.returncode == 143, err[-3000:]
+    assert "fail.py STOPPED" in err and "eroica-run got SIGTERM" in err, err[-3000:]
+    assert "restarting" not in err and "Root Cause" not in err and "FAILED" not in err, err[-3000:]
+    assert not (tmp_path / "launch" / "attempt_1").exists()
 
 
 def test_bad_flag_is_one_clear_line() -> None:

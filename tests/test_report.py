@@ -391,3 +391,17 @@ def test_a_job_whose_own_profiler_held_eroicas_captures_says_so(tmp_path: Path) 
     assert "The job&#x27;s own torch.profiler was on in 12 step(s)" in page
     for odd in (None, [], {"steps": "12", "first_step": 6}, {"steps": True, "first_step": 6}):
         assert report.job_profiler_text(odd) == ""
+
+
+def test_a_job_stopped_from_outside_is_told_what_eroica_had_found_by_then(tmp_path: Path) -> None:
+    """The launcher's last words after scancel/^C (the ranks die without a job summary): what
+    report.json held, from a real fault-bench run, else one line saying why there is nothing."""
+    real = Path(__file__).parent / "data" / "faultbench" / "compute-report"
+    said = report.until_stopped_text(real)
+    assert said.splitlines()[0] == "eroica until the stop: 110 steps on 4 ranks, 2 capture(s), 1 finding(s):", said
+    assert "#1 rank 1 on vm: compute in aten::matmul (+134.1 ms/step own work" in said and "(step 43)" in said, said
+    assert f"eroica show {real}" in said, said
+    assert "no report" in report.until_stopped_text(tmp_path)
+    (tmp_path / "report.json").write_text(json.dumps({"schema": "eroica.diagnosis/1"}))
+    said = report.until_stopped_text(tmp_path)
+    assert "\n" not in said and "report.json: unreadable report (schema is 'eroica.diagnosis/1'" in said, said
