@@ -177,6 +177,23 @@ def test_a_rank_whose_other_thread_holds_the_gil_is_named_blocked_not_slower_har
         assert wrong not in f.action, f.action
 
 
+@pytest.mark.parametrize("step", [68, 216])
+def test_a_rank_running_python_of_its_own_between_ops_is_told_to_look_at_its_loop_not_the_host(step: int) -> None:
+    """Rank 0 of 3 smooths a long loss history in pure Python after every step (tests/data/engine/
+    python-between-ops, a real job). The spike capture read "CPU-side stalls ... check other processes
+    on the host, CPU pinning and cgroup limits", the drift capture (named from the steps before its
+    window) "compute (forward) ... drain the node". Its training thread ran on a CPU, neither queued nor
+    blocked, outside any op: its own Python, and where to look for it."""
+    d = _capture_pair("python-between-ops", 13, step, 3)
+    (f,) = d.findings
+    assert (f.category, f.rank, f.phase, f.victims) == ("host", 0, "host_gap", (1, 2)), f.title
+    mine, peers = f.evidence["thread_cpu_ms"]
+    assert mine - peers >= 0.5 * f.evidence["excess_ms"], f.evidence
+    assert "Python of its own in the training loop" in f.action and "py-spy top" in f.action, f.action
+    for wrong in ("thermals", "drain the node", "cgroup", "other processes on the host"):
+        assert wrong not in f.action, f.action
+
+
 def test_a_rank_whose_intra_op_threads_do_more_work_stays_a_compute_culprit() -> None:
     """Every rank computes with 3 intra-op threads and rank 2's batches are 4x larger (tests/data/engine/
     intra-op-bigger-batch, a real job): its other threads run for its work as its peers' do for theirs,

@@ -69,6 +69,7 @@ from eroica_runtime.engine.lonework import describe, lone_steps
 from eroica_runtime.engine.memory import memory_action, memory_evidence, span_culprits
 from eroica_runtime.engine.model import CATEGORIES, Diagnosis, Finding, in_function, ranks_waiting
 from eroica_runtime.engine.offcpu import blocked_action, blocked_evidence, other_threads_evidence
+from eroica_runtime.engine.oncpu import busy_action, busy_evidence
 from eroica_runtime.engine.ownbaseline import lone_culprits
 from eroica_runtime.engine.peers import Peers, form_peers, parse_topology
 from eroica_runtime.engine.quota import (
@@ -202,6 +203,9 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, stopped: dict[str, 
             c = replace(c, category="host")
     tele_ev, hint = telemetry_refinement(table, row, ref_rows, c.category, quota_named=bool(quota),
                                          blocked=bool(blocked))
+    # on the CPU through its stall, neither queued nor blocked, nor in storage I/O: its own Python (oncpu.py)
+    busy = {} if quota or stopped or contended or memory or blocked or tele_ev.get("io") \
+        or c.category != "host" or c.phase != "host_gap" else busy_evidence(table, row, ref_rows, c.excess_ms)
     if quota:
         tele_ev.update(quota)
         hint = (quota_action(quota, c.step) + " " + hint).strip()
@@ -212,6 +216,9 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, stopped: dict[str, 
         tele_ev.update(blocked)
         hint = (blocked_action(blocked, float(table.own[row]), float(table.col("step")[row])) + " "
                 + hint).strip()   # the host own work it is of
+    elif busy:
+        tele_ev.update(busy)
+        hint = (busy_action(busy) + " " + hint).strip()
     elif contended and c.sched:
         rq, rq_ref = c.sched["runq_ms"]
         hint = (f"Runnable but waiting for a CPU {rq:.1f} ms/step vs peers' {rq_ref:.1f} (run queue), in the "
@@ -248,7 +255,7 @@ def _culprit_finding(table: Table, peers: Peers, c: Culprit, stopped: dict[str, 
         (ACTIONS.get(c.category, "") + (" Also: " + hint if hint else ""))
     if "throttling" in hint and "hardware_throttle" in tele_ev:
         action = hint + " " + ACTIONS.get(c.category, "")
-    if quota or memory.get("memory_short") or (blocked and c.category == "host"):
+    if quota or memory.get("memory_short") or (blocked and c.category == "host") or busy:
         action = hint
     if c.baseline_step is not None:   # no peers: compared with itself in the baseline capture
         ev["compared_with"] = f"its own baseline capture (step {c.baseline_step})"

@@ -26,6 +26,7 @@ from eroica_runtime.engine.attribution import CONTENTION_SHARE, grown_functions
 from eroica_runtime.engine.baseline import Thresholds, center, column_reference, group_bars, significant
 from eroica_runtime.engine.categories import ACTIONS, storage_io, work_action, work_evidence
 from eroica_runtime.engine.model import Finding, in_function, ranks_waiting
+from eroica_runtime.engine.oncpu import busy_action, window_category
 from eroica_runtime.engine.peers import Peers
 from eroica_runtime.engine.quota import (
     QUOTA_FUNCTION,
@@ -319,15 +320,20 @@ def _finding(table: Table, rows: np.ndarray, row: int, excess: float, step_ref: 
         # a steady fault: the window shows it as well, and what the rank ran there names the function
         ev["seen_in"] = f"the window (+{steady:.1f} ms/step) and {seen_in}"
         ev["window_excess_ms"] = steady
+        python = category == "compute" and window_category(table, row, rows) == ("host", "host_gap")
+        if python:   # busy on its CPU between ops, not in them: its own Python (oncpu.py)
+            category, phase = "host", "host_gap"
+            ev["thread_cpu_ms"] = ev["cpu_ms"]
         col, fn_phase, ev["functions"] = grown_functions(
             table, row, column_reference(table.fn_ms, rows), category, steady, th, rows)
         function, phase = (table.fn_names[col], fn_phase or phase) if col is not None else (f"({phase})", phase)
-        action = late_action or ACTIONS.get(category, "")
+        action = late_action or (busy_action(ev) if python else ACTIONS.get(category, ""))
         if category == "compute" and col is not None:
             work_ev, work = work_evidence(table, row, rows, col)
             ev.update(work_ev)
             action = work_action(work_ev, work, action)
-        action = f"This rank was {what}, in the window and the steps before it. " + action
+        action = ("In the window and the steps before it: " if python else
+                  f"This rank was {what}, in the window and the steps before it. ") + action
         title = (f"rank {rank} on {host}: {category}{in_function(function)} (+{excess:.1f} ms/step {how} in the window "
                  f"and the {HISTORY_RECENT} steps before it, {ranks_waiting(len(victims))})")
     return Finding(category=category, rank=rank, host=host, function=function, phase=phase,
