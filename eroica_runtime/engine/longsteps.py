@@ -13,8 +13,8 @@ run-queue wait, batch wait, GC pauses, stops) and, when the hang watchdog runs, 
 thread was while the step ran long (a stack sampled once per long step). At job end the node
 leaders reduce them to one record a step (``StepSeen``) and rank 0 judges each step from those as
 from every rank's records side by side: in a step every rank waited out, the rank that was busy
-through a good part of it (BUSY_SHARE) while the others were asleep in a collective is the one they
-waited for. When no rank was busy, the stacks say it: every other rank's main thread sat at one
+through a good part of it (BUSY_SHARE) while the others were asleep in a collective for more than
+half of its busy time (ALONE_SHARE) is the one they waited for. When no rank was busy, the stacks say it: every other rank's main thread sat at one
 place (the collective they waited in) and one rank's elsewhere (a write to a slow filesystem, an
 upload, a sleep: off the CPU, so its busy time is as small as its victims'). A 3-rank DDP job
 whose rank 1 blocked 1.2 s writing a checkpoint shard at steps 60 and 120 (2026-12-07) read "no
@@ -41,9 +41,11 @@ MAX_SENT = 8         # a rank sends at most this many (stepclock.LONGEST keeps a
 # other rank was busy more than ALONE_SHARE of its busy time. Not most of the step: a rank recompiling
 # its torch.compile-d forward (2026-12-05) was busy 412 ms of a 948 ms step, the rest waiting for
 # inductor's compile workers (subprocesses), while its peers were busy 5 ms at most, asleep in the
-# all-reduce
+# all-reduce. Not alone either: every rank evaluating, rank 2 on a shard 3x the others' (2026-12-07),
+# was busy 421 ms of a 441 ms step and the others 189 at most, waiting for it the rest; at a quarter
+# it read "every rank was busy through it (an evaluation, a job-wide pause)", which hid who held it
 BUSY_SHARE = 0.25
-ALONE_SHARE = 0.25
+ALONE_SHARE = 0.5
 WHAT = {"cpu": "on a CPU", "data": "waiting for its next batch", "gc": "in garbage-collection pauses"}
 # a step's records are counted by where each rank's main thread was (its stack's innermost frame): at
 # most this many places, or the step's stacks are too scattered to single out one rank (a node leader
