@@ -318,6 +318,9 @@ def test_scancel_leaves_flushed_report(slurm_cluster: SlurmCluster, tmp_path: Pa
     info = slurm_cluster.wait_job(job, timeout=JOB_TIMEOUT)
     assert info.state == "CANCELLED", f"{info.state}\n{read(output)}"
     load_report(tmp_path / "reports" / job)
+    # eroica-run got the SIGTERM too: the job stopped from outside, no rank blamed for it
+    said = read(output)
+    assert "STOPPED" in said and "eroica-run got SIGTERM" in said and "Root Cause" not in said, said[-4000:]
 
 
 def test_no_daemons_left_after_stop(tmp_path: Path) -> None:
