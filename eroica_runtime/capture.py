@@ -25,6 +25,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from eroica_runtime.pysample import FrameSampler
 from eroica_runtime.summary.events import OWN_RANGE, OWN_STEP_PREFIX, PEER_WAIT_RANGE
 
 
@@ -226,8 +227,11 @@ class JobProfilers:
 
 
 class Capture:
-    def __init__(self, jobs: JobProfilers | None = None) -> None:
+    def __init__(self, jobs: JobProfilers | None = None, sampler: FrameSampler | None = None) -> None:
         self.jobs = jobs if jobs is not None else JobProfilers()
+        # where the main thread's Python is while the profiler runs (pysample.py): what no op records
+        self.sampler = sampler if sampler is not None else FrameSampler()
+        self.python: dict[str, Any] | None = None   # the last window's samples (stop)
         self._open = False       # a window is open on this rank (profiling, or given way to the job's)
         self.gave_way = ""       # this window gave way to the job's own profiler: when (else "")
         self._prof: Any = None
@@ -302,6 +306,8 @@ class Capture:
         self._prof = prof
         self._open_mark(step - 1)  # the lead-in
         self._lead_in = self._collect_host_ops(False)
+        self.python = None
+        self.sampler.start()
         return True
 
     def _collect_host_ops(self, on: bool) -> bool:
@@ -398,6 +404,7 @@ class Capture:
         self._open = False
         if self._prof is None:
             return []
+        self.python = self.sampler.stop()
         self.own_end()
         self._end_lead_in()   # stop with the profiler's callbacks where it put them
         self._close_mark()
@@ -414,6 +421,7 @@ class Capture:
         stays open, given way to the job's profiler)."""
         if close:
             self._open = False
+        self.sampler.stop()
         if self._prof is not None:
             try:
                 self.own_end()

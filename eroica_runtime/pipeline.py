@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eroica_runtime import engine
-from eroica_runtime.engine import ingest
+from eroica_runtime.engine import ingest, oncpu
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,12 @@ class Pipeline:
             kept = int(sum(1 for r in good.tolist() if r not in flagged)) if flagged else len(good)
             if kept >= max(1, len(good) // 2):
                 self.baseline = table if kept == len(good) else cap.table(exclude={int(r) for r in flagged})
-        drill = cap.summaries(named_ranks(diagnosis))
+        named = named_ranks(diagnosis)
+        # a culprit that ran Python of its own: where, from its and its peers' sampled frames (oncpu.py)
+        peers = {v for f in diagnosis.findings if "thread_cpu_ms" in f.evidence for v in f.victims[:oncpu.WHERE_PEERS]}
+        raw = cap.summaries(named + sorted(peers - set(named)))
+        if peers:
+            diagnosis = oncpu.with_python_where(diagnosis, raw)
+        drill = {r: raw[r] for r in named if r in raw}
         cap.release()
         return Analysed(diagnosis, meta, tuple(errors), drill)

@@ -599,7 +599,8 @@ class Runtime:
         build = summary_mod.build_steps(
             events, identity=ident, capture={"step": first, "trigger": trigger, "k": k}, steps=steps,
             history=history, gc={"count": (gc_count1 - gc_count0) / n, "ms": (gc_ms1 - gc_ms0) / n},
-            telemetry={"start": self._window["tele_start"], "end": telemetry.sample()}, records=summary_mod.RECORDS)
+            telemetry={"start": self._window["tele_start"], "end": telemetry.sample()}, records=summary_mod.RECORDS,
+            python=cap.python)
         self._pending = _Pending(first, trigger, step, summary_mod.Resumable(build),  # type: ignore[arg-type]
                                  self._window.get("probe"), arrivals=arrivals)
 

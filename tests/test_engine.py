@@ -1114,3 +1114,40 @@ def test_a_title_names_the_op_and_says_no_placeholder_for_one() -> None:
     assert in_function("(host_gap)") == " between profiled ops"       # was "io in (host_gap)"
     assert in_function("(gc)") == "" and in_function(None) == ""              # was "gc in (gc)"
     assert in_function("(CPU quota)") == " in (CPU quota)"              # a named cause stays
+
+
+def test_a_rank_running_python_of_its_own_is_told_which_function_from_its_sampled_frames() -> None:
+    """The same job with the window's frame sampler (tests/data/engine/python-sampled, a real run): rank
+    0's summary books 32% of its sampled time to pylog.py:18 smooth, its peers' none. Through the
+    pipeline (as rank 0's analyst and eroica analyze run it) the finding names the function, in its
+    title and its action, instead of sending the reader to py-spy."""
+    from eroica_runtime.pipeline import Pipeline
+
+    pipe = Pipeline(world_size=3)
+    for step in (13, 68):
+        got = pipe.analyse((DATA / "python-sampled" / f"{step}.msgpack").read_bytes(), origin=f"{step}.msgpack")
+    (f,) = got.diagnosis.findings
+    assert (f.category, f.rank, f.phase) == ("host", 0, "host_gap"), f.title
+    assert f.evidence["python_frame"].endswith("pylog.py:18 smooth"), f.evidence
+    share, peers = f.evidence["python_share"]
+    assert share >= 0.2 and peers == 0.0, f.evidence
+    assert "Python in smooth (pylog.py:18)" in f.title, f.title
+    assert "of its time in smooth (" in f.action and "py-spy" not in f.action, f.action
+    assert sorted(got.summaries) == [0], "the drill-down keeps the named rank's summary only"
+
+
+def test_where_a_culprits_python_was_needs_its_peers_samples_to_compare_with() -> None:
+    """Without the peers' summaries (a capture of node blocks forwards the deviant ranks' only) the
+    culprit's own samples say nothing: its training loop's line is in every rank's. Left as it was."""
+    from eroica_runtime.engine import oncpu
+    from eroica_runtime.summary import schema as summary_schema
+
+    meta, summaries, errors = summary_schema.decode_capture((DATA / "python-sampled" / "68.msgpack").read_bytes())
+    by_rank = {s["rank"]: s for s in summaries}
+    d = _capture_pair("python-sampled", 13, 68, 3)
+    assert oncpu.with_python_where(d, {0: by_rank[0]}) == d
+    named = oncpu.with_python_where(d, by_rank)
+    assert named != d and "python_frame" in named.findings[0].evidence
+    # a peer running the same function as much is no lead
+    same = {r: {**s, "python": by_rank[0]["python"]} for r, s in by_rank.items()}
+    assert oncpu.with_python_where(d, same) == d

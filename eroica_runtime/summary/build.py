@@ -361,17 +361,18 @@ def _trim_steps(step_evs: list[Ev], main_starts: list[float]) -> list[Ev]:
 def build(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], steps: list[dict[str, Any]],
           gc: dict[str, Any], telemetry: dict[str, Any], main_tid: int | None = None,
           history: dict[str, Any] | None = None, max_functions: int = MAX_FUNCTIONS, size_budget: int = SIZE_BUDGET,
-          records: Records | None = None) -> dict[str, Any]:
+          records: Records | None = None, python: dict[str, Any] | None = None) -> dict[str, Any]:
     """Boil one rank's profiled window down to an ``eroica.summary/1`` dict (in one go; see build_steps)."""
     return drain(build_steps(events, identity=identity, capture=capture, steps=steps, gc=gc, telemetry=telemetry,
                              main_tid=main_tid, history=history, max_functions=max_functions,
-                             size_budget=size_budget, records=records))
+                             size_budget=size_budget, records=records, python=python))
 
 
 def build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], steps: list[dict[str, Any]],
                 gc: dict[str, Any], telemetry: dict[str, Any], main_tid: int | None = None,
                 history: dict[str, Any] | None = None, max_functions: int = MAX_FUNCTIONS,
-                size_budget: int = SIZE_BUDGET, records: Records | None = None) -> Steps[dict[str, Any]]:
+                size_budget: int = SIZE_BUDGET, records: Records | None = None,
+                python: dict[str, Any] | None = None) -> Steps[dict[str, Any]]:
     """Boil one rank's profiled window down to an ``eroica.summary/1`` dict, as a stepwise
     computation: it yields every CHUNK events or so (resumable.py), so the runtime can spread it over
     the steps after a window's close instead of stalling the closing step (``build`` drains it).
@@ -390,7 +391,8 @@ def build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, Any
     its encoding fits ``size_budget`` bytes, so the summary stays small whatever the model. ``steps`` may carry the step clock's per-step ``cpu`` and
     ``runq`` ms; the builder adds each profiled step's ``comm`` (ms blocked in collectives), so the
     engine can tell an excess present in every step from one carried by a single step.
-    ``history`` (the step clock's steps before the window) is passed through. ``records``: a pool
+    ``history`` (the step clock's steps before the window) and ``python`` (where the main thread's own
+    Python was, pysample.FrameSampler) are passed through. ``records``: a pool
     the raw events' records are taken from and given back to at the end (events.Records: the
     runtime's, so that its summaries add nothing to the garbage collector's count of long-lived
     objects after the first); without it they are made and dropped.
@@ -401,7 +403,7 @@ def build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, Any
         return (yield from _paused(_build_steps(events, identity=identity, capture=capture, steps=steps, gc=gc,
                                                 telemetry=telemetry, main_tid=main_tid, history=history,
                                                 max_functions=max_functions, size_budget=size_budget, clock=clock,
-                                                lease=lease),
+                                                lease=lease, python=python),
                                    clock))
     finally:
         if lease is not None:
@@ -439,7 +441,8 @@ def _paused(gen: Steps[dict[str, Any]], clock: _Clock) -> Steps[dict[str, Any]]:
 
 def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, Any], steps: list[dict[str, Any]],
                  gc: dict[str, Any], telemetry: dict[str, Any], main_tid: int | None, history: dict[str, Any] | None,
-                 max_functions: int, size_budget: int, clock: _Clock, lease: Lease | None) -> Steps[dict[str, Any]]:
+                 max_functions: int, size_budget: int, clock: _Clock, lease: Lease | None,
+                 python: dict[str, Any] | None = None) -> Steps[dict[str, Any]]:
     window_start = step_marks(int(capture["step"])) if capture.get("step") is not None else None
     evs = yield from normalize_steps(events, window_start, lease)
     for i, ev in enumerate(evs):
@@ -720,6 +723,8 @@ def _build_steps(events: Any, *, identity: dict[str, Any], capture: dict[str, An
         doc["device_phases"] = device
     if history:
         doc["history"] = history
+    if python:
+        doc["python"] = python
     limit = max(0, int(max_functions))
     while True:
         yield

@@ -35,6 +35,7 @@ from eroica_runtime.summary.schema import (
     MAX_COUNT,
     MAX_MS,
     MAX_NAME,
+    MAX_PYTHON_SAMPLES,
     MAX_STEPS_LISTED,
     MAX_WORLD,
     PHASES,
@@ -224,6 +225,10 @@ def rule(path: Path) -> tuple[int, float, float]:
             return R_MS, 0.0, MAX_COUNT * 1e3
         if top == "history" and path[1] == "first":
             return R_INT, 0.0, _EXACT
+        if top == "python" and path[1] == "samples":
+            return R_INT, 0.0, float(MAX_PYTHON_SAMPLES)
+        if top == "python" and path[1] == "ms":
+            return R_MS, 0.0, MAX_MS
     elif n == 3:
         if top == "functions" and isinstance(path[1], int):
             if path[2] == "count":
@@ -242,6 +247,8 @@ def rule(path: Path) -> tuple[int, float, float]:
                 return R_MS, 0.0, MAX_COUNT
     elif n == 4 and top == "groups" and path[2] == "ranks":
         return R_RANK, 0.0, 0.0
+    elif n == 4 and top == "python" and path[1] == "frames" and path[3] == 1:
+        return R_MS, 0.0, MAX_MS
     return R_FINITE, -np.inf, np.inf
 
 

@@ -183,13 +183,14 @@ def load(data: bytes, origin: str = "raw events") -> tuple[dict[str, Any], list[
 def rebuild(sent: dict[str, Any], events: list[Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the summary ``build`` makes of ``events`` with every other input taken from ``sent``, ``sent``),
     both through encode/decode and without their build times. The inputs taken from ``sent`` (step
-    times, GC ms) are its rounded values, so numbers may differ in the last places: compare with
+    times, GC ms, the sampled frames) are its rounded values, so numbers may differ in the last places: compare with
     ``differences``. How kept raw events are checked (tests/test_runtime.py, scripts/gpu-check, the GPU
     fixtures' tests)."""
     identity = {k: sent[k] for k in ("rank", "local_rank", "world_size", "pid", "host", "device", "groups",
                                      "versions")}
     again = build(events, identity=identity, capture=sent["capture"], steps=sent["steps"],
-                  history=sent.get("history"), gc=sent["gc"], telemetry=sent["telemetry"])
+                  history=sent.get("history"), gc=sent["gc"], telemetry=sent["telemetry"],
+                  python=sent.get("python"))
     docs = decode(encode(again)), decode(encode(sent))
     for doc in docs:
         doc["profile"].pop("build_ms")

@@ -197,6 +197,8 @@ def validate(obj: Any, *, origin: str = "?") -> None:
     hist = obj.get("history")
     if hist is not None:
         _check_history(origin, hist)
+    if "python" in obj:
+        _check_python(origin, obj["python"])
     groups = obj["groups"]
     if len(groups) > MAX_GROUPS:
         raise _bad(origin, f"{len(groups)} groups (at most {MAX_GROUPS})")
@@ -243,6 +245,26 @@ def validate(obj: Any, *, origin: str = "?") -> None:
         _check_tree(origin, field, obj[field])
     if "profile" in obj:
         _check_tree(origin, "profile", obj["profile"])
+
+
+MAX_PYTHON_FRAMES = 16
+MAX_PYTHON_SAMPLES = 2**31
+
+
+def _check_python(origin: str, py: Any) -> None:
+    """``python``: {samples: int, ms: float, frames: [[frame text, ms], ...]} (pysample.FrameSampler)."""
+    if not isinstance(py, dict):
+        raise _bad(origin, "python must be a map")
+    _check_int(origin, "python.samples", py.get("samples"), 0, MAX_PYTHON_SAMPLES)
+    _check_ms(origin, "python.ms", py.get("ms"))
+    frames = py.get("frames")
+    if not isinstance(frames, list) or len(frames) > MAX_PYTHON_FRAMES:
+        raise _bad(origin, f"python.frames must be a list of at most {MAX_PYTHON_FRAMES} [frame, ms] pairs")
+    for i, pair in enumerate(frames):
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise _bad(origin, f"python.frames[{i}] must be a [frame, ms] pair")
+        _check_str(origin, f"python.frames[{i}][0]", pair[0], 1024)
+        _check_ms(origin, f"python.frames[{i}][1]", pair[1])
 
 
 def _check_history(origin: str, hist: Any) -> None:
