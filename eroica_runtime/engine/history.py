@@ -327,6 +327,8 @@ def _finding(table: Table, rows: np.ndarray, row: int, excess: float, step_ref: 
         col, fn_phase, ev["functions"] = grown_functions(
             table, row, column_reference(table.fn_ms, rows), category, steady, th, rows)
         function, phase = (table.fn_names[col], fn_phase or phase) if col is not None else (f"({phase})", phase)
+        if python:   # between ops by the window's phases, whichever op grew a little beside it
+            function, phase = "(host_gap)", "host_gap"
         action = late_action or (busy_action(ev) if python else ACTIONS.get(category, ""))
         if category == "compute" and col is not None:
             work_ev, work = work_evidence(table, row, rows, col)
