@@ -215,6 +215,30 @@ def test_a_rank_killed_outright_is_the_root_cause_though_its_victims_raised_firs
     assert [f["rank"] for f in read_failures(later)] == [1, 3]
 
 
+def test_a_stopped_job_names_the_rank_that_failed_before_the_stop_and_none_the_stop_ended(
+        tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Rank 1 raised before the scheduler's SIGTERM reached eroica-run; ranks 0 and 2 were ended by the
+    SIGTERM it passed on. The failure summary's root cause is rank 1 alone, then the STOPPED block
+    says the stop came after it; the exit code is the stop's (128 + 15). No report directory: one line
+    says there is none yet."""
+    import signal
+    from types import SimpleNamespace
+
+    from eroica_launch.supervise import _stopped
+    t = 1_800_000_000.0
+    _rank_dir(tmp_path, 1, error_at=t - 2.0, ended=t - 1.9)
+    _rank_dir(tmp_path, 0, error_at=None, ended=t + 0.4, exitcode=-15)
+    _rank_dir(tmp_path, 2, error_at=None, ended=t + 0.5, exitcode=-15)
+    plan = SimpleNamespace(script="train.py", mode="mpiexec", max_restarts=3, report_dir=str(tmp_path / "none"),
+                           spec=SimpleNamespace(enabled=True))
+    assert _stopped(plan, tmp_path, None, int(signal.SIGTERM), t) == 143   # type: ignore[arg-type]
+    err = capsys.readouterr().err
+    root = err.split("Root Cause (first observed failure):", 1)[1]
+    assert "rank      : 1 " in root and "rank      : 0 " not in err and "rank      : 2 " not in err, err
+    assert "train.py STOPPED" in err and "(the failure above came first)" in err, err
+    assert "not restarted (--max-restarts 3 is for failures)" in err and "eroica: no report in" in err, err
+
+
 def test_an_earlier_jobs_rank_records_are_no_failure_of_this_one(tmp_path) -> None:
     """A report directory used again: the launcher clears the last job's rank records before it launches,
     and a record a wrapper of that job writes afterwards (still ending) carries that job's launch id."""
