@@ -766,6 +766,11 @@ def _launch_held(job: dict[str, Any]) -> bool:
     return total is not None and math.isfinite(spread) and spread >= HELD_SHARE * (total + spread)
 
 
+def _list(x: Any) -> list[Any]:
+    """``x`` where it is a list, else [] (a report.json field another writer got wrong)."""
+    return x if isinstance(x, list) else []
+
+
 def until_stopped_text(report_dir: str | os.PathLike[str], shown: int = 3) -> str:
     """What eroica had found when the job was stopped from outside (scancel, a time limit, ^C), for
     the launcher's last words: a rank stopped by SIGTERM writes nothing more (no handler: runtime.py
@@ -777,8 +782,8 @@ def until_stopped_text(report_dir: str | os.PathLike[str], shown: int = 3) -> st
     if doc is None:
         return (f"eroica: no report in {report_dir} (rank 0 writes report.json at its first capture, "
                 "after the warm-up steps)")
-    findings = [f for f in doc.get("findings") or [] if isinstance(f, dict)]
-    captures = doc.get("captures") if isinstance(doc.get("captures"), list) else []
+    findings = [f for f in _list(doc.get("findings")) if isinstance(f, dict)]
+    captures = _list(doc.get("captures"))
     head = (f"eroica until the stop: {_count(doc.get('steps'))} steps on {_count(doc.get('world_size'))} "
             f"ranks, {len(captures)} capture(s)")
     where = Path(report_dir) / reportdir.REPORT_HTML
@@ -788,7 +793,7 @@ def until_stopped_text(report_dir: str | os.PathLike[str], shown: int = 3) -> st
         return f"{head}, no findings — {where}"
     lines = [f"{head}, {len(findings)} finding(s):"]
     for i, f in enumerate(findings[:shown], start=1):
-        seen = [s for s in f.get("captures") or [] if isinstance(s, int)]
+        seen = [s for s in _list(f.get("captures")) if isinstance(s, int) and not isinstance(s, bool)]
         at = f" (step{'s' if len(seen) > 1 else ''} {', '.join(map(str, seen[:6]))})" if seen else ""
         lines.append(f"  #{i} {_text(f.get('title'))}{at}")
     if len(findings) > shown:

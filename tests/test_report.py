@@ -405,3 +405,7 @@ def test_a_job_stopped_from_outside_is_told_what_eroica_had_found_by_then(tmp_pa
     (tmp_path / "report.json").write_text(json.dumps({"schema": "eroica.diagnosis/1"}))
     said = report.until_stopped_text(tmp_path)
     assert "\n" not in said and "report.json: unreadable report (schema is 'eroica.diagnosis/1'" in said, said
+    # fields of the wrong kind (a report another writer got wrong) say what there is, never raise
+    (tmp_path / "report.json").write_text(json.dumps({"schema": "eroica.report/1", "steps": 9, "world_size": 2,
+                                                      "findings": 7, "captures": {"13": 1}}))
+    assert report.until_stopped_text(tmp_path).startswith("eroica until the stop: 9 steps on 2 ranks, 0 capture(s)")
