@@ -53,8 +53,9 @@ def healthy_against_baseline(d: engine.Diagnosis) -> bool:
     """A capture that could show something found nothing, and its step was no slower than in the
     baseline capture (the engine compared them: step_ms has "baseline" but no "unexplained_ms").
     Without a baseline to compare with (--no-baseline), "no finding" says nothing about the step's
-    level: a slowdown every rank shares names no rank."""
-    return d.healthy and "baseline" in d.step_ms and "unexplained_ms" not in d.step_ms
+    level: a slowdown every rank shares names no rank. A window one rank's one-off work made long
+    (step_ms.one_off) is no level to learn either."""
+    return d.healthy and "baseline" in d.step_ms and "unexplained_ms" not in d.step_ms and "one_off" not in d.step_ms
 
 
 class Analyst:

@@ -41,7 +41,7 @@ import msgpack
 
 from eroica_runtime import errorfile, reportdir, telemetry
 from eroica_runtime.engine.hang import analyse
-from eroica_runtime.engine.longsteps import LONG_MIN_MS, LONG_RATIO, is_user_frame, landmark
+from eroica_runtime.engine.longsteps import LONG_MIN_MS, LONG_RATIO, eroicas_work, is_user_frame, landmark
 from eroica_runtime.report import format_hang, format_pause
 from eroica_runtime.sidechannel import SideChannel
 
@@ -97,23 +97,28 @@ def main_frames_text(inner: int = 8, user: int = 2, depth: int = 256) -> list[st
     sits 60 frames deep in dynamo and inductor under the line of the script that called the model:
     its innermost frames can be anywhere in torch (fake tensors, autograd tracing a joint graph), so
     the innermost frame between them that says what the rank was doing (a ``landmark``: dynamo,
-    AOTAutograd, torch.save) is kept too."""
+    AOTAutograd, torch.save) is kept too, and so is the innermost frame of eroica's own work
+    (``eroicas_work``: a window's close deep in torch.profiler is eroica's, not the job's)."""
     frame = sys._current_frames().get(threading.main_thread().ident or -1)
     kept: list[str] = []
     users = 0
-    marked = False
+    marked = own = False
     while frame is not None and depth > 0 and (len(kept) < inner or users < user):
         text = f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}"
         if len(kept) < inner:
             kept.append(text)
             users += is_user_frame(text)
             marked = marked or landmark(text)
+            own = own or eroicas_work(text)
         elif is_user_frame(text):
             kept.append(text)
             users += 1
         elif not marked and landmark(text):
             kept.append(text)
             marked = True
+        elif not own and eroicas_work(text):
+            kept.append(text)
+            own = True
         frame, depth = frame.f_back, depth - 1
     return kept[::-1]
 

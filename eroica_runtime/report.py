@@ -497,12 +497,31 @@ def passing_text(d: dict[str, Any]) -> str:
             f"just before this window {before[0] - before[1]:+.1f} ms vs those before the baseline's")
 
 
+def one_off_text(d: dict[str, Any]) -> str:
+    """What a capture whose window one rank's one-off work made long looked like ("" for any other
+    capture; engine: step_ms.one_off): said instead of "healthy" (its median step belies it) or
+    "slower, no culprit" (there is one, once), and of a per-step finding, which one step does not make."""
+    sm = d.get("step_ms")
+    one = sm.get("one_off") if isinstance(sm, dict) and not d.get("findings") else None
+    if not (isinstance(one, dict) and isinstance(one.get("rank"), int) and finite(one.get("ms"))
+            and isinstance(one.get("steps"), list) and one["steps"]):
+        return ""
+    on = f" on {_text(one['host'])}" if isinstance(one.get("host"), str) else ""
+    ms = float(one["ms"])
+    alone = f"{ms / 1e3:.2f} s" if ms >= 1e3 else f"{ms:.0f} ms"
+    more = one.get("ranks")
+    others = f" (and {more - 1} other rank(s) alike)" if isinstance(more, int) and more > 1 else ""
+    return (f"rank {one['rank']}{on} worked {alone} alone in step {', '.join(_text(s) for s in one['steps'][:8])} "
+            f"while its peers waited{others}, and the steps before the window show no such work: a one-off, not a "
+            f"per-step cost (median step {_ms(sm.get('median'))} ms; the job summary's longest steps say where it was)")
+
+
 def is_healthy(d: dict[str, Any]) -> bool:
     """What ``format_capture`` calls "healthy": no finding, enough ranks to compare (more than one), not
-    slower than the baseline and no passing slowdown."""
+    slower than the baseline, no passing slowdown and no one-off."""
     n, ws = int(d.get("ranks_analysed") or 0), int(d.get("world_size") or 0)
     return (not d.get("findings") and conclusive(n, ws) and n != 1 and not slower_text(d)
-            and not passing_text(d))
+            and not passing_text(d) and not one_off_text(d))
 
 
 def format_capture(diagnosis: Diagnosis | dict[str, Any], before: Mapping[tuple[Any, ...], int] | None = None) -> str:
@@ -526,6 +545,10 @@ def format_capture(diagnosis: Diagnosis | dict[str, Any], before: Mapping[tuple[
         rejected, missing = len(d.get("errors") or []), len(d.get("missing") or [])
         line = (f"eroica: step {_text(d.get('step'))} ({_text(d.get('trigger'))}): not diagnosed — only "
                 f"{n}/{ws} ranks sent a usable summary ({rejected} rejected, {missing} missing)")
+        return "\n".join([line, *tail])
+    if one_off_text(d):
+        line = (f"eroica: step {_text(d.get('step'))} ({_text(d.get('trigger'))}): a one-off stall, no steady "
+                f"culprit — {one_off_text(d)} ({n}/{ws} ranks analysed)")
         return "\n".join([line, *tail])
     if slower_text(d):
         line = (f"eroica: step {_text(d.get('step'))} ({_text(d.get('trigger'))}): slower, no culprit found — "

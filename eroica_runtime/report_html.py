@@ -17,6 +17,7 @@ from eroica_runtime.report import (
     is_healthy,
     job_held_text,
     job_profiler_text,
+    one_off_text,
     passing_text,
     ranks_text,
     refused_summary,
@@ -300,8 +301,9 @@ def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
             continue
         parts.append(f"<h2>Capture at step {_e(d.get('step'))} ({_e(d.get('trigger'))}) — "
                      f"{_e(d.get('ranks_analysed'))}/{_e(d.get('world_size'))} ranks</h2>")
-        slower, passing = slower_text(d), passing_text(d)
-        parts.append(f'<p class="cat">Slower, no culprit found: {_e(slower)}.</p>' if slower
+        slower, passing, once = slower_text(d), passing_text(d), one_off_text(d)
+        parts.append(f'<p class="cat">A one-off stall, no steady culprit: {_e(once)}.</p>' if once
+                     else f'<p class="cat">Slower, no culprit found: {_e(slower)}.</p>' if slower
                      else f'<p class="cat">A passing slowdown, no finding: {_e(passing)}.</p>' if passing
                      else _finding_rows(d.get("findings") or []))
         for f in (d.get("findings") or [])[:3]:

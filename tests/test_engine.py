@@ -15,7 +15,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from eroica_runtime import report, summary, synth
+from eroica_runtime import analyst, report, summary, synth
 from eroica_runtime.engine import (
     Diagnosis,
     Thresholds,
@@ -30,6 +30,7 @@ from eroica_runtime.engine.impact import Gates
 from eroica_runtime.engine.model import Finding
 from eroica_runtime.engine.peers import form_peers
 from eroica_runtime.report import format_capture, format_finding
+from eroica_runtime.report_html import render_html
 
 DATA = Path(__file__).parent / "data" / "engine"
 SCENARIOS = json.loads((DATA / "scenarios.json").read_text())["scenarios"]
@@ -192,6 +193,29 @@ def test_a_rank_running_python_of_its_own_between_ops_is_told_to_look_at_its_loo
     assert "Python of its own in the training loop" in f.action and "py-spy top" in f.action, f.action
     for wrong in ("thermals", "drain the node", "cgroup", "other processes on the host"):
         assert wrong not in f.action, f.action
+
+
+@pytest.mark.parametrize("name", ["69.msgpack", "69-rerun.msgpack"])
+def test_a_window_one_rank_stalled_once_in_reads_a_one_off_not_healthy_nor_a_per_step_cost(name: str) -> None:
+    """Rank 3 of 4 slept 2 s once, in step 70 of a manual capture's 3-step window (tests/data/engine/
+    one-off-stall, a real job run twice): the same window read "+667.0 ms/step" in one run and
+    "healthy" (median step 686 ms) in the other. Both read a one-off of rank 3's, in that step, with no
+    finding, and no level the drift rule would learn as healthy."""
+    (_, base, _), (meta, cur, errors) = (summary.decode_capture((DATA / "one-off-stall" / f).read_bytes())
+                                         for f in ("13.msgpack", name))
+    assert not errors
+    d = diagnose(cur, step=69, trigger=meta["trigger"], world_size=4, baseline=base)
+    assert d.findings == () and d.step_ms["median"] > 40 * d.step_ms["baseline"], d.step_ms
+    one = d.step_ms["one_off"]
+    assert (one["rank"], one["steps"], one["ranks"]) == (3, [70], 1) and 1900 < one["ms"] < 2100, one
+    line = format_capture(d)
+    assert line.startswith("eroica: step 69 (manual): a one-off stall, no steady culprit — rank 3 on vm worked "
+                           "2.00 s alone in step 70 while its peers waited"), line
+    assert "healthy" not in line and "ms/step" not in line, line
+    doc = d.to_json()
+    assert not report.is_healthy(doc) and not analyst.healthy_against_baseline(d)
+    page = render_html({"schema": "eroica.report/1", "world_size": 4, "findings": [], "captures": []}, [doc], None)
+    assert "A one-off stall, no steady culprit: rank 3" in page
 
 
 def test_a_rank_whose_intra_op_threads_do_more_work_stays_a_compute_culprit() -> None:

@@ -293,6 +293,31 @@ def test_a_step_eroicas_own_capture_held_up_is_no_stall_unless_a_rank_stalled_in
     assert (s.step, s.rank) == (12, 2)
 
 
+SLEEP_WHERE = ["/job/train.py:225 <module>", "/job/train.py:171 main", "/job/train.py:101 stall_once"]
+PROBE_WHERE = ["/job/train.py:180 main", "/venv/lib/python3.11/site-packages/torch/optim/optimizer.py:485 wrapper",
+               "/venv/lib/python3.11/site-packages/eroica_runtime/stepclock.py:420 _after_step",
+               "/venv/lib/python3.11/site-packages/eroica_runtime/sidechannel.py:380 probe_links"]
+
+
+def test_a_rank_asleep_in_its_own_code_in_a_captures_window_is_named_and_one_in_eroicas_work_is_not() -> None:
+    """Rank 3 of 4 slept 2 s at step 70, inside a capture's window (its steps carry eroica's mark), its
+    stack in the script while the others waited in backward (a real CI run, 2026-12-07, listed no long
+    step): named. A rank elsewhere in eroica's own work (a leader's link probe) is not; the step
+    clock's frames, which sit in every rank's stack under backward() and the DataLoader, are no sign
+    of it."""
+    def job(odd: list[str]) -> dict[int, dict]:
+        return _job({r: [{**_rec(70, 2020.0 + r, 6.0 if r == 3 else 4.0, where=odd if r == 3 else VICTIM_WHERE),
+                          "eroica": 1}] for r in range(4)}, median=11.7)
+    (s,) = _long(job(SLEEP_WHERE), 11.7)
+    assert (s.step, s.rank, s.what, s.waiting, s.where) == (70, 3, "away", 3, tuple(SLEEP_WHERE)), s
+    assert _long(job(PROBE_WHERE), 11.7) == []
+    clocked = [*SLEEP_WHERE, "/venv/lib/python3.11/site-packages/eroica_runtime/stepclock.py:300 counted"]
+    assert [s.rank for s in _long(job(clocked), 11.7)] == [3]
+    # eroica's code is never the user's, installed in place or not
+    assert not longsteps.is_user_frame("/work/main/eroica_runtime/runtime.py:300 _boundary")
+    assert longsteps.is_user_frame(SLEEP_WHERE[-1])
+
+
 def test_stalls_with_the_same_verdict_read_as_one_line() -> None:
     """Workers started anew at every epoch: the same job-wide wait at steps 40, 160, 240, one line."""
     per_rank = _job({r: [_rec(st, 164.0 + st / 16, 5.0, data=150.0) for st in (40, 160, 240)] for r in range(4)})

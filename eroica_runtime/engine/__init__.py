@@ -65,7 +65,7 @@ from eroica_runtime.engine.categories import (
 from eroica_runtime.engine.commonmode import comm_before_window, common_mode, hang_findings, local_comm_excess
 from eroica_runtime.engine.history import HISTORY_FUNCTION, history_culprits
 from eroica_runtime.engine.impact import Gates, all_fixed
-from eroica_runtime.engine.lonework import describe, lone_steps
+from eroica_runtime.engine.lonework import LoneWork, describe, lone_steps
 from eroica_runtime.engine.memory import memory_action, memory_evidence, span_culprits
 from eroica_runtime.engine.model import CATEGORIES, Diagnosis, Finding, in_function, ranks_waiting
 from eroica_runtime.engine.offcpu import blocked_action, blocked_evidence, other_threads_evidence
@@ -401,7 +401,8 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
 
     # window steps a rank worked alone in while its peers waited (a checkpoint only rank 0 saves)
     alone = {r: w for rows in peers.groups for r, w in lone_steps(table, rows, th).items()}
-    culprits = find_culprits(table, peers, th, notes, alone)
+    one_offs: list[LoneWork] = []   # lone work the steps before the window show no sign of
+    culprits = find_culprits(table, peers, th, notes, alone, one_offs_out=one_offs)
     if alone and not culprits and not history_culprits(table, peers, th, trigger, set(), []):
         # work alone in a window step that recurs, though this window held less of it than the job
         # does on average (rank 0 logging metrics every 10 steps: one in this 16-step window): named
@@ -485,7 +486,11 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
         # what this capture was compared with (the runtime's analyst reads a capture with no finding
         # and no "unexplained_ms" as found healthy only when this is here: analyst.healthy_against_baseline)
         step_ms["baseline"] = healthy
-    if slower is not None and not findings and slower.before_ms is not None:
+    if one_offs and not findings:
+        # the window's steps were long for one rank's work alone, once: "healthy" would belie them, and so
+        # would "slower, no culprit" (report.py)
+        step_ms["one_off"] = _one_off(table, one_offs)
+    elif slower is not None and not findings and slower.before_ms is not None:
         # slower in its window only (report.py says so beside "healthy")
         step_ms["baseline"], step_ms["before_window_ms"] = slower.baseline_ms, list(slower.before_ms)
     elif slower is not None and not findings:
@@ -498,6 +503,16 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
                      ranks_analysed=table.n, findings=tuple(findings), missing=tuple(miss),
                      errors=tuple(errs), notes=tuple(notes), peers=peers.describe(), step_ms=step_ms,
                      phase_table=_phase_table(table, peers, findings), engine_s=time.perf_counter() - t0)
+
+
+def _one_off(table: Table, works: list[LoneWork]) -> dict[str, Any]:
+    """step_ms.one_off: the largest lone work of the window that the steps before it do not show (rank,
+    host, the window steps it was done in, ms alone in them), and how many ranks did such work."""
+    w = max(works, key=lambda x: x.ms)
+    first = table.capture_step
+    return {"rank": int(table.rank[w.row]), "host": table.hosts[int(table.host_idx[w.row])],
+            "steps": [int(first) + s if first is not None else s for s in w.steps], "ms": float(w.ms),
+            "ranks": len(works)}
 
 
 def _speaks_for(f: Finding) -> tuple[int, float]:

@@ -161,8 +161,26 @@ def views(table: Table, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[
     return own, wait, parts
 
 
+def _only_lone(table: Table, work: LoneWork | None, excess: float, rest_bar: float | None) -> bool:
+    """Whether a lone rank's window excess is its one lone step's work and nothing else: on the
+    window's other steps it was not slower than its peers by ``rest_bar`` (the share of the step a
+    rank must lose to be worth a finding, ``rel_step`` of the group's step without lone work). Such a
+    rank is judged as lone work (recurring or a one-off: lonework.periodic), never at the window's
+    cost a step. Why: one step's work alone sets the rank's excess and every rank's std error of its
+    mean step alike (one b among n - 1 a: both (b - a) / n), so the whole window's noise bar
+    (noise_k = 1) was a coin toss. A 4-rank job whose rank 3 slept 2 s once in a manual capture's
+    3-step window (2026-12-07), run twice: "HOST: rank 3 ... +667.0 ms/step (step -> 13.9 ms if
+    fixed)" once, "healthy" the other time. A rank short of memory, 81 ms alone in one step and 14 ms
+    a step slower in the other two (tests/data/memory/short-rank1), is no such rank."""
+    if work is None or len(work.steps) != 1 or table.step_ms is None or rest_bar is None:
+        return False
+    n = int(np.isfinite(table.step_ms[work.row]).sum())
+    return n > 1 and (excess * n - work.ms) / (n - 1) < rest_bar
+
+
 def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] | None = None,
-                  alone: dict[int, LoneWork] | None = None, below_bar: bool = False) -> list[Culprit]:
+                  alone: dict[int, LoneWork] | None = None, below_bar: bool = False,
+                  one_offs_out: list[LoneWork] | None = None) -> list[Culprit]:
     """Scan every peer group (vectorised within a group) for culprits; what was left out and why is
     appended to ``notes``. ``alone``: the window steps a rank worked alone in (lonework.lone_steps):
     the other ranks are judged on the window's other steps, and a lone rank whose excess does not
@@ -199,6 +217,7 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
             r_ref, r_noise = robust
             r_level = (r_ref, r_noise, max(th.abs_ms, min(th.rel_step, th.small_rel_step) * r_ref, r_noise))
             levels = [(step_ref, noise, limit) if int(r) in alone else r_level for r in rows.tolist()]
+        rest_bar = max(th.abs_ms, th.rel_step * robust[0]) if robust is not None else None
         # a lone rank is a candidate from the share of the step alone: its lone step is most of the noise
         lim_v = np.asarray([max(th.abs_ms, min(th.rel_step, th.small_rel_step) * lv[0]) if int(r) in alone else lv[2]
                             for r, lv in zip(rows.tolist(), levels, strict=True)])
@@ -222,7 +241,8 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
                 if backed is not None:
                     passes = True
                     cpu_named.append((int(rows[k]), excess / sref, len(rows), backed))
-            if d_wait < excess and passes and excess >= nz:
+            if d_wait < excess and passes and excess >= nz and not _only_lone(table, alone.get(int(rows[k])),
+                                                                                excess, rest_bar):
                 found[k] = (excess, c_own.sigma, None, d_wait, WAIT_SHARE)
             elif lone_v[k] and d_wait < excess and (passes or (below_bar and corroborated)):
                 # under the noise its own lone step made, or under the share of the step a window must
@@ -242,7 +262,8 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
             sref, nz, lim = lv
             for k, (excess, sigma, part, d_wait) in one_part_stragglers(part_matrix[rows], wait, lim, sref,
                                                                         th).items():
-                if levels[k] == lv and k not in found and excess >= nz:
+                if levels[k] == lv and k not in found and excess >= nz and not _only_lone(
+                        table, alone.get(int(rows[k])), float(own[k] - c_own.ref), rest_bar):
                     found[k] = (excess, sigma, part, d_wait, PART_WAIT_SHARE)
         found.update(among_the_rest(own, wait, found, lone_v, lim_v, levels, th))
         ref_rows = measured_against(rows, found)
@@ -278,6 +299,8 @@ def find_culprits(table: Table, peers: Peers, th: Thresholds, notes: list[str] |
                                phase_ref={p: float(r_parts[i]) for i, p in enumerate(part_names)},
                                device=table.has_device(rows), sched=sched, alone=recurring.get(k),
                                ref_rows=ref_rows))
+    if one_offs_out is not None:
+        one_offs_out.extend(one_offs)
     if notes is not None:
         named = {c.row for c in out}
         notes += ([taken_out_note(table, taken_out)] if taken_out else []) + \

@@ -368,12 +368,27 @@ def _judge(seen: StepSeen, per_rank: Mapping[int, Mapping[str, Any]], median_ms:
 def _away(seen: StepSeen, reporting: int) -> tuple[Place, Place] | None:
     """(the lone rank's place, the others' place) when every reporting rank's stack was sampled in the
     step, all but one at the same place (at least 2 of them: with 2 ranks neither is the odd one) and
-    that one elsewhere: where the others waited for it. None otherwise, and for a step eroica's own
-    work held up (a node leader's link probe is elsewhere than the ranks waiting for it)."""
-    if seen.eroica or seen.unsampled or seen.places is None or len(seen.places) != 2 or seen.ranks < reporting:
+    that one elsewhere: where the others waited for it. None otherwise, and when the lone rank was in
+    eroica's own work (``eroicas_work``: a node leader's link probe is elsewhere than the ranks
+    waiting for it). A step in a capture's window carries eroica's mark, yet a rank asleep in its
+    own code there held the others as anywhere: a 4-rank job whose rank 3 slept 2 s at step 70,
+    inside a window opened at step 68 by a noise spike (CI, 2026-12-07), listed no long step."""
+    if seen.unsampled or seen.places is None or len(seen.places) != 2 or seen.ranks < reporting:
         return None
     lone, rest = sorted(seen.places, key=lambda p: p[1])
-    return (lone, rest) if lone[1] == 1 and rest[1] >= 2 and lone[3] else None
+    if lone[1] != 1 or rest[1] < 2 or not lone[3] or (seen.eroica and any(map(eroicas_work, lone[3]))):
+        return None
+    return lone, rest
+
+
+# eroica's step clock (stepclock.py) wraps backward() and the DataLoader, and so sits in the stacks of
+# ranks doing the job's own work: its frames are no sign of eroica's work
+EROICA_CODE, EROICA_CLOCK = "/eroica_runtime/", "/eroica_runtime/stepclock.py:"
+
+
+def eroicas_work(frame: str) -> bool:
+    """A frame of eroica's own work (a capture's lead-in, a window's close, a summary, the gather)."""
+    return EROICA_CODE in frame and EROICA_CLOCK not in frame
 
 
 def short_frame(frame: str) -> str:
@@ -394,8 +409,10 @@ PACKAGES = ("site-packages/", "dist-packages/")
 
 def is_user_frame(frame: str) -> bool:
     """A frame of the user's own code: not Python's library, not an installed package, not code torch
-    generated (inductor's compiled modules live in a torchinductor_<user> cache directory)."""
-    return not (_stdlib(frame) or any(m in frame for m in PACKAGES) or "/torchinductor_" in frame)
+    generated (inductor's compiled modules live in a torchinductor_<user> cache directory), not eroica's
+    (installed in place, as for its own tests, it is outside site-packages)."""
+    return not (_stdlib(frame) or any(m in frame for m in PACKAGES) or "/torchinductor_" in frame
+                or EROICA_CODE in frame)
 
 
 def where_text(frames: tuple[str, ...]) -> str:
