@@ -58,7 +58,10 @@ def findings(dirs: list[str], job: bool = False) -> dict[str, list[str]]:
                 # a capture slower than the baseline that nothing explains is a verdict of its own (rank 0 then
                 # lets the detector capture again), not "healthy"
                 slower = ["slower than the baseline, no culprit"] if "unexplained_ms" in (diag.step_ms or {}) else []
-                out[key] = [_text(f.to_json()) for f in diag.findings] + slower
+                # so is one rank's one-off work alone in a window step (engine: step_ms.one_off)
+                one = (diag.step_ms or {}).get("one_off")
+                once = [f"one-off r{one['rank']} in step(s) {one['steps']}"] if isinstance(one, dict) else []
+                out[key] = [_text(f.to_json()) for f in diag.findings] + slower + once
             if job:
                 for key in [k for k in out if k.startswith(f"{Path(d).name}/{case.name}@")]:
                     del out[key]
