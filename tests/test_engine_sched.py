@@ -336,6 +336,8 @@ def test_a_stop_the_window_caught_names_the_stops_not_the_op_it_fell_in() -> Non
     assert (f.rank, f.category, f.function, f.phase) == (1, "host", "(stopped)", "host_gap"), f.title
     assert "process stopped 3 times in 48 steps" in f.title and "SIGSTOP/SIGCONT" in f.action, f.title
     assert f.evidence["stopped"]["stops"] == 3 and "+16.7 ms/step" in f.title, f.evidence
+    # its stop is no "one-off" either: the stops before the window named it
+    assert not any("a one-off" in n for n in d.notes) and "one_off" not in d.step_ms, d.notes
 
 
 def test_every_rank_waits_out_a_stopped_ranks_stops_wherever_the_windows_edge_cut_one() -> None:

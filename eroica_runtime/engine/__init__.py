@@ -65,7 +65,7 @@ from eroica_runtime.engine.categories import (
 from eroica_runtime.engine.commonmode import comm_before_window, common_mode, hang_findings, local_comm_excess
 from eroica_runtime.engine.history import HISTORY_FUNCTION, history_culprits
 from eroica_runtime.engine.impact import Gates, all_fixed
-from eroica_runtime.engine.lonework import LoneWork, describe, lone_steps
+from eroica_runtime.engine.lonework import LoneWork, describe, lone_steps, one_off_note
 from eroica_runtime.engine.memory import memory_action, memory_evidence, span_culprits
 from eroica_runtime.engine.model import CATEGORIES, Diagnosis, Finding, in_function, ranks_waiting
 from eroica_runtime.engine.offcpu import blocked_action, blocked_evidence, other_threads_evidence
@@ -477,6 +477,13 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
     findings.sort(key=lambda f: -f.impact_ms_per_step)
     findings = [Finding(**{**f.__dict__, "captures": (int(step),)}) for f in findings]
 
+    if one_offs:
+        # a rank some finding names (its stops, its steps before the window) did no one-off work
+        named_ranks = {int(f.rank) for f in findings if f.rank is not None}
+        left = [w for w in one_offs if int(table.rank[w.row]) not in named_ranks]
+        said = one_off_note(table, one_offs)
+        notes = [x for x in notes if x != said] + ([one_off_note(table, left)] if left else [])
+        one_offs = left
     step_ms = {"median": step_med, "p99": float(np.percentile(step_col, 99)),
                "max": float(step_col.max()), "max_rank": int(table.rank[int(np.argmax(step_col))]),
                "what_if_all_fixed": max(all_fixed(step_med, [f.impact_ms_per_step for f in findings
