@@ -33,6 +33,7 @@ from eroica_runtime.config import Config, ConfigError, env_name
 
 SPEC_VAR = "EROICA_LAUNCH_SPEC"
 FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+NOT_STOPS = ("SIGUSR1", "SIGUSR2")   # forwarded, but a pre-timeout warning or the job's own, not a stop
 EXIT_MARKER = "exiting.json"   # written by the program's last atexit handler (eroica_runtime.errorfile)
 GROUP_RECORD = "group.json"   # the rank's process group, for the launcher's last sweep (end_groups)
 RECORDS = ("error.json", "owner", "status.json", EXIT_MARKER, GROUP_RECORD)   # a rank folder's files (clear_records)
@@ -161,8 +162,10 @@ def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
 
 
 def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = None,
-             forward_signals: bool = True) -> int:
-    """Start the training program as this rank, supervise it, record how it ended; return its code."""
+             forward_signals: bool = True, stopped: list[tuple[int, float]] | None = None) -> int:
+    """Start the training program as this rank, supervise it, record how it ended; return its code.
+    ``stopped`` (eroica-run in place, as a task of srun or mpiexec) gets the first stop signal this
+    process was sent (one of FORWARDED but SIGUSR1/2) and when: the job was stopped from outside."""
     base = dict(os.environ if env is None else env)
     base.pop(SPEC_VAR, None)
     try:
@@ -230,14 +233,15 @@ def run_rank(spec: RankSpec, command: list[str], env: dict[str, str] | None = No
             pump.start()
             pumps.append(pump)
 
-    def forward(signum: int, _frame: object) -> None:
-        try:
-            child.send_signal(signum)
-        except ProcessLookupError:
-            pass
+    def on_signal(signum: int, _frame: object) -> None:
+        if stopped is not None and not stopped and signal.Signals(signum).name not in NOT_STOPS:
+            stopped.append((signum, time.time()))
+        if forward_signals:
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signum)
 
     for name in FORWARDED:
-        signal.signal(getattr(signal, name), forward if forward_signals else signal.SIG_IGN)
+        signal.signal(getattr(signal, name), on_signal)
     trail = oom.MemoryTrail(child.pid, memory_sample_s(base), _setting(base, "memory_startup_s"),
                             warn=lambda said: print(f"eroica-run: rank {ident.rank} (pid {child.pid}): {said}",
                                                     file=sys.stderr, flush=True))

@@ -23,6 +23,7 @@ from eroica_launch.rank import SPEC_VAR, clear_records, die_with_parent, end_gro
 
 PREFIX = "eroica-run"
 _ALWAYS_FORWARDED = ("SIGUSR1", "SIGUSR2")
+STOP_GRACE_S = 10.0   # in place, how long a task other than the first waits after a stop (run_plan)
 
 
 def log(msg: str) -> None:
@@ -52,7 +53,8 @@ def run_plan(plan: Plan) -> int:
         stopped: list[tuple[int, float]] = []
         if plan.mode == "inplace":
             # under Slurm every process of the step gets the step's signals already: don't double them
-            rc = run_rank(spec, plan.command, env, forward_signals=not os.environ.get("SLURM_JOB_ID"))
+            rc = run_rank(spec, plan.command, env, forward_signals=not os.environ.get("SLURM_JOB_ID"),
+                          stopped=stopped)
         else:
             forget_earlier_jobs(attempt_dir)
             rc = _run_launcher(plan, env, attempt_dir, teardown, launch, stopped)
@@ -60,7 +62,13 @@ def run_plan(plan: Plan) -> int:
         if rc == 0:
             return 0
         if stopped:
-            return _stopped(plan, attempt_dir, launch, *stopped[0])
+            if first_task:
+                return _stopped(plan, attempt_dir, launch, *stopped[0])
+            # in place, every task was sent the stop and the first says it. A task that ends non-zero
+            # makes mpiexec (and srun --kill-on-bad-exit) kill the others at once: the first was killed
+            # while it read report.json, and nothing was said. The first's end ends this wait sooner
+            time.sleep(STOP_GRACE_S)
+            return 128 + stopped[0][0]
         failures = read_failures(attempt_dir, pending=plan.mode == "inplace", launch=launch)
         if plan.mode == "inplace" and not failures:
             return rc  # this task never started its program (its one-line error says why)
@@ -101,16 +109,21 @@ def _stopped(plan: Plan, attempt_dir: Path, launch: str | None, signum: int, at:
     failures): a scancelled job with --max-restarts used to start again while Slurm waited to kill
     it, and its failure summary named whichever rank the SIGTERM ended first as the root cause.
     A rank that had failed before the signal still gets the usual failure summary. Exit code
-    128 + the signal, as a shell reports a process the signal ended."""
+    128 + the signal, as a shell reports a process the signal ended. In place (``srun eroica-run``),
+    where scancel signals every task and its program, the first task says it; before, each task
+    blamed its own rank ("Root Cause ... SIGTERM") and restarted it under --max-restarts."""
     name = signal.Signals(signum).name
-    failures = [f for f in read_failures(attempt_dir, launch=launch) if (f.get("ended") or at) < at]
+    # in place, every task is sent the stop, and another task's rank may end of it before this task's
+    # handler runs: a rank the stop's own signal ended is none of the job's failures
+    failures = [f for f in read_failures(attempt_dir, launch=launch)
+                if (f.get("ended") or at) < at and f.get("exitcode") != -signum]
     if failures:
         print(failure_summary(plan.script, failures, launcher_rc=128 + signum, mode=plan.mode), file=sys.stderr,
               flush=True)
     when = time.strftime("%Y-%m-%d_%H:%M:%S", time.localtime(at))
     bar = "=" * 60
     lines = [bar, f"{plan.script} STOPPED", "-" * 60,
-             f"eroica-run got {name} at {when} and passed it to the ranks: the job was stopped from outside\n"
+             f"eroica-run got {name} at {when}, and so did the ranks: the job was stopped from outside\n"
              f"(scancel, a time limit, ^C, kill), not ended by a rank of its own"
              + (" (the failure above came first)" if failures else "")
              + (f"; not restarted (--max-restarts {plan.max_restarts} is for failures)" if plan.max_restarts else "")]

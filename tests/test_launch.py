@@ -330,6 +330,35 @@ def test_sigterm_stops_the_job_without_restarting_it_or_blaming_a_rank(tmp_path)
     assert not (tmp_path / "launch" / "attempt_1").exists()
 
 
+def test_a_stop_sent_to_eroica_run_in_place_is_said_once_and_stops_the_job_without_a_restart(tmp_path) -> None:
+    """``srun eroica-run`` / ``mpiexec eroica-run``: one eroica-run in place per task, and scancel or a time
+    limit signals every one. Each task's eroica-run used to blame its own rank ("Root Cause ... SIGTERM")
+    and start it again under --max-restarts; now the first task says the job was stopped, once."""
+    env = {**os.environ, **RANK_ENV, "FAIL_RANK": "99"}
+    proc = subprocess.Popen([str(BIN / "mpiexec"), "-n", "2", str(BIN / "eroica-run"), "--max-restarts", "1",
+                             "--report-dir", str(tmp_path), str(SCRIPTS / "fail.py")], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list((tmp_path / "launch" / "attempt_0").glob("*/owner"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(3)  # inside the training script now
+        tasks = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                 if any(a.endswith("eroica-run") for a in p.cmdline()[:2])]
+        assert len(tasks) == 2, [p.cmdline() for p in tasks]
+        for task in tasks:   # as Slurm signals every task of the step
+            task.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert proc.returncode != 0, err[-3000:]
+    assert err.count("fail.py STOPPED") == 1 and "eroica-run got SIGTERM" in err, err[-3000:]
+    assert "restarting" not in err and "Root Cause" not in err and "FAILED" not in err, err[-3000:]
+    assert not (tmp_path / "launch" / "attempt_1").exists()
+
+
 def test_bad_flag_is_one_clear_line() -> None:
     proc = eroica_run("--nnodes", "1:3", "train.py", timeout=60)
     assert proc.returncode == 2

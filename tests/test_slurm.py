@@ -292,6 +292,11 @@ def test_pre_timeout_signal_flushes_report(slurm_cluster: SlurmCluster, tmp_path
     info = slurm_cluster.wait_job(job, timeout=JOB_TIMEOUT)
     assert info.state == "CANCELLED", f"{info.state}\n{read(output)}"
     load_report(report_dir)
+    # each task's eroica-run in place got the SIGTERM too: the first says the job was stopped, and no task
+    # blames its rank for it (each printed "Root Cause ... SIGTERM" before)
+    said = read(output)
+    assert said.count("STOPPED") == 1 and "eroica-run got SIGTERM" in said and "Root Cause" not in said, \
+        said[-4000:]
 
 
 @pytest.mark.parametrize("template", ["eroica-run.sbatch"])
