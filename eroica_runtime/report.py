@@ -511,9 +511,13 @@ def one_off_text(d: dict[str, Any]) -> str:
     alone = f"{ms / 1e3:.2f} s" if ms >= 1e3 else f"{ms:.0f} ms"
     more = one.get("ranks")
     others = f" (and {more - 1} other rank(s) alike)" if isinstance(more, int) and more > 1 else ""
+    # a step that long is among those the job summary lists, with where the rank was (engine/longsteps.py)
+    base = sm.get("baseline")
+    listed = finite(base) and ms + float(base) >= max(longsteps.LONG_RATIO * float(base), longsteps.LONG_MIN_MS)
     return (f"rank {one['rank']}{on} worked {alone} alone in step {', '.join(_text(s) for s in one['steps'][:8])} "
             f"while its peers waited{others}, and the steps before the window show no such work: a one-off, not a "
-            f"per-step cost (median step {_ms(sm.get('median'))} ms; the job summary's longest steps say where it was)")
+            f"per-step cost (median step {_ms(sm.get('median'))} ms"
+            + ("; the job summary's longest steps say where it was)" if listed else ")"))
 
 
 def is_healthy(d: dict[str, Any]) -> bool:

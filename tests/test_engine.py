@@ -212,8 +212,13 @@ def test_a_window_one_rank_stalled_once_in_reads_a_one_off_not_healthy_nor_a_per
     assert line.startswith("eroica: step 69 (manual): a one-off stall, no steady culprit — rank 3 on vm worked "
                            "2.00 s alone in step 70 while its peers waited"), line
     assert "healthy" not in line and "ms/step" not in line, line
+    assert "the job summary's longest steps say where it was" in line, line
     doc = d.to_json()
     assert not report.is_healthy(doc) and not analyst.healthy_against_baseline(d)
+    # a one-off too short for the job summary's longest steps (10x the step, 100 ms) does not send the reader there
+    short = copy.deepcopy(doc)
+    short["step_ms"]["one_off"]["ms"] = 60.0
+    assert "alone in step 70" in format_capture(short) and "longest steps" not in format_capture(short)
     page = render_html({"schema": "eroica.report/1", "world_size": 4, "findings": [], "captures": []}, [doc], None)
     assert "A one-off stall, no steady culprit: rank 3" in page
 
