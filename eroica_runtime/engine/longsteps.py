@@ -342,8 +342,13 @@ def _judge(seen: StepSeen, per_rank: Mapping[int, Mapping[str, Any]], median_ms:
     # every rank present busy alike: the ranks that kept no record of the step would not change that. At
     # the job's start every rank imports and builds for seconds: a quarter of it is no sign of alike (a
     # rank that prepared the data alone 8 s of an 11 s start, its peers busy 2.8 s, read "every rank
-    # was busy through it")
-    alike = seen.ranks > 1 and others >= BUSY_SHARE * seen.ms and (seen.step != 0 or others >= 0.5 * busy)
+    # was busy through it"), and the stacks say more: the others waiting inside torch.distributed while
+    # one rank is elsewhere held it (a rank that slept 10 s reading its shard, every rank busy 3.4-3.6 s
+    # importing on 2 shared cores of a 13.7 s start, read "every rank was busy through it" in 1 run of 5)
+    away = _away(seen, len(per_rank))
+    started = seen.step == 0 and away is not None and any(m in away[1][0] for m in START_WAITS)
+    alike = not started and seen.ranks > 1 and others >= BUSY_SHARE * seen.ms and \
+        (seen.step != 0 or others >= 0.5 * busy)
     if alike and seen.data_all:
         why = ("every rank waited for its next batch through it: DataLoader workers starting anew at an "
                "epoch's start (persistent_workers=True keeps them), or a store every rank reads from stalled")
@@ -351,7 +356,7 @@ def _judge(seen: StepSeen, per_rank: Mapping[int, Mapping[str, Any]], median_ms:
         why = "every rank was busy through it (an evaluation, a job-wide pause)"
     elif seen.stopped_n:
         why = _stopped_text(seen)
-    elif (away := _away(seen, len(per_rank))) is not None:
+    elif away is not None:
         (_, _, rank, where, busy), (at, waiting, *_) = away
         host = per_rank.get(rank, {}).get("host")
         return LongStep(**base, rank=rank, host=host if isinstance(host, str) else None, what=AWAY, busy_ms=busy,
