@@ -330,6 +330,14 @@ def test_sigterm_stops_the_job_without_restarting_it_or_blaming_a_rank(tmp_path)
     assert not (tmp_path / "launch" / "attempt_1").exists()
 
 
+def _runs_eroica_run(p: psutil.Process) -> bool:
+    """Whether ``p`` is an eroica-run (False for a process that ended meanwhile)."""
+    try:
+        return any(a.endswith("eroica-run") for a in p.cmdline()[:2])
+    except psutil.Error:
+        return False
+
+
 def test_a_stop_sent_to_eroica_run_in_place_is_said_once_and_stops_the_job_without_a_restart(tmp_path) -> None:
     """``srun eroica-run`` / ``mpiexec eroica-run``: one eroica-run in place per task, and scancel or a time
     limit signals every one. Each task's eroica-run used to blame its own rank ("Root Cause ... SIGTERM")
@@ -343,8 +351,7 @@ def test_a_stop_sent_to_eroica_run_in_place_is_said_once_and_stops_the_job_witho
         while len(list((tmp_path / "launch" / "attempt_0").glob("*/owner"))) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
         time.sleep(3)  # inside the training script now
-        tasks = [p for p in psutil.Process(proc.pid).children(recursive=True)
-                 if any(a.endswith("eroica-run") for a in p.cmdline()[:2])]
+        tasks = [p for p in psutil.Process(proc.pid).children(recursive=True) if _runs_eroica_run(p)]
         assert len(tasks) == 2, [p.cmdline() for p in tasks]
         for task in tasks:   # as Slurm signals every task of the step
             task.send_signal(signal.SIGTERM)
