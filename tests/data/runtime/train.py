@@ -34,14 +34,18 @@ HANG_RANK = int(os.environ.get("HANG_RANK", "-1"))           # this rank blocks 
 HANG_AT = int(os.environ.get("HANG_AT", "-1"))               # ... from this step
 HANG_SAMPLE = int(os.environ.get("HANG_SAMPLE", "-1"))       # or its DataLoader blocks forever reading this sample
 PAUSE = os.environ.get("PAUSE", "")       # checkpoint: rank 0 saves while the others wait; eval: all evaluate
-PAUSE_AT = int(os.environ.get("PAUSE_AT", "-1"))             # ... after this step
+PAUSE_AT = [int(s) for s in os.environ.get("PAUSE_AT", "-1").split(",")]   # ... after this step (or these,
+#                                          one PAUSE kind each: PAUSE=checkpoint,eval PAUSE_AT=25,40)
 PAUSE_EVERY = int(os.environ.get("PAUSE_EVERY", "0"))        # ... or after every this many steps
 PAUSE_S = float(os.environ.get("PAUSE_S", "0"))               # ... for this long (no optimizer step meanwhile)
 PAUSE_DIR = os.environ.get("PAUSE_DIR", "/tmp")              # where the checkpoint is written
 STALL_RANK = int(os.environ.get("STALL_RANK", "-1"))         # this rank works alone (matmuls) ...
-STALL_AT = int(os.environ.get("STALL_AT", "-1"))             # ... once, before this step's forward ...
+STALL_AT = [int(s) for s in os.environ.get("STALL_AT", "-1").split(",")]   # ... once, before this step's
+#                                                               forward (or these steps) ...
 STALL_S = float(os.environ.get("STALL_S", "0"))               # ... for this long
-STALL_KIND = os.environ.get("STALL_KIND", "compute")         # ... or asleep (sleep: a write to slow storage)
+STALL_KIND = os.environ.get("STALL_KIND", "compute").split(",")   # ... or asleep (sleep: a write to slow
+#                                                               storage); one for all, or one per STALL_AT
+STALL_EVERY = int(os.environ.get("STALL_EVERY", "0"))        # ... and again every this many steps after it
 START_SLEEP_RANK = int(os.environ.get("START_SLEEP_RANK", "-1"))   # this rank reads its shard from slow storage ...
 START_SLEEP_S = float(os.environ.get("START_SLEEP_S", "0"))         # ... this long before it builds its model
 WORKERS = int(os.environ.get("WORKERS", "0"))
@@ -94,10 +98,21 @@ class Model(torch.nn.Module):
         return self.layers(x)
 
 
-def stall_once() -> None:
+def stall_kind(step: int) -> str | None:
+    """The kind of STALL_RANK's stall before this step, None if none: STALL_AT's steps, and every
+    STALL_EVERY steps after the last of them (work it does alone every so often)."""
+    if step in STALL_AT:
+        return STALL_KIND[min(STALL_AT.index(step), len(STALL_KIND) - 1)]
+    last = STALL_AT[-1]
+    if STALL_EVERY and last >= 0 and step > last and (step - last) % STALL_EVERY == 0:
+        return STALL_KIND[-1]
+    return None
+
+
+def stall_once(kind: str) -> None:
     """One-off work on one rank while the others wait in the next all-reduce (a recompile, a lone save),
-    or (STALL_KIND=sleep) a wait off the CPU (a write to a congested filesystem, an upload)."""
-    if STALL_KIND == "sleep":
+    or (kind sleep) a wait off the CPU (a write to a congested filesystem, an upload)."""
+    if kind == "sleep":
         time.sleep(STALL_S)
         return
     a = torch.randn(DIM, DIM)
@@ -106,12 +121,12 @@ def stall_once() -> None:
         a = torch.tanh(a @ a)
 
 
-def pause(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+def pause(model: torch.nn.Module, opt: torch.optim.Optimizer, kind: str) -> None:
     """A long stretch without an optimizer step that is no hang: rank 0 writes checkpoints for
-    PAUSE_S seconds while the others wait in a barrier (PAUSE=checkpoint), or every rank evaluates
-    for PAUSE_S seconds, all-reducing its metric after each batch (PAUSE=eval)."""
+    PAUSE_S seconds while the others wait in a barrier (kind checkpoint), or every rank evaluates
+    for PAUSE_S seconds, all-reducing its metric after each batch (kind eval)."""
     end = time.monotonic() + PAUSE_S
-    if PAUSE == "checkpoint":
+    if kind == "checkpoint":
         if dist.get_rank() == 0:
             path = os.path.join(PAUSE_DIR, "checkpoint.pt")
             while time.monotonic() < end:
@@ -122,7 +137,7 @@ def pause(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
                 finally:
                     os.close(fd)
         dist.barrier()
-    elif PAUSE == "eval":
+    elif kind == "eval":
         done = torch.zeros(1)
         with torch.no_grad():
             while not done.item():
@@ -167,8 +182,8 @@ def main() -> None:
             kept.append(torch.ones(int(LEAK_MB * 2**18)))
         if dist.get_rank() == KILL_RANK and state["step"] == KILL_AT:
             os.kill(os.getpid(), signal.SIGKILL)
-        if dist.get_rank() == STALL_RANK and state["step"] == STALL_AT:
-            stall_once()
+        if dist.get_rank() == STALL_RANK and (kind := stall_kind(state["step"])):
+            stall_once(kind)
         if STEP_SLEEP or SLEEP_MORE:
             time.sleep(STEP_SLEEP + (SLEEP_MORE if 0 <= SLEEP_MORE_FROM <= state["step"] else 0.0))
         if LOOP == "closure":
@@ -203,8 +218,10 @@ def main() -> None:
             torch.nn.functional.mse_loss(model(x), y).backward()
             opt.step()
         state["step"] += 1
-        if state["step"] == PAUSE_AT or (PAUSE_EVERY and state["step"] % PAUSE_EVERY == 0):
-            pause(model, opt)
+        if state["step"] in PAUSE_AT:
+            pause(model, opt, PAUSE.split(",")[PAUSE_AT.index(state["step"])])
+        elif PAUSE_EVERY and state["step"] % PAUSE_EVERY == 0:
+            pause(model, opt, PAUSE)
         if state["step"] == OWN_USR1_AT:
             os.kill(os.getpid(), signal.SIGUSR1)
         if state["step"] == 10 and dist.get_rank() == 0:
