@@ -135,3 +135,28 @@ def test_metrics_rank_0_logs_every_10_steps_are_named_though_the_window_held_few
     assert f.impact_ms_per_step == lone["average_ms"] and 3.0 < lone["average_ms"] < 4.5, lone
     assert "40 ms of work alone in step 161 while its peers waited" in f.title, f.title
     assert f.action.startswith("Every so often this rank works alone") and "logging metrics" in f.action, f.action
+
+
+def test_a_rank_asleep_alone_every_10_steps_is_named_at_its_average_cost_not_a_one_off() -> None:
+    """tests/data/engine/recurring-sleep-job: rank 3 of 4 sleeps 500 ms before every 10th step (a
+    blocking write to slow storage), one of them in the window. Off the CPU, the sleeps are in no CPU
+    or run-queue time of the steps before the window, and the capture read "a one-off stall, no
+    steady culprit". How late rank 3 came to its collectives there shows them: it is named for work
+    it does alone every so often, at what that costs on average (~50 ms a step), not per window step
+    (~170) nor as a one-off."""
+    caps = {}
+    for p in (DATA / "recurring-sleep-job" / "captures").glob("*.msgpack"):
+        meta, sums, errors = summary.decode_capture(p.read_bytes())
+        assert not errors
+        caps[int(meta["step"])] = (meta, sums)
+    meta, sums = caps[69]
+    d = diagnose(sums, step=69, trigger=meta["trigger"], world_size=4, baseline=caps[13][1])
+    assert "one_off" not in d.step_ms, d.step_ms
+    (f,) = d.findings
+    assert (f.rank, f.category, f.victims) == (3, "host", (0, 1, 2)), f.title
+    lone = f.evidence["lone_work"]
+    assert lone["lone_steps"] == [70] and lone["before_window_steps"] == 32, lone
+    # 3 sleeps of ~508 ms in the 32 steps before the window, ~1 ms of CPU more than its peers a step
+    assert 40 < lone["before_window_ms"] < 55 and 40 < f.impact_ms_per_step < 70, (lone, f.impact_ms_per_step)
+    assert f.action.startswith("Every so often this rank works alone while every other rank waits for it"), f.action
+    assert "off the CPU" in f.action, f.action

@@ -16,10 +16,10 @@ typical step less than the median of the others, who waited for it); the other r
 the window's other steps (``robust_levels``). The lone rank keeps the whole window's bars, as
 before; when its excess does not clear them, it is named only if the steps before the window
 show the same kind of work, its mean CPU and run-queue time over the history shipped (up to 32
-steps) above its peers' (``periodic``), and at what that costs on average over every step seen,
-not per window step (190 ms a step for a checkpoint that costs ~23 on average, 563 ms once in 25
-steps). Work the history does not show (a one-off, or work blocked on storage rather than on a
-CPU) is a note.
+steps) above its peers', or how late it came to its collectives (``periodic``), and at what that
+costs on average over every step seen, not per window step (190 ms a step for a checkpoint that
+costs ~23 on average, 563 ms once in 25 steps). Work the history does not show is a one-off, a
+note.
 Pure: no MPI, no torch.
 """
 
@@ -97,13 +97,14 @@ def robust_levels(table: Table, rows: np.ndarray, lone: dict[int, LoneWork],
 
 def periodic(table: Table, rows: np.ndarray, work: LoneWork, excess: float, step_ref: float,
              th: Thresholds) -> dict[str, Any] | None:
-    """The evidence that the lone work recurs, and its cost: None unless the rank's CPU and
-    run-queue time over the steps shipped before the window (up to 32) was above its peers' median
-    by at least HISTORY_SHARE of the lone work spread over those steps, and unless its cost is worth
-    a finding (``rel_step`` of ``step_ref``, the group's step without lone work: a rank that had
-    one slow step and a ms more CPU than its peers before the window is no culprit). Its cost a
-    step is its excess over every step seen, the history's and the window's (``excess`` a step, its
-    own work beyond its peers' there)."""
+    """The evidence that the lone work recurs, and its cost: None unless, over the steps shipped
+    before the window (up to 32), the rank's CPU and run-queue time was above its peers' median, or it
+    came to its collectives later than they did (lateness.py: work off the CPU, a blocking write to
+    slow storage every 10 steps, shows there and nowhere else), by at least HISTORY_SHARE of the
+    lone work spread over those steps, and unless its cost is worth a finding (``rel_step`` of
+    ``step_ref``, the group's step without lone work: a rank that had one slow step and a ms more CPU
+    than its peers before the window is no culprit). Its cost a step is its excess over every step
+    seen, the history's and the window's (``excess`` a step, its own work beyond its peers' there)."""
     span = busy(table, "span")
     n = float(table.sch("span_steps")[work.row])
     peers = rows[rows != work.row]
@@ -112,6 +113,9 @@ def periodic(table: Table, rows: np.ndarray, work: LoneWork, excess: float, step
             or n < HISTORY_RECENT or not k:
         return None
     before = float(span[work.row] - np.median(span[peers]))
+    late = table.sch("span_late")
+    if np.isfinite(late[work.row]) and np.isfinite(late[peers]).all():
+        before = max(before, float(late[work.row] - np.median(late[peers])))
     if before < max(th.abs_ms, HISTORY_SHARE * work.ms / n):
         return None
     average = (n * before + k * excess) / (n + k)
@@ -183,5 +187,5 @@ def taken_out_note(table: Table, works: list[LoneWork]) -> str:
 def one_off_note(table: Table, works: list[LoneWork]) -> str:
     """The note for lone work the steps before the window do not show as recurring (``periodic``)."""
     return (f"work alone in a window step while the peers waited ({_listed(table, works, 'alone in')}); the steps "
-            "before the window show no such work worth a share of the step (as far as the rank's CPU shows): a "
-            "one-off, or work blocked on storage (a checkpoint?), not reported as a per-step cost")
+            "before the window show no such work worth a share of the step (neither its CPU time nor when it came "
+            "to its collectives): a one-off, not reported as a per-step cost")
