@@ -105,18 +105,13 @@ def periodic(table: Table, rows: np.ndarray, work: LoneWork, excess: float, step
     ``step_ref``, the group's step without lone work: a rank that had one slow step and a ms more CPU
     than its peers before the window is no culprit). Its cost a step is its excess over every step
     seen, the history's and the window's (``excess`` a step, its own work beyond its peers' there)."""
-    span = busy(table, "span")
     n = float(table.sch("span_steps")[work.row])
     peers = rows[rows != work.row]
     k = int(np.isfinite(table.step_ms[work.row]).sum()) if table.step_ms is not None else 0
-    if not (np.isfinite(span[work.row]) and np.isfinite(span[peers]).all() and math.isfinite(n)) \
-            or n < HISTORY_RECENT or not k:
+    if not math.isfinite(n) or n < HISTORY_RECENT or not k:
         return None
-    before = float(span[work.row] - np.median(span[peers]))
-    late = table.sch("span_late")
-    if np.isfinite(late[work.row]) and np.isfinite(late[peers]).all():
-        before = max(before, float(late[work.row] - np.median(late[peers])))
-    if before < max(th.abs_ms, HISTORY_SHARE * work.ms / n):
+    before = _beyond_peers(table, "span", work.row, peers)
+    if before is None or before < max(th.abs_ms, HISTORY_SHARE * work.ms / n):
         return None
     average = (n * before + k * excess) / (n + k)
     if average < max(th.abs_ms, th.rel_step * step_ref):
@@ -126,9 +121,27 @@ def periodic(table: Table, rows: np.ndarray, work: LoneWork, excess: float, step
     mean_step = float(np.median(table.col("step")[rows]))
     if np.isfinite(span_ms).all():
         mean_step = (n * float(np.median(span_ms)) + k * mean_step) / (n + k)
-    return {"lone_ms": work.ms, "lone_steps": [int(first) + s if first is not None else s for s in work.steps],
-            "before_window_ms": before, "before_window_steps": int(n),
-            "average_ms": average, "average_steps": int(n) + k, "mean_step_ms": mean_step}
+    out = {"lone_ms": work.ms, "lone_steps": [int(first) + s if first is not None else s for s in work.steps],
+           "before_window_ms": before, "before_window_steps": int(n),
+           "average_ms": average, "average_steps": int(n) + k, "mean_step_ms": mean_step}
+    recent = _beyond_peers(table, "hist", work.row, peers)
+    if recent is not None:
+        out["recent_ms"] = recent
+    return out
+
+
+def _beyond_peers(table: Table, over: str, row: int, peers: np.ndarray) -> float | None:
+    """ms a step the rank's CPU and run-queue time, or its lateness to its collectives, whichever is
+    more, was above its peers' median over the step clock's recent steps ("hist": the last
+    HISTORY_RECENT, less a pause) or all it shipped ("span"); None when its busy time is unknown."""
+    mine = busy(table, over)
+    if not (np.isfinite(mine[row]) and np.isfinite(mine[peers]).all()):
+        return None
+    out = float(mine[row] - np.median(mine[peers]))
+    late = table.sch(f"{over}_late")
+    if np.isfinite(late[row]) and np.isfinite(late[peers]).all():
+        out = max(out, float(late[row] - np.median(late[peers])))
+    return out
 
 
 # the history's excess a step at least this share of the lone work: as if it worked so long alone one
@@ -139,17 +152,24 @@ BURST_SHARE = 0.25
 
 def describe(lone: dict[str, Any], category: str) -> tuple[str, str]:
     """(the title's words, the action's first sentences) for a finding with ``periodic``'s evidence:
-    slow in bursts when the steps before the window held the lone step's work one step in 4 or more
-    (a GC storm 8 steps in 20: 105 ms a step more than its peers over 32 steps, 178 ms alone in the
-    window), else work it does alone every so often (a checkpoint: 24 ms a step over 32 steps, 917
-    ms alone in one window step; metrics rank 0 logs every 10 steps: 4.2 ms a step over 32, 40 ms
+    slow in bursts when the steps before the window, all of them or the last HISTORY_RECENT, held the
+    lone step's work one step in 4 or more (a GC storm 8 steps in 20: 105 ms a step more than its
+    peers over 32 steps, 178 ms alone in the window; storage reads stalling a rank 8 steps in 20, its
+    window opened 7 steps into a burst: 44 ms a step over 32 steps, 190 over the last 8, 228 ms alone
+    in the window), else work it does alone every so often (a checkpoint: 24 ms a step over 32 steps,
+    917 ms alone in one window step; metrics rank 0 logs every 10 steps: 4.2 ms a step over 32, 40 ms
     alone in one window step). Counted in occurrences (over 32 steps, twice the lone work), the
     metrics read as bursts and the action missed what they are."""
     steps = ", ".join(str(s) for s in lone["lone_steps"])
     seen = (f"{lone['before_window_ms']:.1f} ms/step more than its peers over the {lone['before_window_steps']} "
             "steps before the window")
     cost = f"+{lone['average_ms']:.1f} ms/step on average over {lone['average_steps']} steps"
-    if lone["before_window_ms"] >= BURST_SHARE * lone["lone_ms"]:
+    bar = BURST_SHARE * lone["lone_ms"]
+    recent = lone.get("recent_ms")
+    if lone["before_window_ms"] < bar and recent is not None and recent >= bar:
+        seen = (f"{recent:.1f} ms/step more than its peers over the last {HISTORY_RECENT} steps before the window, "
+                f"{lone['before_window_ms']:.1f} over {lone['before_window_steps']}")
+    if lone["before_window_ms"] >= bar or (recent is not None and recent >= bar):
         return (f"in bursts: {lone['lone_ms']:.0f} ms alone in step {steps} while its peers waited, {seen} ({cost}",
                 f"Slow in bursts ({seen}; in the window, {lone['lone_ms']:.0f} ms alone in step {steps} while every "
                 "other rank waited). ")
