@@ -864,6 +864,24 @@ def format_pause(doc: dict[str, Any], stalled_s: float, again_s: float) -> str:
             f"Looked at again at {again_s:.0f} s without a step")
 
 
+def _waiting_at(doc: dict[str, Any], f: dict[str, Any]) -> str:
+    """Where a hang's victims wait: their one position, or each of theirs (up to 3) with its ranks, as
+    when the culprit is the rank behind in the collective sequence and the others are in different
+    places of the step it never came to (engine.hang._behind)."""
+    victims = set(f.get("victims") or [])
+    places: dict[str, list[int]] = {}
+    for pos in doc.get("positions") or []:
+        if isinstance(pos, dict):
+            mine = [r for r in pos.get("ranks") or [] if r in victims]
+            if mine:
+                places.setdefault(str(pos.get("where")), []).extend(mine)
+    if len(places) <= 1:
+        return _text((f.get("evidence") or {}).get("majority_position"))
+    return ", ".join(f"{_text(w)} ({'rank' if len(rs) == 1 else 'ranks'} {_ranks(sorted(rs))})"
+                     for w, rs in sorted(places.items(), key=lambda kv: -len(kv[1]))[:3]) + \
+        (f" and {len(places) - 3} more places" if len(places) > 3 else "")
+
+
 def format_hang(doc: dict[str, Any], stalled_s: float) -> str:
     """The HANG block in the rank-0 log (engine.hang.analyse's document)."""
     lines = [f"eroica: HANG: no step progress for {stalled_s:.0f}s"]
@@ -871,7 +889,7 @@ def format_hang(doc: dict[str, Any], stalled_s: float) -> str:
     if f:
         ev = f.get("evidence") or {}
         lines.append(f"  culprit: rank {_text(f['rank'])} on {_text(f.get('host'))} — at {_text(f['function'])}")
-        lines.append(f"  the other {len(f['victims'])} rank(s) wait at {_text(ev.get('majority_position'))}"
+        lines.append(f"  the other {len(f['victims'])} rank(s) wait at {_waiting_at(doc, f)}"
                      if ev.get("majority_position") else f"  {_text(f['action'], 400)}")
         for frame in ev.get("stack", [])[-6:]:
             lines.append(f"     {_text(frame, 300)}")

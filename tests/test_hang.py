@@ -12,7 +12,7 @@ import pytest
 from conftest import BIN, DATA, eroica_run, explain
 
 from eroica_runtime.engine.hang import MOVED_BYTES, analyse, where
-from eroica_runtime.report import format_pause
+from eroica_runtime.report import format_hang, format_pause
 
 TRAIN = DATA / "runtime" / "train.py"
 
@@ -77,6 +77,40 @@ def test_analyse_names_the_rank_outside_the_collective() -> None:
     assert doc["finding"]["victims"] == [0, 1, 3]
     assert doc["finding"]["evidence"]["outlier_collective_seq"] == 40
     assert where(reports[2]) == "/job/model.py:12 in f"
+
+
+def test_the_rank_behind_in_the_collective_sequence_is_named_wherever_the_others_wait() -> None:
+    """A real 4-rank Lightning DDP job (2026-12-07, /tmp/trial/lj/hang_lit.py in the note: a callback
+    deadlocks on rank 3 after its optimizer step at step 50): its peers went on to the next step's
+    backward, where one had made DDP's first bucket's all-reduce (sequence 117) and two both buckets'
+    (118). Grouped by position, the two at 118 were the majority and rank 1, the lowest other rank,
+    was named: "culprit: rank 1 ... at hang_lit.py:35 in <module>". The rank whose last collective
+    came earliest is the one the others wait for; the positions as the watchdog sent them."""
+    graph = "/venv/lib/python3.11/site-packages/torch/autograd/graph.py"
+
+    def rank(r: int, file: str, line: int, seq: int, pg: str = "0") -> dict:
+        rep = _report(r, file, line, seq)
+        rep["flight_recorder"]["last"] = [{"seq": seq, "name": "gloo:all_reduce", "state": "scheduled", "pg": pg}]
+        return rep
+
+    reports = {0: rank(0, graph, 979, 118), 2: rank(2, graph, 979, 118), 1: rank(1, "/job/hang_lit.py", 35, 117),
+               3: rank(3, "/job/hang_lit.py", 28, 116)}
+    f = analyse(reports, 4)["finding"]
+    assert (f["rank"], f["victims"], f["evidence"]["outliers"]) == (3, [0, 1, 2], [3]), f
+    assert f["function"] == "/job/hang_lit.py:28 in f" and f["evidence"]["outlier_collective_seq"] == 116
+    assert f["evidence"]["majority_position"] == f"{graph}:979 in f", f["evidence"]
+    assert f["action"].startswith("rank 3 never reached the collective the other 3 ranks wait in"), f["action"]
+    text = format_hang(analyse(reports, 4), 7.0)
+    assert "culprit: rank 3 on h1 — at /job/hang_lit.py:28 in f" in text, text
+    assert f"the other 3 rank(s) wait at {graph}:979 in f (ranks 0, 2), /job/hang_lit.py:35 in f (rank 1)" in text, text
+    # two ranks apart and none behind the others: the positions decide, as before (a majority of 2)
+    assert analyse({**reports, 3: rank(3, "/job/hang_lit.py", 28, 118)}, 4)["finding"]["rank"] == 1
+    # sequences of different process groups say nothing of each other; nor do they when a rank did not
+    # answer (dead or frozen, it may be the one they wait for)
+    other_group = {**reports, 1: rank(1, "/job/hang_lit.py", 35, 117, pg="1")}
+    assert analyse(other_group, 4)["finding"]["rank"] == 1
+    assert analyse({r: rep for r, rep in reports.items() if r != 1}, 5)["finding"]["rank"] == 3   # a majority
+    assert analyse({r: rep for r, rep in reports.items() if r != 2}, 4)["finding"]["rank"] == 2   # the silent one
 
 
 def test_ranks_waiting_in_different_collectives_are_said_to_have_called_different_ones() -> None:

@@ -3,7 +3,8 @@
 A hung job produces no slow step to compare, and every rank sits in a collective except the one that
 never arrived. Each rank's report (``eroica_runtime.hang`` collects it: Python stacks, the last
 collectives from torch's Flight Recorder) says where it is; ranks are grouped by position and
-collective sequence, and the minority are the outliers to blame. No MPI, no torch.
+collective sequence, and the minority are the outliers to blame, unless the sequence says who is
+behind (``_behind``). No MPI, no torch.
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ def analyse(reports: dict[int, dict[str, Any]], world_size: int) -> dict[str, An
     finding: dict[str, Any] | None = None
     waiting = [rank for rank in sorted(reports) if rank not in finished]
     outside = [rank for rank in waiting if not _in_torch(reports[rank])]
+    # a rank that did not answer may be the one the others wait for: then who is behind says nothing
+    behind = [] if missing or finished else _behind(reports, waiting)
     if not busy and finished and outside:
         # still, but not inside torch: sleeping, waiting for a subprocess (an upload of the final
         # model), not for a collective the returned ranks will never join; a pause, never the job's end
@@ -90,34 +93,41 @@ def analyse(reports: dict[int, dict[str, Any]], world_size: int) -> dict[str, An
                  "why": ["not in a collective"], "storage_bytes": None, "seconds": None} for rank in outside]
     elif not busy and finished and waiting:
         finding = _returned(reports, finished, waiting)
-    elif not busy and len(ordered) > 1 and len(ordered[0][1]) > len(ordered[1][1]):
-        majority_where, majority_seq = ordered[0][0]
-        outliers = sorted(r for key, ranks in ordered[1:] for r in ranks)
+    elif not busy and (behind or len(ordered) > 1 and len(ordered[0][1]) > len(ordered[1][1])):
+        if behind:
+            outliers = behind
+            ahead = [(key, [r for r in ranks if r not in behind]) for key, ranks in ordered]
+            (majority_where, majority_seq), _ = max((kv for kv in ahead if kv[1]), key=lambda kv: len(kv[1]))
+            victims = sorted(r for _, ranks in ahead for r in ranks)
+        else:
+            (majority_where, majority_seq), victims = ordered[0][0], sorted(ordered[0][1])
+            outliers = sorted(r for key, ranks in ordered[1:] for r in ranks)
         culprit = outliers[0]
         rep = reports[culprit]
         finding = {
             "category": "hang", "rank": culprit, "host": rep.get("host"), "function": where(rep),
-            "phase": "hang", "impact_ms_per_step": None, "victims": sorted(ordered[0][1]),
+            "phase": "hang", "impact_ms_per_step": None, "victims": victims,
             "evidence": {"stalled_s": rep.get("stalled_s"), "last_step": rep.get("step"),
                          "outliers": outliers, "majority_position": majority_where,
                          "majority_collective_seq": majority_seq,
                          "outlier_collective_seq": (rep.get("flight_recorder") or {}).get("seq"),
                          "stack": [f"{f['file']}:{f['line']} {f['function']}: {f['code']}"
                                    for f in main_frames(rep)[-12:]]},
-            "action": (f"rank {culprit} never reached the collective the other {len(ordered[0][1])} ranks wait "
+            "action": (f"rank {culprit} never reached the collective the other {len(victims)} ranks wait "
                        f"in; look at its stack (a stuck data read, a deadlock, a rank-dependent branch that "
                        f"skips a collective)"),
         }
-        mine, theirs = _collective(rep), _collective(reports[ordered[0][1][0]])
+        mine = _collective(rep)
+        theirs = next((_collective(reports[r]) for r in victims if where(reports[r]) == majority_where), None)
         if _waits_for_a_batch(rep):
             workers = _workers(rep)
             finding["evidence"]["workers"] = workers
-            finding["action"] = _loader_action(culprit, rep.get("host"), len(ordered[0][1]), workers)
-        elif mine and theirs:
+            finding["action"] = _loader_action(culprit, rep.get("host"), len(victims), workers)
+        elif mine and theirs and not behind:
             # each side waits inside a collective the other never calls: the ranks took different branches
             finding["evidence"]["collectives"] = [mine, theirs]
             finding["action"] = (
-                f"rank {culprit} waits in {mine}() at {where(rep)} while the other {len(ordered[0][1])} ranks wait "
+                f"rank {culprit} waits in {mine}() at {where(rep)} while the other {len(victims)} ranks wait "
                 f"in {theirs}() at {majority_where}: different collective{' calls' if mine == theirs else 's'}, so "
                 "none of them can complete. A branch taken on some ranks only (if rank == 0, a condition on a "
                 "rank's own data or loss) must call the same collectives in the same order on every rank "
@@ -134,6 +144,40 @@ def analyse(reports: dict[int, dict[str, Any]], world_size: int) -> dict[str, An
             **({"end_job": True} if finding is not None and finding["function"] == FINISHED else {}),
             # every rank's program returned: the job is ending (its last reports are being written)
             **({"ending": True} if len(finished) == world_size else {})}
+
+
+def _last_collective(report: dict[str, Any]) -> tuple[int, Any] | None:
+    """(sequence number, process group) of the last collective torch's Flight Recorder holds for a rank,
+    None when unknown (the recorder off, or a report without it)."""
+    fr = report.get("flight_recorder")
+    if not isinstance(fr, dict):
+        return None
+    seq = fr.get("seq")
+    if type(seq) is not int:
+        return None
+    last = fr.get("last")
+    pg = last[-1].get("pg") if isinstance(last, list) and last and isinstance(last[-1], dict) else None
+    return seq, pg if isinstance(pg, (str, int)) else None
+
+
+def _behind(reports: dict[int, dict[str, Any]], waiting: list[int]) -> list[int]:
+    """The ranks whose last collective comes earliest in the sequence, when every still rank's is known,
+    on one process group, and some are further on: the others made a collective these never reached,
+    and wait in it for them (lowest rank first; [] otherwise). Why: positions alone named the wrong
+    rank. A real 4-rank Lightning DDP job (2026-12-07) whose rank 3 deadlocked in a callback after its
+    optimizer step: its peers, on to the next step's backward, had made DDP's first bucket's
+    all-reduce (one of them, sequence 117) or both buckets' (the two others, 118), while rank 3's last
+    was 116. Grouped by position, the two at 118 were the majority and the lowest other rank, rank 1,
+    was named. Per process group: a pipeline stage's or a tensor-parallel group's sequence says nothing
+    about another group's."""
+    last = {r: _last_collective(reports[r]) for r in waiting}
+    known = [v for v in last.values() if v is not None]
+    if len(known) < 2 or len(known) < len(waiting) or len({pg for _, pg in known}) > 1:
+        return []
+    lo = min(seq for seq, _ in known)
+    if all(seq == lo for seq, _ in known):
+        return []
+    return sorted(r for r, v in last.items() if v is not None and v[0] == lo)
 
 
 def _collective(report: dict[str, Any]) -> str | None:
