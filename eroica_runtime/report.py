@@ -893,7 +893,7 @@ def format_hang(doc: dict[str, Any], stalled_s: float) -> str:
                      if ev.get("majority_position") else f"  {_text(f['action'], 400)}")
         for frame in ev.get("stack", [])[-6:]:
             lines.append(f"     {_text(frame, 300)}")
-        lines.append(f"  action: {_text(f['action'], 400)}")
+        lines.append(f"  action: {_text(f['action'], 800)}")   # a hang's action is read in full, once
     else:
         lines.append("  every rank is at the same place: " + ", ".join(
             f"{_text(p['where'])} ({len(p['ranks'])} ranks)" for p in doc["positions"][:3]))

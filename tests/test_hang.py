@@ -113,6 +113,33 @@ def test_the_rank_behind_in_the_collective_sequence_is_named_wherever_the_others
     assert analyse({r: rep for r, rep in reports.items() if r != 2}, 4)["finding"]["rank"] == 2   # the silent one
 
 
+def test_one_rank_in_a_collective_while_the_others_wait_in_ddps_backward_is_said_to_have_called_another() -> None:
+    """A real 4-rank Lightning job (2026-12-07) whose rank 0 alone logged a metric with sync_dist=True at
+    step 40 (a barrier, then an all-reduce): the other 3 ranks wait in DDP's gradient all-reduce inside
+    backward, where the autograd engine shows no frame of torch.distributed, and the hang read "rank 0
+    never reached the collective the other 3 ranks wait in". The Flight Recorder's last entry says
+    which collective each made and has not completed: both are said."""
+    graph = "/venv/lib/python3.11/site-packages/torch/autograd/graph.py"
+    c10d = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+    reports = {0: _report(0, "/job/lit.py", 17, 98)}
+    reports[0]["stacks"][0]["frames"] = [
+        {"file": "/job/lit.py", "line": 17, "function": "training_step", "code": "self.log('x', loss, sync_dist=True)"},
+        {"file": c10d, "line": 5356, "function": "barrier", "code": "work.wait()"}]
+    reports[0]["flight_recorder"]["last"] = [{"seq": 98, "name": "gloo:barrier", "state": "scheduled", "pg": "0"}]
+    for r in (1, 2, 3):
+        reports[r] = _report(r, graph, 979, 98)
+        reports[r]["flight_recorder"]["last"] = [{"seq": 98, "name": "gloo:all_reduce", "state": "scheduled", "pg": "0"}]
+    f = analyse(reports, 4)["finding"]
+    assert (f["rank"], f["victims"], f["evidence"]["collectives"]) == (0, [1, 2, 3], ["barrier", "all_reduce"]), f
+    assert f["action"].startswith(f"rank 0 waits in barrier() at /job/lit.py:17 in training_step while the other 3 "
+                                  f"ranks wait in all_reduce() at {graph}:979 in f: different collectives"), f["action"]
+    assert "sync_dist=True" in f["action"] and "sync_dist=True" in format_hang(analyse(reports, 4), 7.0)
+    # an entry that completed is not what they wait in: then nothing is said of it
+    for r in (1, 2, 3):
+        reports[r]["flight_recorder"]["last"][-1]["state"] = "completed"
+    assert analyse(reports, 4)["finding"]["action"].startswith("rank 0 never reached the collective")
+
+
 def test_ranks_waiting_in_different_collectives_are_said_to_have_called_different_ones() -> None:
     """A real 3-rank job (2026-12-07) whose rank 1 called barrier() at step 50 where ranks 0 and 2
     all-reduced a metric: the hang named rank 1 but read "rank 1 never reached the collective the other

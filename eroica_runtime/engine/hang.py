@@ -118,7 +118,8 @@ def analyse(reports: dict[int, dict[str, Any]], world_size: int) -> dict[str, An
                        f"skips a collective)"),
         }
         mine = _collective(rep)
-        theirs = next((_collective(reports[r]) for r in victims if where(reports[r]) == majority_where), None)
+        theirs = next((_collective(reports[r]) or _pending(reports[r]) for r in victims
+                       if where(reports[r]) == majority_where), None)
         if _waits_for_a_batch(rep):
             workers = _workers(rep)
             finding["evidence"]["workers"] = workers
@@ -130,8 +131,9 @@ def analyse(reports: dict[int, dict[str, Any]], world_size: int) -> dict[str, An
                 f"rank {culprit} waits in {mine}() at {where(rep)} while the other {len(victims)} ranks wait "
                 f"in {theirs}() at {majority_where}: different collective{' calls' if mine == theirs else 's'}, so "
                 "none of them can complete. A branch taken on some ranks only (if rank == 0, a condition on a "
-                "rank's own data or loss) must call the same collectives in the same order on every rank "
-                "(TORCH_DISTRIBUTED_DEBUG=DETAIL checks each call against the other ranks')")
+                "rank's own data or loss) must call the same collectives in the same order on every rank; "
+                "logging a metric with sync_dist=True (Lightning) or reducing one (torchmetrics' compute) is a "
+                "collective too (TORCH_DISTRIBUTED_DEBUG=DETAIL checks each call against the other ranks')")
     elif missing:
         finding = {"category": "hang", "rank": missing[0], "host": None, "function": "unknown",
                    "phase": "hang", "impact_ms_per_step": None, "victims": sorted(reports),
@@ -188,6 +190,22 @@ def _collective(report: dict[str, Any]) -> str | None:
         if str(f.get("file", "")).endswith("torch/distributed/distributed_c10d.py"):
             return str(f.get("function") or "") or None
     return None
+
+
+def _pending(report: dict[str, Any]) -> str | None:
+    """The collective a rank's last Flight Recorder entry says it has made and not completed
+    (``all_reduce`` of "gloo:all_reduce"), None when that entry completed or is unknown. Why: ranks in
+    DDP's backward wait for its gradient all-reduce inside the autograd engine, whose stack shows no
+    frame of torch.distributed (``_collective``): a real 4-rank Lightning job whose rank 0 alone logged a
+    metric with sync_dist=True (a barrier, then an all-reduce) read "rank 0 never reached the collective
+    the other 3 ranks wait in", though it waited in one of its own."""
+    fr = report.get("flight_recorder")
+    last = fr.get("last") if isinstance(fr, dict) else None
+    entry = last[-1] if isinstance(last, list) and last and isinstance(last[-1], dict) else {}
+    name = entry.get("name")
+    if not isinstance(name, str) or not name or entry.get("state") == "completed":
+        return None
+    return name.rsplit(":", 1)[-1][:64] or None
 
 
 def _waits_for_a_batch(report: dict[str, Any]) -> bool:
