@@ -356,6 +356,16 @@ def ranks_text(f: dict[str, Any]) -> str:
     return _text(f["rank"]) if f.get("rank") is not None else "–"
 
 
+def impact_text(f: dict[str, Any]) -> str:
+    """"+41.2 ms/step"; for a hang, how long the job went without a step (its impact is that time, in
+    ms, so that it ranks first: "+62000.0 ms/step" read as a per-step cost)."""
+    if f.get("category") == "hang":
+        stalled = (f.get("evidence") or {}).get("stalled_s")
+        ok = isinstance(stalled, (int, float)) and not isinstance(stalled, bool) and math.isfinite(stalled)
+        return f"no step for {stalled:.0f} s" if ok else "no step"
+    return f"+{_ms(f.get('impact_ms_per_step'))} ms/step"
+
+
 def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
     """A few lines for one finding: answer first, then evidence, then what to do."""
     f = f.to_json() if isinstance(f, Finding) else f
@@ -372,7 +382,7 @@ def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
         who = f"{ranks_text(f)} ranks"   # a regression of one rank compared names it
     head = (f"  #{index} {_text(f.get('category', '?')).upper()}: {who}{where} — "
             f"{_text(f.get('function') or '?')} [{_text(f.get('phase') or '-')}], "
-            f"+{_ms(f.get('impact_ms_per_step'))} ms/step" + (f" ({if_fixed_text(f)})" if if_fixed_text(f) else ""))
+            f"{impact_text(f)}" + (f" ({if_fixed_text(f)})" if if_fixed_text(f) else ""))
     lines = [head]
     facts = []
     if f.get("category") == "regression" or ev.get("all_ranks") or "baseline_step" in ev:

@@ -14,6 +14,7 @@ from eroica_runtime.report import (
     capture_label,
     format_time_lost,
     if_fixed_text,
+    impact_text,
     is_healthy,
     job_held_text,
     job_profiler_text,
@@ -160,7 +161,8 @@ def _finding_rows(findings: list[dict[str, Any]]) -> str:
         rows.append(f"<tr><td>{i}</td><td class=cat>{_e(f.get('category'))}</td>"
                     f"<td>{_e(ranks_text(f))}</td>"
                     f"<td>{_e(f.get('host') or '–')}</td><td>{_e(f.get('function') or '–')}</td>"
-                    f"<td>{_num(f.get('impact_ms_per_step'))}</td><td>{_e(if_fixed_text(f) or '–')}</td>"
+                    f"<td>{_e(impact_text(f)) if f.get('category') == 'hang' else _num(f.get('impact_ms_per_step'))}"
+                    f"</td><td>{_e(if_fixed_text(f) or '–')}</td>"
                     f"<td>{len(f.get('victims') or [])}</td>"
                     f"<td>{_e(f.get('action', ''))}</td></tr>")
     rows.append("</table>")

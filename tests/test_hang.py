@@ -11,8 +11,9 @@ import time
 import pytest
 from conftest import BIN, DATA, eroica_run, explain
 
-from eroica_runtime.engine.hang import MOVED_BYTES, analyse, where
-from eroica_runtime.report import format_hang, format_pause
+from eroica_runtime.engine.hang import MOVED_BYTES, analyse, hang_diagnosis, where
+from eroica_runtime.report import format_finding, format_hang, format_pause
+from eroica_runtime.report_html import render_html
 
 TRAIN = DATA / "runtime" / "train.py"
 
@@ -138,6 +139,21 @@ def test_one_rank_in_a_collective_while_the_others_wait_in_ddps_backward_is_said
     for r in (1, 2, 3):
         reports[r]["flight_recorder"]["last"][-1]["state"] = "completed"
     assert analyse(reports, 4)["finding"]["action"].startswith("rank 0 never reached the collective")
+
+
+def test_a_hang_in_the_job_report_says_how_long_the_job_went_without_a_step_not_a_cost_a_step() -> None:
+    """The fault bench's hang case (rank 1 stopped 80 s, 2026-12-07) read "#1 HANG: rank 1 on vm — ...
+    [hang], +62000.0 ms/step" in the job report: its impact is the time without a step, so that it ranks
+    first, and is no cost a step."""
+    reports = {r: _report(r, "/job/train.py", 80, 41) for r in (0, 1, 3)}
+    reports[2] = _report(2, "/job/model.py", 12, 40)
+    (f,) = hang_diagnosis(analyse(reports, 4), 7).findings
+    head = format_finding(f)[0]
+    assert head.startswith("  #1 HANG: rank 2 on h1 — /job/model.py:12 in f [hang], no step for 9 s"), head
+    assert "ms/step" not in head
+    page = render_html({"schema": "eroica.report/1", "world_size": 4, "findings": [f.to_json()], "captures": []},
+                       [], None)
+    assert "<td>no step for 9 s</td>" in page and "9000" not in page
 
 
 def test_ranks_waiting_in_different_collectives_are_said_to_have_called_different_ones() -> None:
