@@ -341,6 +341,28 @@ def test_stalls_with_the_same_verdict_read_as_one_line() -> None:
     assert line.startswith("steps 50, 100 took 1.02 s each (102x the median 10.0 ms): rank 0 on node0 on a CPU 600 ms"), line
 
 
+def test_a_checkpoint_lightning_writes_outside_torch_save_is_said_to_be_one() -> None:
+    """A real 4-rank Lightning job (2026-12-07) with ModelCheckpoint(every_n_train_steps=25): rank 0's
+    stack, sampled while it wrote, was in fsspec writing the bytes torch.save had made, and the line read
+    "in fsspec/implementations/local.py:480 write, from ckpt_lit.py:28 <module>", never what it was
+    doing. The framework's checkpoint functions on the stack say it."""
+    venv = "/venv/lib/python3.11/site-packages"
+    where = ["/job/ckpt_lit.py:28 <module>",
+             f"{venv}/lightning/pytorch/callbacks/model_checkpoint.py:600 _save_checkpoint",
+             f"{venv}/lightning/pytorch/trainer/trainer.py:1464 save_checkpoint",
+             f"{venv}/lightning/pytorch/strategies/strategy.py:491 save_checkpoint",
+             f"{venv}/lightning/fabric/plugins/io/torch_io.py:58 save_checkpoint",
+             f"{venv}/lightning/fabric/utilities/cloud_io.py:117 _atomic_save",
+             f"{venv}/fsspec/implementations/local.py:480 write"]
+    saves = _job({0: [_rec(st, 360.0, 300.0, where=where) for st in (25, 75, 100)],
+                  **{r: [_rec(st, 360.0, 20.0) for st in (25, 75, 100)] for r in (1, 2, 3)}}, median=20.6)
+    (line,) = longsteps.format_long_steps(_long(saves, 20.6))
+    assert ": rank 0 on node0 on a CPU 300 ms" in line and "it was saving a checkpoint" in line, line
+    assert "fsspec/implementations/local.py:480 write, from /job/ckpt_lit.py:28 <module>" in line, line
+    # the stack sampler keeps such a frame however deep under the innermost ones
+    assert longsteps.landmark(where[2]) and not longsteps.landmark(where[-1])
+
+
 def _verdicts(per_rank: dict[int, dict], median: float) -> list[tuple]:
     """The rule read straight off every rank's records side by side, as the engine states it: the
     3 longest steps past the bar; in each, the busiest rank is named when busy a quarter of its

@@ -438,7 +438,11 @@ DOING = ((("torch/_dynamo/", "torch/_inductor/", "torch/_functorch/_aot_autograd
           "torch.compile was compiling on that rank: a recompilation (TORCH_LOGS=recompiles says which guard "
           "failed; mark_dynamic or padding keeps shapes from changing)"),
          (("torch/serialization.py",), "it was saving or loading with torch.save/torch.load"),
-         (("torch/distributed/checkpoint/",), "it was saving or loading a distributed checkpoint"))
+         (("torch/distributed/checkpoint/",), "it was saving or loading a distributed checkpoint"),
+         # a framework's checkpoint code by its functions' names (a frame is "file:line function"):
+         # Lightning's ModelCheckpoint writing the bytes torch.save made (fsspec, outside torch.save),
+         # Hugging Face's Trainer._save_checkpoint, accelerate's save_state, a script's own
+         ((" save_checkpoint", " _save_checkpoint", " save_state", " _atomic_save"), "it was saving a checkpoint"))
 
 
 def landmark(frame: str) -> bool:
