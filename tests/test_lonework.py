@@ -24,20 +24,20 @@ from eroica_runtime.engine.peers import form_peers
 from eroica_runtime.report import format_capture
 
 DATA = Path(__file__).parent / "data" / "engine"
-JOB = DATA / "checkpoint-job" / "captures"
 
 
-def _captures() -> dict[int, tuple[dict[str, Any], list[dict[str, Any]]]]:
+def _captures(job: str = "checkpoint-job") -> dict[int, tuple[dict[str, Any], list[dict[str, Any]]]]:
     out = {}
-    for p in JOB.glob("*.msgpack"):
+    for p in (DATA / job / "captures").glob("*.msgpack"):
         meta, sums, errors = summary.decode_capture(p.read_bytes())
         assert not errors
         out[int(meta["step"])] = (meta, sums)
     return out
 
 
-def _diagnose(step: int) -> Diagnosis:
-    caps = _captures()
+def _diagnose(step: int, job: str = "checkpoint-job") -> Diagnosis:
+    """The capture at ``step`` of a recorded job, against its baseline (its first capture)."""
+    caps = _captures(job)
     meta, sums = caps[step]
     return diagnose(sums, step=step, trigger=meta["trigger"], world_size=4, baseline=caps[min(caps)][1])
 
@@ -121,14 +121,7 @@ def test_metrics_rank_0_logs_every_10_steps_are_named_though_the_window_held_few
     capture read "healthy — 4/4 ranks agree" although the 32 steps before the window showed rank 0
     busier by 4.2 ms a step. Named now, at its average over every step seen, as work it does alone
     every so often (not "in bursts")."""
-    caps = {}
-    for p in (DATA / "rank0-logs-job" / "captures").glob("*.msgpack"):
-        meta, sums, errors = summary.decode_capture(p.read_bytes())
-        assert not errors
-        caps[int(meta["step"])] = (meta, sums)
-    meta, sums = caps[155]
-    d = diagnose(sums, step=155, trigger=meta["trigger"], world_size=4, baseline=caps[13][1])
-    (f,) = d.findings
+    (f,) = _diagnose(155, "rank0-logs-job").findings
     assert (f.rank, f.category) == (0, "compute") and sorted(f.victims) == [1, 2, 3], f.title
     lone = f.evidence["lone_work"]
     assert lone["lone_steps"] == [161] and 30 < lone["lone_ms"] < 60, lone
@@ -144,13 +137,7 @@ def test_a_rank_asleep_alone_every_10_steps_is_named_at_its_average_cost_not_a_o
     steady culprit". How late rank 3 came to its collectives there shows them: it is named for work
     it does alone every so often, at what that costs on average (~50 ms a step), not per window step
     (~170) nor as a one-off."""
-    caps = {}
-    for p in (DATA / "recurring-sleep-job" / "captures").glob("*.msgpack"):
-        meta, sums, errors = summary.decode_capture(p.read_bytes())
-        assert not errors
-        caps[int(meta["step"])] = (meta, sums)
-    meta, sums = caps[69]
-    d = diagnose(sums, step=69, trigger=meta["trigger"], world_size=4, baseline=caps[13][1])
+    d = _diagnose(69, "recurring-sleep-job")
     assert "one_off" not in d.step_ms, d.step_ms
     (f,) = d.findings
     assert (f.rank, f.category, f.victims) == (3, "host", (0, 1, 2)), f.title
