@@ -104,7 +104,7 @@ def test_the_rank_behind_in_the_collective_sequence_is_named_wherever_the_others
     text = format_hang(analyse(reports, 4), 7.0)
     assert "culprit: rank 3 on h1 — at /job/hang_lit.py:28 in f" in text, text
     assert f"the other 3 rank(s) wait at {graph}:979 in f (ranks 0, 2), /job/hang_lit.py:35 in f (rank 1)" in text, text
-    # two ranks apart and none behind the others: the positions decide, as before (a majority of 2)
+    # rank 3 on with the others (118): the one behind is rank 1 (117), though no rank waits where it does
     assert analyse({**reports, 3: rank(3, "/job/hang_lit.py", 28, 118)}, 4)["finding"]["rank"] == 1
     # sequences of different process groups say nothing of each other; nor do they when a rank did not
     # answer (dead or frozen, it may be the one they wait for)

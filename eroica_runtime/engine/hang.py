@@ -93,7 +93,7 @@ def analyse(reports: dict[int, dict[str, Any]], world_size: int) -> dict[str, An
                  "why": ["not in a collective"], "storage_bytes": None, "seconds": None} for rank in outside]
     elif not busy and finished and waiting:
         finding = _returned(reports, finished, waiting)
-    elif not busy and (behind or len(ordered) > 1 and len(ordered[0][1]) > len(ordered[1][1])):
+    elif not busy and (behind or (len(ordered) > 1 and len(ordered[0][1]) > len(ordered[1][1]))):
         if behind:
             outliers = behind
             ahead = [(key, [r for r in ranks if r not in behind]) for key, ranks in ordered]
