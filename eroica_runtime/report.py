@@ -22,6 +22,7 @@ from eroica_runtime.engine import Diagnosis, Finding, consolidate, finding_key, 
 from eroica_runtime.engine.categories import SAME_CALLS
 from eroica_runtime.engine.hang import HANG_TRIGGER
 from eroica_runtime.engine.model import conclusive, count_ranks
+from eroica_runtime.engine.settings import settings_text
 from eroica_runtime.engine.transient import split_transient
 
 REPORT_SCHEMA = "eroica.report/1"
@@ -428,6 +429,9 @@ def format_finding(f: dict[str, Any] | Finding, index: int = 1) -> list[str]:
                 parts.append(f"{_text(fn.get('name'))} {_ms(fn['now_ms'])} vs baseline {_ms(fn.get('baseline_ms'))} ms"
                              + calls_text(fn.get("now_calls"), fn.get("baseline_calls")))
         lines.append("     grew most: " + "; ".join(parts))
+    settings = settings_text(ev.get("settings"))
+    if settings:   # the action says what to change; cut at 400 characters, it must not hide this
+        lines.append(f"     set on this rank only: {settings}")
     if ev.get("ranks"):
         lines.append(f"     ranks: {_ranks(ev['ranks'])}")
     if ev.get("hosts"):

@@ -599,7 +599,8 @@ class Runtime:
         build = summary_mod.build_steps(
             events, identity=ident, capture={"step": first, "trigger": trigger, "k": k}, steps=steps,
             history=history, gc={"count": (gc_count1 - gc_count0) / n, "ms": (gc_ms1 - gc_ms0) / n},
-            telemetry={"start": self._window["tele_start"], "end": telemetry.sample()}, records=summary_mod.RECORDS,
+            telemetry={"start": self._window["tele_start"], "end": {**telemetry.sample(), "torch": _torch_settings()}},
+            records=summary_mod.RECORDS,
             python=cap.python)
         self._pending = _Pending(first, trigger, step, summary_mod.Resumable(build),  # type: ignore[arg-type]
                                  self._window.get("probe"), arrivals=arrivals)
@@ -1057,6 +1058,23 @@ def _step_stats(history: Sequence[float], cfg: Config, seen: int = 0) -> dict[st
     p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
     return {"steps": len(history) + 1, "median_ms": round(statistics.median(values), 4), "p99_ms": round(p99, 4),
             "total_ms": round(sum(history), 3)}
+
+
+def _torch_settings() -> dict[str, int]:
+    """This process's torch settings that change how fast the same code runs (the summary's
+    telemetry.end.torch; engine/settings.py compares a culprit's with its peers'): autograd anomaly
+    detection (a stack trace recorded for every op, every gradient checked for NaN: a debugging
+    switch left on slows a step 1.5-3x), intra-op threads, deterministic algorithms. Read at the
+    window's close, on the training thread (anomaly mode is one switch per process; the thread
+    count is what this thread's ops run with). Not the inter-op threads: asking for their number
+    starts torch's inter-op pool, and the job could no longer set it."""
+    try:
+        import torch
+
+        return {"anomaly": int(torch.is_anomaly_enabled()), "threads": int(torch.get_num_threads()),
+                "deterministic": int(torch.are_deterministic_algorithms_enabled())}
+    except Exception:
+        return {}
 
 
 def _torch_version() -> str:

@@ -89,6 +89,10 @@ def test_planted_fault_is_named_with_victims(planted: Callable[[str], Job], faul
     _, sums, errors = summary_mod.decode_capture((tmp_path / "captures" / f"{step}.msgpack").read_bytes())
     assert not errors
     by_rank = {s["rank"]: s["phases"] for s in sums}
+    # and the torch settings each rank ran with, which engine/settings.py compares (none switched here)
+    for s in sums:
+        torch_settings = s["telemetry"]["end"]["torch"]
+        assert torch_settings["anomaly"] == torch_settings["deterministic"] == 0 and torch_settings["threads"] >= 1
     culprit = sum(by_rank[2][p] for p in phase)
     others = sorted(sum(by_rank[r][p] for p in phase) for r in (0, 1))
     assert culprit > 1.5 * others[1], by_rank

@@ -79,6 +79,7 @@ from eroica_runtime.engine.quota import (
     quota_findings,
     quota_limit,
 )
+from eroica_runtime.engine.settings import with_settings
 from eroica_runtime.engine.stalls import STOPPED_FUNCTION, stall_finding, stalls, waited_on
 from eroica_runtime.engine.stalls import action as stall_action
 from eroica_runtime.engine.table import Table, TableBuilder, build_table
@@ -471,6 +472,7 @@ def diagnose(summaries: Iterable[dict[str, Any]] | Table, *, step: int, trigger:
     if not culprits and not any(f.category == "communication" for f in findings):
         findings.extend(_not_while_held(table, held, local_comm_excess(table, peers, th, link_probe, notes), notes))
     findings = _beside_the_network(findings, gates)
+    findings = with_settings(table, findings)   # a switch only the culprit has set (anomaly detection, threads)
     if healthy is not None:
         findings = _no_faster_than(findings, healthy, step_med)
     findings.extend(hang_findings(trigger, miss, step_med))

@@ -29,6 +29,7 @@ from eroica_runtime.engine.categories import (
     function_candidates,
     is_memory_function,
     pick_category,
+    work_verdict,
 )
 from eroica_runtime.engine.lonework import LoneWork, one_off_note, periodic, robust_levels, taken_out_note
 from eroica_runtime.engine.peers import Peers
@@ -632,12 +633,47 @@ def grown_functions(table: Table, row: int, ref: np.ndarray, category: str, exce
     if len(cols):
         best = int(cols[np.argmax(delta[cols])])
         if delta[best] >= th.fn_share * excess_ms:
+            if category == "compute":
+                best = _more_inside(table, row, rows, ref, cols, delta, best)
             return best, table.fn_phase[best], functions
     if category == "compute":
         best = int(np.argmax(delta))
         if delta[best] >= th.fn_share * excess_ms and is_memory_function(table.fn_names[best]):
             return best, None, functions
     return None, None, functions
+
+
+NESTED_SHARE = 0.5   # a function with more calls, grown this share of the named one's growth, is what grew in it
+
+
+def _more_inside(table: Table, row: int, rows: np.ndarray, ref: np.ndarray, cols: np.ndarray, delta: np.ndarray,
+                 best: int) -> int:
+    """The column to name for a compute excess: ``best`` (the candidate that grew most), unless it ran
+    the same calls as its peers, each slower, while another candidate ran more calls and grew by at
+    least NESTED_SHARE of its growth; then that one (the most grown such).
+
+    Why: an op's time includes the ops it calls, and more work can run inside an op whose own calls did
+    not change. Under activation checkpointing (torch.utils.checkpoint) a block's forward is recomputed
+    inside the first backward node that needs its activations: a rank running 60 extra matmuls in each
+    checkpointed block read "autograd::engine::evaluate_function: AddmmBackward0 [backward], the same 10
+    calls each slower (6.72 vs 2.06 ms): throttled or slower hardware ... drain the node", while aten::mm
+    ran 389 calls a step there against its peers' 29. The same calls each slower is a hardware sign only
+    when nothing inside them got more calls; a throttled rank's ops all keep their counts."""
+    near = [int(j) for j in cols if int(j) != best and delta[j] >= NESTED_SHARE * delta[best]]
+    if not near:
+        return best
+    both = [best, *near]
+    calls_ref = column_reference(table.fn_count[:, both], rows)
+
+    def verdict(i: int) -> str | None:
+        j = both[i]
+        return work_verdict(float(table.fn_count[row, j]), float(table.fn_ms[row, j]), float(calls_ref[i]),
+                            float(ref[j]))
+
+    if verdict(0) != "slower":
+        return best
+    more = [both[i] for i in range(1, len(both)) if verdict(i) == "more"]
+    return max(more, key=lambda j: float(delta[j])) if more else best
 
 
 def attribute(table: Table, peers: Peers, culprits: list[Culprit], th: Thresholds) -> None:

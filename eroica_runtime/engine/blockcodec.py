@@ -38,7 +38,7 @@ from eroica_runtime.engine.table import (
 from eroica_runtime.summary import PHASES
 from eroica_runtime.summary.schema import MAX_NAME, MAX_STEPS_LISTED, MAX_WORLD
 
-BLOCK_SCHEMA = "eroica.block/7"     # /6 (no lateness columns), /5 (no memory telemetry), /4 (no span_busy_sd), /3 (no span columns), /2 (no CPU quota columns), /1: not read
+BLOCK_SCHEMA = "eroica.block/8"     # /7 (no torch settings), /6 (no lateness columns), /5 (no memory telemetry), /4 (no span_busy_sd), /3 (no span columns), /2 (no CPU quota columns), /1: not read
 MAX_BLOCK_BYTES = 256 << 20       # one node's block, decompressed (a node of 64 ranks is ~1 MB)
 MAX_ROWS = 1 << 16                # ranks a node leader may speak for
 MAX_LIST = 1 << 16                # segments, patterns, functions, groups, hosts in one block

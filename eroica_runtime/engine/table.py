@@ -36,7 +36,11 @@ _GPU_GAUGES = ("sm_mhz", "sm_max_mhz", "temp_c", "power_w", "power_limit_w", "pc
 DEVICE_COLUMNS = ("busy", "compute", "comm", "comm_exposed", "transfer", "idle", "forward", "backward",
                   "optimizer", "htod_ms", "htod_mb", "htod_pageable_mb", "dtoh_ms", "dtoh_mb", "dtoh_pageable_mb")
 DEVICE_INDEX = {c: i for i, c in enumerate(DEVICE_COLUMNS)}
-TELEMETRY_KEYS = _HOST_COUNTERS + _HOST_GAUGES + _GPU_GAUGES
+# torch settings at the window's end (telemetry.end.torch: runtime._torch_settings; engine/settings.py),
+# as "torch_<name>" here
+_TORCH_SETTINGS = ("anomaly", "threads", "deterministic")
+TORCH_KEYS = tuple(f"torch_{k}" for k in _TORCH_SETTINGS)
+TELEMETRY_KEYS = _HOST_COUNTERS + _HOST_GAUGES + _GPU_GAUGES + TORCH_KEYS
 # the training thread's time from the step clock, ms per step: in the window ("cpu", "runq") and
 # in the last HISTORY_RECENT steps before it ("hist_*", data = ms in DataLoader next(), gc = GC pauses,
 # thr = held throttled by a CPU quota, NaN where the history has no such column); over the window and all the history shipped:
@@ -334,7 +338,8 @@ def block_wants(path: tuple[Any, ...]) -> bool:
     if top == "telemetry" and len(path) == 4 and path[1] in ("start", "end"):
         return (path[2] == "host" and path[3] in _HOST_COUNTERS) or \
             (path[1] == "end" and path[2] == "host" and path[3] in _HOST_GAUGES) or \
-            (path[2] == "gpu" and path[3] in _GPU_GAUGES)
+            (path[2] == "gpu" and path[3] in _GPU_GAUGES) or \
+            (path[1] == "end" and path[2] == "torch" and path[3] in _TORCH_SETTINGS)
     return False
 
 
@@ -452,6 +457,9 @@ class TableBuilder:
         g1 = (t.get("end") or {}).get("gpu") or {}
         for key in _GPU_GAUGES:
             self._d_tele[key].append(_num(g1.get(key)))
+        ts = (t.get("end") or {}).get("torch") or {}
+        for key in _TORCH_SETTINGS:
+            self._d_tele[f"torch_{key}"].append(_num(ts.get(key)) if isinstance(ts, dict) else math.nan)
         reasons = g1.get("throttle") if isinstance(g1, dict) else None
         if isinstance(reasons, list) and reasons:
             self._d_throttle[row] = [str(x) for x in reasons]
@@ -582,6 +590,7 @@ class TableBuilder:
                 for key in _HOST_COUNTERS}
         tele.update({key: col(("telemetry", "end", "host", key)) for key in _HOST_GAUGES})
         tele.update({key: col(("telemetry", "end", "gpu", key)) for key in _GPU_GAUGES})
+        tele.update({f"torch_{key}": col(("telemetry", "end", "torch", key)) for key in _TORCH_SETTINGS})
         g1 = _lookup(doc, ("telemetry", "end", "gpu"))
         reasons = g1.get("throttle") if isinstance(g1, dict) else None
         throttle = {row: [str(x) for x in reasons] for row in range(m)} \
