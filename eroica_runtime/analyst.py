@@ -18,7 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from eroica_runtime import engine, report, reportdir, retention, stepclock
-from eroica_runtime.engine import epochs, imbalance, launchskew, longsteps, memgrowth, steadywork, timelost
+from eroica_runtime.engine import (
+    epochs,
+    imbalance,
+    launchskew,
+    longsteps,
+    memgrowth,
+    settings,
+    steadywork,
+    timelost,
+)
 from eroica_runtime.engine.hang import HANG_TRIGGER, hang_diagnosis
 from eroica_runtime.engine.model import count_ranks
 from eroica_runtime.gather import Gathered
@@ -273,7 +282,7 @@ def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int,
     not a map a rank. ``busy``: the ranks' last steps as the node leaders reduced them (jobend.py), one
     ``imbalance`` when the ranks took turns being the slowest (engine/imbalance.py)."""
     ranks = [{k: v for k, v in per_rank[r].items()
-              if k not in ("long_steps", "loader", "own", "steps_at", "busy_steps", "memory")}
+              if k not in ("long_steps", "loader", "own", "steps_at", "busy_steps", "memory", "anomaly")}
              for r in sorted(per_rank)]
     # ranks whose anonymous memory kept growing (memwatch.py's series, engine/memgrowth.py)
     grown = memgrowth.summarize({r: memgrowth.Growth.from_json(d.get("memory")) for r, d in per_rank.items()})
@@ -284,6 +293,8 @@ def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int,
     # on every rank of a data-parallel job, whose gradients are all-reduced before the check
     skips = max((d["skips"] for d in per_rank.values() if isinstance(d.get("skips"), int)
                  and not isinstance(d.get("skips"), bool) and d["skips"] > 0), default=0)
+    # ranks that still had autograd anomaly detection on (runtime._torch_settings): a debugging switch
+    anomaly = sorted(r for r, d in per_rank.items() if d.get("anomaly") == 1)
     starts = epochs.epoch_starts(per_rank)
     steady = steadywork.steady_work(per_rank)
     late = launchskew.launch_skew(per_rank)
@@ -307,6 +318,7 @@ def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int,
             if seen is None else seen, per_rank, median)],
         **({"steps_at": steps_at[0][0]} if steps_at else {}),
         **({"skipped_steps": skips} if skips else {}),
+        **({"anomaly_ranks": anomaly} if anomaly else {}),
         **({"memory_growth": grown} if grown is not None else {}),
         **({"epoch_starts": starts.to_json()} if starts is not None else {}),
         **({"steady_work": steady.to_json()} if steady is not None else {}),
@@ -399,6 +411,9 @@ def format_job_stats(stats: dict[str, Any], captures: list[dict[str, Any]], find
     skipped = skipped_text(stats)
     if skipped:
         lines.append(skipped)
+    anomaly = settings.anomaly_text(stats.get("anomaly_ranks"), stats["world_size"])
+    if anomaly:
+        lines.append(anomaly)
     leak = memgrowth.format_summary(stats.get("memory_growth"))
     if leak:
         lines.append(leak)

@@ -970,6 +970,7 @@ class Runtime:
                 "started_s": round(self._started_s, 3),
                 "skips": self.clock.skips, "memory": grown.to_json() if grown is not None else None,
                 "eroica_ms": round(self._own_s * 1e3, 3), "drift_held": list(self.trigger.held),
+                "anomaly": _torch_settings().get("anomaly", 0),
                 "loader": self.clock.loader.to_json(self.clock.data_ms),
                 "own": self.clock.own_work(),
                 "busy_steps": imbalance.to_send(self.clock.last_steps(timelost.eroica_steps(self._windows,

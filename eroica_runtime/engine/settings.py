@@ -108,3 +108,18 @@ def with_settings(table: Table, findings: list[Finding]) -> list[Finding]:
             f = replace(f, function=function, title=title, evidence={**f.evidence, **ev}, action=action)
         out.append(f)
     return out
+
+
+def anomaly_text(ranks: Any, world_size: int) -> str:
+    """The job summary's line on the ranks that had autograd anomaly detection on at the job's end ("" for
+    none): the findings name it only on a rank that had it alone, and one left on everywhere slows every
+    rank alike, with no peer to stand out from."""
+    if not (isinstance(ranks, list) and ranks and all(isinstance(r, int) and not isinstance(r, bool) for r in ranks)):
+        return ""
+    which = (f"every rank ({len(ranks)})" if len(ranks) == world_size > 1 else
+             f"rank {ranks[0]}" if len(ranks) == 1 else
+             f"{len(ranks)} of {world_size} ranks (" + ", ".join(map(str, ranks[:8]))
+             + (", ..." if len(ranks) > 8 else "") + ")")
+    return (f"  autograd anomaly detection was on at the job's end on {which}: every op records a Python stack "
+            "trace and every gradient is checked for NaN, which slows every step it is on; turn it off outside "
+            "debugging (torch.autograd.set_detect_anomaly(False))")

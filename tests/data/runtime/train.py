@@ -55,6 +55,8 @@ PERSISTENT = os.environ.get("PERSISTENT", "0") == "1"            # persistent_wo
 # yet), and each rank sends itself one at this step, as Slurm's --signal=USR1@90 would
 OWN_USR1_AT = int(os.environ.get("OWN_USR1_AT", "-1"))
 LOOP = os.environ.get("LOOP", "plain")
+# these ranks turn on autograd anomaly detection (a debugging switch left on) before their first step
+ANOMALY_RANKS = [int(r) for r in os.environ.get("ANOMALY_RANKS", "").split(",") if r]
 AMP_SKIP_EVERY = int(os.environ.get("AMP_SKIP_EVERY", "0"))
 DIM = int(os.environ.get("DIM", "256"))
 LEAK_MB = float(os.environ.get("LEAK_MB", "4"))
@@ -160,6 +162,8 @@ def main() -> None:
     torch.manual_seed(0)
     if dist.get_rank() == START_SLEEP_RANK:
         load_shard()
+    if dist.get_rank() in ANOMALY_RANKS:
+        torch.autograd.set_detect_anomaly(True)
     model = torch.nn.parallel.DistributedDataParallel(Model())
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cpu") if LOOP == "amp" else None
