@@ -1065,13 +1065,16 @@ def _torch_settings() -> dict[str, int]:
     """This process's torch settings that change how fast the same code runs (the summary's
     telemetry.end.torch; engine/settings.py compares a culprit's with its peers'): autograd anomaly
     detection (a stack trace recorded for every op, every gradient checked for NaN: a debugging
-    switch left on slows a step 1.5-3x), intra-op threads, deterministic algorithms. Read at the
-    window's close, on the training thread (anomaly mode is one switch per process; the thread
-    count is what this thread's ops run with). Not the inter-op threads: asking for their number
-    starts torch's inter-op pool, and the job could no longer set it."""
+    switch left on one rank of a test job took its own work from 43 to 71 ms a step, docs/benchmarks.md
+    §31), intra-op threads, deterministic algorithms. Read at the window's close, on the training thread
+    (anomaly mode is one switch per process; the thread count is what this thread's ops run with), and
+    at the job's end. Not the inter-op threads: asking for their number starts torch's inter-op pool,
+    and the job could no longer set it. {} in a process that never imported torch (importing it here
+    would cost the job's end seconds)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}
     try:
-        import torch
-
         return {"anomaly": int(torch.is_anomaly_enabled()), "threads": int(torch.get_num_threads()),
                 "deterministic": int(torch.are_deterministic_algorithms_enabled())}
     except Exception:
