@@ -293,7 +293,7 @@ def job_stats(per_rank: dict[int, dict[str, Any]], world_size: int,
     # on every rank of a data-parallel job, whose gradients are all-reduced before the check
     skips = max((d["skips"] for d in per_rank.values() if isinstance(d.get("skips"), int)
                  and not isinstance(d.get("skips"), bool) and d["skips"] > 0), default=0)
-    # ranks that still had autograd anomaly detection on (runtime._torch_settings): a debugging switch
+    # ranks that had autograd anomaly detection on at a capture's close or the job's end (runtime._torch_settings)
     anomaly = sorted(r for r, d in per_rank.items() if d.get("anomaly") == 1)
     starts = epochs.epoch_starts(per_rank)
     steady = steadywork.steady_work(per_rank)

@@ -162,6 +162,9 @@ class Runtime:
         self._windows: list[tuple[int, int]] = []   # every capture's (first step, k): profiled steps
         # every gathered capture's (first, last) steps after its window: the summary's build and gather
         self._deferred: list[tuple[int, int]] = []
+        # autograd anomaly detection seen on at a window's close (the job-end statistics': Lightning's
+        # Trainer(detect_anomaly=True) turns it off again when fit() returns, before the job's end)
+        self._anomaly_seen = 0
         self._job_end_done = False
         self.watchdog: Any = None
         self._world_broken = False   # a peer missed a deadline: never wait for it again
@@ -596,10 +599,12 @@ class Runtime:
                  "world_size": self.side.size, "pid": os.getpid(), "host": socket.gethostname(),
                  "device": telemetry.gpu_identity(), "groups": self.groups,
                  "versions": {"eroica": __version__, "torch": _torch_version()}}
+        settings = _torch_settings()
+        self._anomaly_seen |= settings.get("anomaly", 0)
         build = summary_mod.build_steps(
             events, identity=ident, capture={"step": first, "trigger": trigger, "k": k}, steps=steps,
             history=history, gc={"count": (gc_count1 - gc_count0) / n, "ms": (gc_ms1 - gc_ms0) / n},
-            telemetry={"start": self._window["tele_start"], "end": {**telemetry.sample(), "torch": _torch_settings()}},
+            telemetry={"start": self._window["tele_start"], "end": {**telemetry.sample(), "torch": settings}},
             records=summary_mod.RECORDS,
             python=cap.python)
         self._pending = _Pending(first, trigger, step, summary_mod.Resumable(build),  # type: ignore[arg-type]
@@ -970,7 +975,7 @@ class Runtime:
                 "started_s": round(self._started_s, 3),
                 "skips": self.clock.skips, "memory": grown.to_json() if grown is not None else None,
                 "eroica_ms": round(self._own_s * 1e3, 3), "drift_held": list(self.trigger.held),
-                "anomaly": _torch_settings().get("anomaly", 0),
+                "anomaly": self._anomaly_seen | _torch_settings().get("anomaly", 0),
                 "loader": self.clock.loader.to_json(self.clock.data_ms),
                 "own": self.clock.own_work(),
                 "busy_steps": imbalance.to_send(self.clock.last_steps(timelost.eroica_steps(self._windows,

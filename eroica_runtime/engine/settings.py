@@ -61,7 +61,7 @@ def settings_action(settings: dict[str, list[float]]) -> str:
         said.append("Autograd anomaly detection is on on this rank only (torch.autograd.set_detect_anomaly(True) "
                     "or a detect_anomaly() block, often behind a debug flag): every op records a Python stack "
                     "trace in forward and every gradient is checked for NaN in backward. Turn it off outside "
-                    "debugging.")
+                    "debugging (Lightning: Trainer(detect_anomaly=False)).")
     if "deterministic" in settings:
         said.append("Deterministic algorithms are on on this rank only (torch.use_deterministic_algorithms(True), "
                     "CUBLAS_WORKSPACE_CONFIG): its ops take slower deterministic kernels; set it alike on every "
@@ -111,15 +111,15 @@ def with_settings(table: Table, findings: list[Finding]) -> list[Finding]:
 
 
 def anomaly_text(ranks: Any, world_size: int) -> str:
-    """The job summary's line on the ranks that had autograd anomaly detection on at the job's end ("" for
-    none): the findings name it only on a rank that had it alone, and one left on everywhere slows every
-    rank alike, with no peer to stand out from."""
+    """The job summary's line on the ranks that had autograd anomaly detection on while they trained (at a
+    capture's close or at the job's end; "" for none): the findings name it only on a rank that had it
+    alone, and one on everywhere slows every rank alike, with no peer to stand out from."""
     if not (isinstance(ranks, list) and ranks and all(isinstance(r, int) and not isinstance(r, bool) for r in ranks)):
         return ""
     which = (f"every rank ({len(ranks)})" if len(ranks) == world_size > 1 else
              f"rank {ranks[0]}" if len(ranks) == 1 else
              f"{len(ranks)} of {world_size} ranks (" + ", ".join(map(str, ranks[:8]))
              + (", ..." if len(ranks) > 8 else "") + ")")
-    return (f"  autograd anomaly detection was on at the job's end on {which}: every op records a Python stack "
+    return (f"  autograd anomaly detection was on while it trained on {which}: every op records a Python stack "
             "trace and every gradient is checked for NaN, which slows every step it is on; turn it off outside "
-            "debugging (torch.autograd.set_detect_anomaly(False))")
+            "debugging (torch.autograd.set_detect_anomaly(False); Lightning: Trainer(detect_anomaly=False))")

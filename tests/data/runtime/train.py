@@ -55,7 +55,8 @@ PERSISTENT = os.environ.get("PERSISTENT", "0") == "1"            # persistent_wo
 # yet), and each rank sends itself one at this step, as Slurm's --signal=USR1@90 would
 OWN_USR1_AT = int(os.environ.get("OWN_USR1_AT", "-1"))
 LOOP = os.environ.get("LOOP", "plain")
-# these ranks turn on autograd anomaly detection (a debugging switch left on) before their first step
+# these ranks train with autograd anomaly detection on (a debugging switch left on), off again after the
+# last step, as Lightning's Trainer(detect_anomaly=True) does around fit()
 ANOMALY_RANKS = [int(r) for r in os.environ.get("ANOMALY_RANKS", "").split(",") if r]
 AMP_SKIP_EVERY = int(os.environ.get("AMP_SKIP_EVERY", "0"))
 DIM = int(os.environ.get("DIM", "256"))
@@ -162,8 +163,6 @@ def main() -> None:
     torch.manual_seed(0)
     if dist.get_rank() == START_SLEEP_RANK:
         load_shard()
-    if dist.get_rank() in ANOMALY_RANKS:
-        torch.autograd.set_detect_anomaly(True)
     model = torch.nn.parallel.DistributedDataParallel(Model())
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cpu") if LOOP == "amp" else None
@@ -171,6 +170,8 @@ def main() -> None:
     loader = DataLoader(data, batch_size=16, num_workers=WORKERS, persistent_workers=PERSISTENT and WORKERS > 0)
     junk = []
     kept = []
+    if dist.get_rank() in ANOMALY_RANKS:
+        torch.autograd.set_detect_anomaly(True)
     for x, y in (batch for _ in range(STEPS) for batch in loader):   # epochs until STEPS steps
         if state["step"] >= STEPS:
             break
@@ -230,6 +231,7 @@ def main() -> None:
             os.kill(os.getpid(), signal.SIGUSR1)
         if state["step"] == 10 and dist.get_rank() == 0:
             print("reached step 10", flush=True)  # tests wait for this: the runtime is up on all ranks
+    torch.autograd.set_detect_anomaly(False)
     if dist.get_rank() == 0:
         print(f"trained {state['step']} steps", flush=True)
     if OWN_USR1_AT >= 0:
