@@ -8,7 +8,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from eroica_runtime.engine import epochs, imbalance, launchskew, longsteps, steadywork
+from eroica_runtime.engine import epochs, imbalance, launchskew, longsteps, settings, steadywork
 from eroica_runtime.report import (
     calls_text,
     capture_label,
@@ -253,6 +253,9 @@ def render_html(report: dict[str, Any], diagnoses: list[dict[str, Any]],
         held = job_profiler_text(job.get("job_profiler")).strip()
         if held:
             parts.append(f"<p>{_e(held[0].upper() + held[1:])}</p>")
+        anomaly = settings.anomaly_text(job.get("anomaly_ranks"), int(job.get("world_size") or 0)).strip()
+        if anomaly:
+            parts.append(f'<p class="cat">{_e(anomaly[0].upper() + anomaly[1:])}</p>')
         steady = steadywork.SteadyWork.from_json(job.get("steady_work"))
         if steady is not None:
             line = steadywork.format_steady_work(steady).strip()

@@ -133,3 +133,4 @@ def test_a_job_whose_ranks_trained_with_anomaly_detection_on_is_told_at_its_end(
     assert proc.returncode == 0 and "trained 30 steps" in proc.stdout, explain(proc)
     assert "autograd anomaly detection was on while it trained on every rank (2)" in proc.stderr, explain(proc)
     assert json.loads((tmp_path / "report.json").read_text())["job"]["anomaly_ranks"] == [0, 1]
+    assert "Autograd anomaly detection was on while it trained on every rank (2)" in (tmp_path / "report.html").read_text()
