@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import eroica_run, explain
+from conftest import captures, eroica_run, explain
 
-from eroica_runtime import summary
 from eroica_runtime.analyst import format_job_stats, job_stats
 from eroica_runtime.engine import diagnose
 from eroica_runtime.engine.model import Diagnosis
@@ -27,19 +26,11 @@ from eroica_runtime.report import format_capture
 DATA = Path(__file__).parent / "data" / "engine"
 
 
-def _captures(job: str) -> dict[int, tuple[dict[str, Any], list[dict[str, Any]]]]:
-    out = {}
-    for p in (DATA / job / "captures").glob("*.msgpack"):
-        meta, sums, errors = summary.decode_capture(p.read_bytes())
-        assert not errors
-        out[int(meta["step"])] = (meta, sums)
-    return out
-
-
 def _diagnose(job: str, step: int, edit: Any = None) -> Diagnosis:
     """The capture at ``step`` against the job's baseline; ``edit(summaries)`` changes a copy first."""
-    caps = _captures(job)
-    meta, sums = caps[step]
+    caps = captures(DATA / job)
+    meta, sums, errors = caps[step]
+    assert not errors
     if edit is not None:
         sums = copy.deepcopy(sums)
         edit(sums)
