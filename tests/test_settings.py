@@ -85,6 +85,16 @@ def test_a_rank_running_more_intra_op_threads_than_the_others_is_told_so() -> No
     assert "     set on this rank only: 2 intra-op threads vs 1" in format_capture(d).splitlines()
 
 
+def test_deterministic_algorithms_only_on_the_culprit_lead_its_action_and_the_others_alone_do_not() -> None:
+    """The rule on a recorded job's summaries, edited: rank 2 (the culprit) with deterministic algorithms on
+    is told so; rank 1 (a victim) with them on says nothing of rank 2, nor of itself."""
+    top = _diagnose("threads-rank-job", 106, _set(2, "deterministic", 1)).findings[0]
+    assert top.rank == 2 and top.evidence["settings"] == {"deterministic": [1.0, 0.0], "threads": [2.0, 1.0]}
+    assert top.action.startswith("Deterministic algorithms are on on this rank only")
+    d = _diagnose("threads-rank-job", 106, _set(1, "deterministic", 1))
+    assert d.findings[0].evidence["settings"] == {"threads": [2.0, 1.0]} and all(f.rank != 1 for f in d.findings)
+
+
 def test_the_baselines_before_the_switch_find_nothing_to_say_about_settings() -> None:
     for job in ("anomaly-rank-job", "threads-rank-job"):
         assert not _diagnose(job, 13).findings
