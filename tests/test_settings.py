@@ -38,6 +38,8 @@ def _diagnose(job: str, step: int, edit: Any = None) -> Diagnosis:
 
 
 def _set(rank: int, name: str, value: int | None) -> Any:
+    """An edit for ``_diagnose``: rank ``rank``'s (every rank's when negative) torch setting ``name`` set
+    to ``value``, or removed (None: a summary from before the settings)."""
     def edit(sums: list[dict[str, Any]]) -> None:
         for s in sums:
             if s["rank"] == rank or rank < 0:

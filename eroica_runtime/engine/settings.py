@@ -6,8 +6,8 @@ session, often behind a flag one host's environment sets) records a Python stack
 in forward and checks every gradient for NaN in backward; fewer intra-op threads (``OMP_NUM_THREADS``
 differs on one host, ``torch.set_num_threads``) run the same ops slower; deterministic algorithms
 take slower kernels. The comparison of the ranks' ops names what grew, not why: a 4-rank job with
-anomaly detection on rank 2 read "compute in aten::reshape [forward]" (the stack traces' own ops,
-+32 ms/step), and nothing in the finding said what to change. Every summary carries these settings
+anomaly detection on rank 2 read "compute in aten::reshape [forward]" (+32 ms/step; 7 calls a step that
+only it ran, with anomaly detection on), and nothing in the finding said what to change. Every summary carries these settings
 at its window's end (telemetry.end.torch, runtime._torch_settings), so a culprit whose settings
 differ from what the other ranks share is named for them (``with_settings``).
 
