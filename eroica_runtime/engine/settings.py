@@ -85,7 +85,8 @@ def settings_text(settings: Any) -> str:
             said.append(words)
     threads = settings.get("threads")
     if isinstance(threads, list) and len(threads) == 2 and all(isinstance(x, (int, float)) for x in threads):
-        said.append(f"{int(threads[0])} intra-op threads vs {int(threads[1])}")
+        mine = int(threads[0])
+        said.append(f"{mine} intra-op thread{'' if mine == 1 else 's'} vs {int(threads[1])}")
     return "; ".join(said)
 
 
